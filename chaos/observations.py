@@ -1,0 +1,295 @@
+"""The observation model: everything a verifier may look at, and what the run journal stores.
+
+A leaf module (imports nothing of ours). All times are integers in nanoseconds from one monotonic
+clock (``time.monotonic_ns()`` of the runner's host); ``Observations.wall_t0`` maps them to wall
+time for reports. Every record round-trips losslessly through one JSON object per line.
+
+Records:
+- ``StreamRecord``: one request as the load generator saw it, timestamp by timestamp.
+- ``MetricSample``: one value of one series scraped from the target's Prometheus endpoint.
+- ``FaultEvent``: a fault being planned, injected, reverted, failing or rolled back, with evidence.
+- ``PhaseWindow``: when a phase of the timeline started and ended.
+- ``Note``: anything else worth keeping (the load generator's own event-loop lag, target facts).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import IO, Any, ClassVar, Literal
+
+__all__ = [
+    "ErrorInfo",
+    "FaultEvent",
+    "Hangup",
+    "MetricSample",
+    "Note",
+    "Observations",
+    "PhaseWindow",
+    "StreamRecord",
+    "from_json",
+    "read_jsonl",
+    "to_json",
+    "write_jsonl",
+]
+
+NS = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """Why a stream failed: ``kind`` is one of http, connect, read, timeout, protocol, in_band."""
+
+    kind: str
+    message: str
+    status: int | None = None
+
+
+@dataclass(frozen=True)
+class Hangup:
+    """The client ended the stream on purpose (a client fault): which fault and why."""
+
+    fault: str
+    reason: str  # after_tokens | after_time | while_queued | read_timeout
+    t: int  # when the client hung up
+
+
+@dataclass
+class StreamRecord:
+    """One streaming request, stamped from the generator's monotonic ns clock."""
+
+    type: ClassVar[str] = "stream"
+
+    id: str
+    phase: str
+    endpoint: str = "completions"  # completions | chat
+    prompt_chars: int = 0
+    max_tokens: int = 0
+    expected_text: str | None = None  # a reference text to compare with (integrity)
+    background: bool = False  # load a fault generates (kv.pressure hog): outside the SLA population
+    t_scheduled: int | None = None  # when the arrival process wanted it sent (open loop)
+    t_sent: int | None = None
+    t_headers: int | None = None
+    t_first_byte: int | None = None
+    t_first_event: int | None = None
+    t_first_content: int | None = None
+    t_content: list[int] = field(default_factory=list)  # one stamp per event carrying content
+    t_end: int | None = None  # terminal event ([DONE]), or when the stream closed/failed
+    status: int | None = None  # HTTP status
+    finish_reason: str | None = None
+    done_seen: bool = False
+    in_band_error: str | None = None  # an {"error": ...} event inside the stream
+    error: ErrorInfo | None = None
+    hangup: Hangup | None = None
+    bytes_received: int = 0
+    events: int = 0
+    text: str = ""
+    usage: dict[str, Any] | None = None
+    utf8_errors: int = 0  # bytes that did not decode as UTF-8
+    json_errors: int = 0  # data payloads that were not valid JSON
+    sse_errors: int = 0  # malformed SSE framing (e.g. data after [DONE])
+    read_count: int = 0  # network reads that delivered bytes
+    split_chars: int = 0  # multibyte characters that arrived split across reads
+
+    @property
+    def complete(self) -> bool:
+        """Finished properly: a finish_reason, ``[DONE]`` and no error of any kind."""
+        return (
+            self.finish_reason is not None
+            and self.done_seen
+            and self.in_band_error is None
+            and self.error is None
+        )
+
+    @property
+    def ttft_ns(self) -> int | None:
+        if self.t_sent is None or self.t_first_content is None:
+            return None
+        return self.t_first_content - self.t_sent
+
+    @property
+    def ttfb_ns(self) -> int | None:
+        if self.t_sent is None or self.t_first_byte is None:
+            return None
+        return self.t_first_byte - self.t_sent
+
+    @property
+    def gaps_ns(self) -> list[int]:
+        stamps = self.t_content
+        return [b - a for a, b in zip(stamps, stamps[1:])]
+
+
+@dataclass(frozen=True)
+class MetricSample:
+    """One scraped value: series name, its labels, the value, when it was scraped."""
+
+    type: ClassVar[str] = "metric"
+
+    name: str
+    labels: dict[str, str]
+    value: float
+    t: int
+
+
+@dataclass(frozen=True)
+class FaultEvent:
+    """A step in a fault's life. ``action``: plan | inject | revert | error | rollback.
+
+    ``plan`` is written (and fsync'd) before an inject and carries ``undo``: what will be changed
+    and how a later process can undo it. ``evidence`` proves the fault took effect (a toxic as the
+    proxy lists it, a clock read back) or says what was undone.
+    """
+
+    type: ClassVar[str] = "fault"
+
+    fault: str  # the fault's name in the experiment
+    kind: str  # its registered kind, e.g. network.latency
+    action: Literal["plan", "inject", "revert", "error", "rollback"]
+    t: int
+    phase: str = ""
+    evidence: dict[str, Any] = field(default_factory=dict)
+    undo: dict[str, Any] = field(default_factory=dict)
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class PhaseWindow:
+    type: ClassVar[str] = "phase"
+
+    name: str
+    t_start: int
+    t_end: int | None = None
+
+
+@dataclass(frozen=True)
+class Note:
+    """Free-form facts: ``topic`` says what (client_lag, target, gpu, proxy, run)."""
+
+    type: ClassVar[str] = "note"
+
+    topic: str
+    t: int
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+Record = StreamRecord | MetricSample | FaultEvent | PhaseWindow | Note
+_TYPES: dict[str, type] = {cls.type: cls for cls in (StreamRecord, MetricSample, FaultEvent, PhaseWindow, Note)}
+_NESTED: dict[str, type] = {"error": ErrorInfo, "hangup": Hangup}
+
+
+_LINE_BREAKS = {0x85: "\\u0085", 0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+
+def to_json(record: Record) -> str:
+    """One record → one JSON line (no newline)."""
+    body = asdict(record)
+    body["type"] = record.type
+    line = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    # Keep one record per line for any line splitter: escape the Unicode line breaks JSON allows raw.
+    return line.translate(_LINE_BREAKS)
+
+
+def from_json(line: str | dict[str, Any]) -> Record:
+    """One JSON line (or its parsed dict) → the record it came from."""
+    body = dict(json.loads(line) if isinstance(line, str) else line)
+    cls = _TYPES[body.pop("type")]
+    names = {f.name for f in fields(cls)}
+    kwargs = {k: v for k, v in body.items() if k in names}
+    for key, nested in _NESTED.items():
+        if cls is StreamRecord and isinstance(kwargs.get(key), dict):
+            kwargs[key] = nested(**kwargs[key])
+    return cls(**kwargs)  # type: ignore[no-any-return]
+
+
+def write_jsonl(records: Iterable[Record], out: IO[str]) -> None:
+    for record in records:
+        out.write(to_json(record) + "\n")
+
+
+def read_jsonl(lines: Iterable[str]) -> Iterator[Record]:
+    """Records from JSON lines; lines of other types (``run``, ...) are skipped."""
+    for line in lines:
+        line = line.strip()
+        if not line:
+            continue
+        body = json.loads(line)
+        if body.get("type") in _TYPES:
+            yield from_json(body)
+
+
+@dataclass
+class Observations:
+    """What one run observed; the verifiers' only input."""
+
+    experiment: str = ""
+    wall_t0: float = 0.0  # wall-clock seconds at monotonic ``t0``
+    t0: int = 0
+    streams: list[StreamRecord] = field(default_factory=list)
+    metrics: list[MetricSample] = field(default_factory=list)
+    faults: list[FaultEvent] = field(default_factory=list)
+    phases: list[PhaseWindow] = field(default_factory=list)
+    notes: list[Note] = field(default_factory=list)
+
+    def add(self, record: Record) -> None:
+        if isinstance(record, StreamRecord):
+            self.streams.append(record)
+        elif isinstance(record, MetricSample):
+            self.metrics.append(record)
+        elif isinstance(record, FaultEvent):
+            self.faults.append(record)
+        elif isinstance(record, PhaseWindow):
+            # a phase is written when it starts and again when it ends: keep the latest
+            self.phases = [p for p in self.phases if p.name != record.name] + [record]
+        elif isinstance(record, Note):
+            self.notes.append(record)
+
+    def records(self) -> Iterator[Record]:
+        yield from self.phases
+        yield from self.streams
+        yield from self.metrics
+        yield from self.faults
+        yield from self.notes
+
+    def population(self, phase: str | None = None) -> list[StreamRecord]:
+        """The streams an SLA judges: not background load, in ``phase`` if given."""
+        return [s for s in self.streams if not s.background and (phase is None or s.phase == phase)]
+
+    def phase(self, name: str) -> PhaseWindow | None:
+        return next((p for p in self.phases if p.name == name), None)
+
+    def series(self, name: str, labels: dict[str, str] | None = None) -> list[MetricSample]:
+        """Samples of one series (all label sets unless ``labels`` filters), in time order."""
+        out = [
+            m
+            for m in self.metrics
+            if m.name == name and (labels is None or all(m.labels.get(k) == v for k, v in labels.items()))
+        ]
+        return sorted(out, key=lambda m: m.t)
+
+    def notes_on(self, topic: str) -> list[Note]:
+        return [n for n in self.notes if n.topic == topic]
+
+    @classmethod
+    def load(cls, path: str | Path) -> Observations:
+        """Read a run journal (``journal.jsonl``)."""
+        obs = cls()
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                line = line.strip()
+                if not line:
+                    continue
+                body = json.loads(line)
+                if body.get("type") == "run":
+                    obs.experiment = body.get("experiment", obs.experiment)
+                    obs.wall_t0 = body.get("wall_t0", obs.wall_t0)
+                    obs.t0 = body.get("t0", obs.t0)
+                elif body.get("type") in _TYPES:
+                    obs.add(from_json(body))
+        return obs
+
+    def dump(self, path: str | Path) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(json.dumps({"type": "run", "experiment": self.experiment, "wall_t0": self.wall_t0, "t0": self.t0}) + "\n")
+            write_jsonl(self.records(), f)

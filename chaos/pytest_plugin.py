@@ -1,0 +1,164 @@
+"""pytest plugin (entry point `pytest11`): fixtures, a marker, and YAML experiments as test items.
+
+- ``chaos_stack`` (session): a builtin stack started once, as a real child process; yields its URLs.
+- ``chaos_run``: runs an experiment (a path, a dict or an ``Experiment``) and returns the ``Result``;
+  with ``check=True`` a failed run raises an AssertionError listing the failing verdicts and their
+  evidence. Runs in its own thread and event loop, so it works inside pytest-asyncio tests too.
+- ``@pytest.mark.chaos_experiment(path)``: the experiment ``chaos_run()`` runs when given none.
+- ini ``streamchaos_experiments``: folders whose ``*.yaml`` experiments are collected as tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+__all__ = ["StackHandle", "failure_message"]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini("streamchaos_experiments", "folders whose *.yaml experiments are collected as tests", type="paths", default=[])
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "chaos_experiment(path): the experiment the chaos_run fixture runs by default")
+
+
+def failure_message(result: Any) -> str:
+    """Why a run is not OK: its status and every verdict that was not as expected, with evidence."""
+    lines = [f"experiment {result.experiment.name!r}: {result.status}, exit {result.exit_code} ({result.out_dir})"]
+    if result.error:
+        lines.append(f"  error: {result.error}")
+    for v in result.failing():
+        evidence = json.dumps(v.evidence, default=str)[:600]
+        lines.append(
+            f"  {v.name or v.sla} [{v.phase or 'run'}]: {v.status} (expected {v.expect}); "
+            f"figure={v.figure} budget={v.budget} {v.unit}, n={v.samples}; evidence: {evidence}"
+        )
+    return "\n".join(lines)
+
+
+def _in_thread(fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` (which calls asyncio.run) in a fresh thread: a pytest-asyncio loop may be running here."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="streamchaos-run")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+@dataclass(frozen=True)
+class StackHandle:
+    url: str  # http://127.0.0.1:PORT
+    base_url: str  # .../v1
+    metrics_url: str
+    admin_url: str
+    pid: int
+
+
+@pytest.fixture(scope="session")
+def chaos_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackHandle]:
+    """A builtin stack (tiny model, CPU unless CUDA is present) for the whole session."""
+    from chaos.experiment import TargetSpec
+    from chaos.targets import BuiltinStack
+
+    log = tmp_path_factory.mktemp("chaos-stack") / "stack.log"
+    stack = BuiltinStack(TargetSpec(), log, seed=0)
+    info = _in_thread(lambda: asyncio.run(stack.start()))
+    try:
+        yield StackHandle(
+            url=info.base_url[: -len("/v1")], base_url=info.base_url, metrics_url=info.metrics_url or "",
+            admin_url=info.admin_url or "", pid=info.pid or 0,
+        )
+    finally:
+        _in_thread(lambda: asyncio.run(stack.stop()))
+
+
+def _resolve(experiment: Any) -> Any:
+    from chaos.experiment import experiment_from_dict, load_experiment
+
+    if isinstance(experiment, (str, Path)):
+        return load_experiment(experiment)
+    if isinstance(experiment, Mapping):
+        return experiment_from_dict(experiment)
+    return experiment
+
+
+@pytest.fixture
+def chaos_run(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., Any]:
+    """``chaos_run(experiment=None, *, target_url=None, check=False, seed=None) -> Result``."""
+    from chaos.runner import run
+
+    marker = request.node.get_closest_marker("chaos_experiment")
+    counter = iter(range(1_000_000))
+
+    def runner(experiment: Any = None, *, target_url: str | None = None, check: bool = False, seed: int | None = None) -> Any:
+        if experiment is None:
+            if marker is None:
+                raise TypeError("chaos_run() needs an experiment, or mark the test with @pytest.mark.chaos_experiment(path)")
+            experiment = marker.args[0]
+        exp = _resolve(experiment)
+        out = tmp_path / f"run{next(counter)}-{exp.name}"
+        result = _in_thread(lambda: run(exp, target_url=target_url, out_dir=out, seed=seed, handle_signals=False))
+        if check and not result.ok:
+            raise AssertionError(failure_message(result))
+        return result
+
+    return runner
+
+
+def pytest_collect_file(parent: pytest.Collector, file_path: Path) -> pytest.Collector | None:
+    if file_path.suffix not in (".yaml", ".yml"):
+        return None
+    folders = [Path(p).resolve() for p in parent.config.getini("streamchaos_experiments")]
+    if any(file_path.resolve().is_relative_to(folder) for folder in folders):
+        return ExperimentFile.from_parent(parent, path=file_path)
+    return None
+
+
+class ExperimentFile(pytest.File):
+    def collect(self) -> Iterator[pytest.Item]:
+        yield ExperimentItem.from_parent(self, name=self.path.stem)
+
+
+class ExperimentItem(pytest.Item):
+    """One YAML experiment run against its own target; fails unless every verdict is as expected."""
+
+    def runtest(self) -> None:
+        from chaos.experiment import load_experiment
+        from chaos.runner import run
+
+        exp = load_experiment(self.path)
+        out = self.config._tmp_path_factory.mktemp(f"exp-{self.path.stem}")  # type: ignore[attr-defined]
+        result = _in_thread(lambda: run(exp, out_dir=out, handle_signals=False))
+        self.user_properties.extend((f"{v.name or v.sla}[{v.phase or 'run'}]", v.status) for v in result.verdicts)
+        if not result.ok:
+            raise ExperimentFailed(failure_message(result))
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, ExperimentFailed):
+            return str(excinfo.value)
+        return str(super().repr_failure(excinfo))
+
+    def reportinfo(self) -> tuple[Path, int, str]:
+        return self.path, 0, f"experiment {self.path.name}"
+
+
+class ExperimentFailed(Exception):
+    """An experiment collected from YAML did not end as expected."""

@@ -1,0 +1,101 @@
+"""Scraping the target's Prometheus endpoint on a fixed period into ``MetricSample`` records.
+
+Only the series verifiers and reports use are kept (vLLM, SGLang, TGI and our own names), so a
+large production exposition does not flood the journal. Parsing uses prometheus-client's parser.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from chaos.observations import MetricSample, Note
+
+__all__ = ["KEPT_PREFIXES", "MetricScraper", "parse_exposition"]
+
+# Series names (after prometheus-client strips nothing: samples keep their full names) we keep.
+KEPT_PREFIXES = (
+    "streamchaos_",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc",
+    "vllm:num_preemptions",
+    "vllm:request_success",
+    "sglang:num_running_reqs",
+    "sglang:num_queue_reqs",
+    "sglang:token_usage",
+    "sglang:num_aborted_requests",
+    "tgi_queue_size",
+    "tgi_batch_current_size",
+    "tgi_batch_current_max_tokens",
+    "tgi_batch_max_total_tokens",
+    "tgi_request_failure",
+)
+
+
+def parse_exposition(text: str, t: int, keep: Iterable[str] = KEPT_PREFIXES) -> list[MetricSample]:
+    """Prometheus text → samples of the kept series, all stamped ``t``. Pure."""
+    prefixes = tuple(keep)
+    out: list[MetricSample] = []
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith(prefixes) and not sample.name.endswith("_created"):
+                out.append(MetricSample(name=sample.name, labels=dict(sample.labels), value=float(sample.value), t=t))
+    return out
+
+
+class MetricScraper:
+    """Polls ``url`` every ``interval`` seconds until stopped; each sample goes to ``sink``."""
+
+    def __init__(self, url: str | None, interval: float, sink: Callable[[MetricSample | Note], None]) -> None:
+        self.url = url
+        self.interval = interval
+        self.sink = sink
+        self.scrapes = 0
+        self.failures = 0
+        self._task: asyncio.Task[None] | None = None
+        self._client = httpx.AsyncClient(timeout=max(1.0, 4 * interval))
+
+    async def scrape_once(self) -> int:
+        if not self.url:
+            return 0
+        t = time.monotonic_ns()
+        try:
+            response = await self._client.get(self.url)
+            response.raise_for_status()
+            samples = parse_exposition(response.text, t)
+        except (httpx.HTTPError, ValueError) as exc:
+            self.failures += 1
+            if self.failures in (1, 10, 100):
+                self.sink(Note(topic="scrape_error", t=t, data={"url": self.url, "error": repr(exc), "failures": self.failures}))
+            return 0
+        self.scrapes += 1
+        for sample in samples:
+            self.sink(sample)
+        return len(samples)
+
+    async def _loop(self) -> None:
+        next_t = time.monotonic()
+        while True:
+            await self.scrape_once()
+            next_t += self.interval
+            await asyncio.sleep(max(0.0, next_t - time.monotonic()))
+
+    def start(self) -> None:
+        if self.url and self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="metric-scraper")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        await self._client.aclose()

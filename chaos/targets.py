@@ -1,0 +1,194 @@
+"""Bringing up the system under test: the builtin stack as a child process, or a remote server.
+
+``start_target`` returns a ``Target`` whose ``info`` (a ``faults.base.TargetInfo``) tells faults and
+the load generator where everything is; ``stop()`` leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from chaos.errors import SetupFailed, TargetUnreachable
+from faults.base import TargetInfo
+
+__all__ = ["BuiltinStack", "RemoteTarget", "Target", "start_target"]
+
+READY_PREFIX = "streamchaos stack ready url="
+
+
+class Target:
+    info: TargetInfo
+
+    async def stop(self) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    async def restart(self) -> None:
+        raise SetupFailed(f"target {self.info.kind} cannot be restarted by streamchaos")
+
+
+class BuiltinStack(Target):
+    """`streamchaos stack serve` as a child process on an ephemeral loopback port."""
+
+    def __init__(self, spec: Any, log_path: Path, seed: int) -> None:
+        self.spec = spec
+        self.log_path = log_path
+        self.seed = seed
+        self.proc: subprocess.Popen[str] | None = None
+        self.info = TargetInfo(kind="builtin", base_url="", model=spec.model)
+        self._port = 0
+
+    def command(self) -> list[str]:
+        spec = self.spec
+        cmd = [
+            sys.executable, "-m", "chaos.stack",
+            "--host", "127.0.0.1", "--port", str(self._port),
+            "--model", str(spec.model), "--device", spec.device,
+            "--kv-blocks", str(spec.kv_blocks), "--block-size", str(spec.block_size),
+            "--max-num-seqs", str(spec.max_num_seqs), "--max-model-len", str(spec.max_model_len),
+            "--seed", str(self.seed),
+        ]
+        if spec.admin_token:
+            cmd += ["--admin-token", spec.admin_token]
+        return cmd + list(spec.extra_args)
+
+    async def start(self) -> TargetInfo:
+        url = await asyncio.to_thread(self._spawn)
+        device = "cpu"
+        try:
+            async with httpx.AsyncClient(timeout=5.0) as client:
+                health = (await client.get(url + "/health")).json()
+                device = str(health.get("device", "cpu"))
+        except (httpx.HTTPError, ValueError):
+            pass
+        self._port = int(url.rsplit(":", 1)[1])  # a restart comes back on the same port
+        assert self.proc is not None
+        self.info = TargetInfo(
+            kind="builtin", base_url=url + "/v1", metrics_url=url + "/metrics", admin_url=url + "/admin",
+            admin_token=self.spec.admin_token, pid=self.proc.pid, device=device, model="tiny" if self.spec.model == "tiny" else str(self.spec.model),
+        )
+        return self.info
+
+    def _spawn(self) -> str:
+        log = open(self.log_path, "a", encoding="utf-8")  # noqa: SIM115 - the child owns it
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            self.command(), stdout=subprocess.PIPE, stderr=log, text=True, env=env,
+            start_new_session=True,  # a Ctrl-C in the terminal reaches the runner, which stops us in order
+        )
+        log.close()
+        deadline = time.monotonic() + self.spec.startup_timeout
+        found: list[str] = []
+
+        def read_ready() -> None:
+            assert self.proc is not None and self.proc.stdout is not None
+            for line in self.proc.stdout:
+                if line.startswith(READY_PREFIX):
+                    found.append(line[len(READY_PREFIX):].strip())
+                    break
+            # keep draining so the child never blocks on a full pipe
+            for _ in self.proc.stdout:
+                pass
+
+        threading.Thread(target=read_ready, daemon=True, name="stack-stdout").start()
+        while time.monotonic() < deadline:
+            if found:
+                return found[0]
+            if self.proc.poll() is not None:
+                raise SetupFailed(
+                    f"the builtin stack exited with status {self.proc.returncode} before it was ready; "
+                    f"its log is {self.log_path}:\n{_tail(self.log_path)}"
+                )
+            time.sleep(0.02)
+        self._kill()
+        raise SetupFailed(f"the builtin stack was not ready within {self.spec.startup_timeout:g}s; log: {self.log_path}")
+
+    async def restart(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            await self.stop()
+        old = self.info
+        self.info = await self.start()
+        if self.info.base_url != old.base_url:
+            raise SetupFailed(f"the restarted stack came back at {self.info.base_url}, not {old.base_url}")
+
+    async def stop(self) -> None:
+        await asyncio.to_thread(self._stop)
+
+    def _stop(self) -> None:
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            proc.send_signal(signal.SIGCONT)  # a duty-cycle fault may have left it stopped
+            proc.terminate()
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._kill()
+
+    def _kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+
+class RemoteTarget(Target):
+    """An OpenAI-compatible server that is already running (vLLM, SGLang, TGI, a gateway)."""
+
+    def __init__(self, spec: Any, url: str) -> None:
+        base = url.rstrip("/")
+        if not base.endswith("/v1"):
+            base += "/v1"
+        metrics = spec.metrics_url or base[: -len("/v1")] + "/metrics"
+        kind = "openai" if spec.kind == "builtin" else spec.kind  # --target-url overrides the builtin stack
+        self.info = TargetInfo(kind=kind, base_url=base, metrics_url=metrics, model=spec.model)
+        self.api_key = spec.api_key
+
+    async def start(self) -> TargetInfo:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        try:
+            async with httpx.AsyncClient(timeout=10.0, headers=headers) as client:
+                response = await client.get(self.info.base_url + "/models")
+        except httpx.HTTPError as exc:
+            raise TargetUnreachable(f"{self.info.base_url}/models did not answer: {exc!r}") from exc
+        if response.status_code >= 400:
+            raise TargetUnreachable(f"{self.info.base_url}/models answered HTTP {response.status_code}")
+        try:
+            served = [m["id"] for m in response.json().get("data", [])]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            served = []
+        if served and self.info.model not in served:
+            # the experiment's model name ("tiny") rarely matches a remote server's: use what it serves
+            self.info = replace(self.info, model=served[0])
+        return self.info
+
+    async def stop(self) -> None:
+        return None
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def start_target(spec: Any, *, target_url: str | None, run_dir: Path, seed: int) -> BuiltinStack | RemoteTarget:
+    """The target the experiment names; ``target_url`` (the CLI's --target-url) makes it remote."""
+    url = target_url or spec.url
+    if url:
+        return RemoteTarget(spec, url)
+    if spec.kind == "builtin":
+        return BuiltinStack(spec, run_dir / "stack.log", seed)
+    raise SetupFailed(
+        f"target kind {spec.kind!r} needs a URL: set target.url in the experiment or pass --target-url"
+    )

@@ -1,0 +1,83 @@
+"""The observation model survives its JSON-lines round trip losslessly."""
+
+import io
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chaos.observations import (
+    ErrorInfo,
+    FaultEvent,
+    Hangup,
+    MetricSample,
+    Note,
+    Observations,
+    PhaseWindow,
+    StreamRecord,
+    from_json,
+    read_jsonl,
+    to_json,
+    write_jsonl,
+)
+
+ns = st.integers(min_value=0, max_value=2**62)
+text = st.text(max_size=40)
+
+streams = st.builds(
+    StreamRecord,
+    id=text,
+    phase=text,
+    t_sent=st.none() | ns,
+    t_first_content=st.none() | ns,
+    t_content=st.lists(ns, max_size=5),
+    finish_reason=st.none() | st.sampled_from(["stop", "length", "abort"]),
+    done_seen=st.booleans(),
+    error=st.none() | st.builds(ErrorInfo, kind=text, message=text, status=st.none() | st.integers(100, 599)),
+    hangup=st.none() | st.builds(Hangup, fault=text, reason=text, t=ns),
+    text=text,
+    usage=st.none() | st.dictionaries(text, st.integers(), max_size=3),
+)
+metrics = st.builds(MetricSample, name=text, labels=st.dictionaries(text, text, max_size=3), value=st.floats(allow_nan=False), t=ns)
+faults = st.builds(
+    FaultEvent, fault=text, kind=text, action=st.sampled_from(["plan", "inject", "revert", "error", "rollback"]), t=ns,
+    phase=text, evidence=st.dictionaries(text, st.integers() | text, max_size=3), undo=st.dictionaries(text, text, max_size=2), message=text,
+)
+records = st.one_of(streams, metrics, faults, st.builds(PhaseWindow, name=text, t_start=ns, t_end=st.none() | ns), st.builds(Note, topic=text, t=ns, data=st.dictionaries(text, text, max_size=3)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(records, max_size=8))
+def test_jsonl_round_trip_is_lossless(items: list) -> None:
+    buffer = io.StringIO()
+    write_jsonl(items, buffer)
+    assert list(read_jsonl(buffer.getvalue().splitlines())) == items
+
+
+def test_observations_dump_and_load(tmp_path) -> None:
+    obs = Observations(experiment="x", t0=5, wall_t0=1.5)
+    obs.add(PhaseWindow("baseline", 10))
+    obs.add(PhaseWindow("baseline", 10, 20))  # the end replaces the start
+    obs.add(StreamRecord(id="r1", phase="baseline", t_sent=11, t_first_content=13, t_content=[13, 15], finish_reason="stop", done_seen=True))
+    obs.add(StreamRecord(id="bg", phase="baseline", background=True))
+    obs.add(MetricSample("vllm:num_requests_running", {"engine": "0"}, 1.0, 12))
+    path = tmp_path / "journal.jsonl"
+    obs.dump(path)
+    again = Observations.load(path)
+    assert again == obs
+    assert [s.id for s in again.population()] == ["r1"]
+    assert again.streams[0].ttft_ns == 2 and again.streams[0].gaps_ns == [2]
+    assert again.streams[0].complete
+
+
+def test_completeness_rule() -> None:
+    good = StreamRecord(id="a", phase="p", finish_reason="stop", done_seen=True)
+    assert good.complete
+    assert not StreamRecord(id="b", phase="p", finish_reason="stop").complete  # no [DONE]
+    assert not StreamRecord(id="c", phase="p", done_seen=True).complete  # no finish_reason
+    assert not StreamRecord(id="d", phase="p", finish_reason="stop", done_seen=True, in_band_error="boom").complete
+
+
+def test_single_record_json_shape() -> None:
+    line = to_json(FaultEvent("f", "network.latency", "inject", 1, evidence={"toxic": {"latency": 100}}))
+    assert '"type":"fault"' in line
+    assert from_json(line) == FaultEvent("f", "network.latency", "inject", 1, evidence={"toxic": {"latency": 100}})
