@@ -1,0 +1,104 @@
+"""The builtin stack with one planted defect, for showing that each verifier catches its bug.
+
+    python tests/e2e/planted_stack.py --defect leak|buffer|no_done|fffd [stack serve flags]
+
+- ``leak``: the server never aborts an engine request when its client hangs up, so generation (and
+  the KV blocks it holds) goes on for the departed client — the classic disconnect leak.
+- ``buffer``: every response is held until it is complete, as a buffering proxy would (TTFT = E2E).
+- ``no_done``: ``data: [DONE]`` is never sent (and no finish_reason), so streams end early.
+- ``fffd``: content carries U+FFFD, as a detokenizer that emits partial UTF-8 would.
+These defects live here, in the tests, and nowhere in the product.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+import chaos.stack.server as server_module
+from chaos.stack.engine import Engine
+from chaos.stack.serve import serve_main
+
+
+class _Wrapper:
+    """An ASGI middleware that still exposes the wrapped app's ``state`` (serve.py reads it)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.state = app.state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        await self.app(scope, receive, self.wrap_send(send))
+
+    def wrap_send(self, send: Send) -> Send:
+        return send
+
+
+class Buffering(_Wrapper):
+    def wrap_send(self, send: Send) -> Send:
+        held: list[bytes] = []
+
+        async def buffered(message: Message) -> None:
+            if message["type"] != "http.response.body":
+                await send(message)
+                return
+            held.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                await send({"type": "http.response.body", "body": b"".join(held), "more_body": False})
+
+        return buffered
+
+
+class DropDone(_Wrapper):
+    def wrap_send(self, send: Send) -> Send:
+        async def dropping(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                body = message.get("body", b"").replace(b"data: [DONE]\n\n", b"")
+                body = re.sub(rb'"finish_reason":"[a-z]+"', b'"finish_reason":null', body)
+                message = {**message, "body": body}
+            await send(message)
+
+        return dropping
+
+
+class ReplacementChars(_Wrapper):
+    def wrap_send(self, send: Send) -> Send:
+        async def corrupting(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                body = message.get("body", b"")
+                body = body.replace(b'"text":"', '"text":"\ufffd'.encode(), 1).replace(b'"content":"', '"content":"\ufffd'.encode(), 1)
+                message = {**message, "body": body}
+            await send(message)
+
+        return corrupting
+
+
+WRAPPERS: dict[str, type[_Wrapper]] = {"buffer": Buffering, "no_done": DropDone, "fffd": ReplacementChars}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--defect", required=True, choices=["leak", *WRAPPERS])
+    args, rest = parser.parse_known_args(argv)
+    if args.defect == "leak":
+        Engine.abort = lambda self, request_id: None  # type: ignore[method-assign]
+    else:
+        build = server_module.build_app
+        wrapper = WRAPPERS[args.defect]
+
+        def build_wrapped(*a: Any, **kw: Any) -> ASGIApp:
+            return wrapper(build(*a, **kw))  # type: ignore[return-value]
+
+        server_module.build_app = build_wrapped  # type: ignore[assignment]
+    return serve_main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
