@@ -1,0 +1,70 @@
+"""`early_close`: the share of streams that ended without a proper terminal event, against a budget.
+
+A stream is complete when a non-null ``finish_reason`` and ``data: [DONE]`` were both seen and no
+error came, in band or otherwise (``StreamRecord.complete``; reference §2.7: vLLM and TGI send
+``[DONE]`` after an error event, so ``[DONE]`` alone proves nothing). Streams a client fault hung
+up on purpose are not judged and are counted separately.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from chaos.observations import Observations, StreamRecord
+from chaos.params import Param, Schema
+from sla.base import Status, Verdict, verifier
+from sla.common import MAX_IDS
+
+__all__ = ["early_close", "why_incomplete"]
+
+SCHEMA = Schema(
+    (
+        Param("budget", "fraction", default=0.0, doc="the largest share of streams that may close early"),
+        Param("min_samples", "int", default=1, min=1, doc="fewer judged streams than this: inconclusive"),
+    )
+)
+
+
+def why_incomplete(stream: StreamRecord) -> list[str]:
+    """The reasons a stream is not complete, in the vocabulary of reference §2.7; empty if complete."""
+    why: list[str] = []
+    if stream.status is not None and stream.status >= 400:
+        why.append("http_error")
+    if stream.error is not None and f"{stream.error.kind}_error" not in why:
+        why.append(f"{stream.error.kind}_error")  # read_error, timeout_error, ... (http_error once)
+    if stream.in_band_error is not None:
+        why.append("error_event")
+    if stream.finish_reason is None:
+        why.append("no_finish_reason")
+    if not stream.done_seen:
+        why.append("no_done")
+    return why
+
+
+@verifier("early_close", SCHEMA, "share of streams that ended without finish_reason and [DONE] (hang-ups excluded)")
+def early_close(obs: Observations, params: Mapping[str, Any], phase: str | None) -> Verdict:
+    budget: float = params["budget"]
+    min_samples: int = params["min_samples"]
+    population = obs.population(phase)
+    judged = [st for st in population if st.hangup is None]
+    hung_up = len(population) - len(judged)
+    offenders = [(st, why_incomplete(st)) for st in judged if not st.complete]
+
+    evidence: dict[str, Any] = {
+        "streams": len(judged),
+        "incomplete": len(offenders),
+        "hung_up_excluded": hung_up,
+        "by_reason": dict(Counter(reason for _, why in offenders for reason in why)),
+        "offenders": [
+            {"id": st.id, "why": why, **({"error": st.error.message} if st.error else {})}
+            for st, why in offenders[:MAX_IDS]
+        ],
+    }
+    if len(judged) < min_samples:
+        evidence["reason"] = f"{len(judged)} judged streams (hang-ups excluded), at least {min_samples} needed"
+        return Verdict("early_close", phase, "inconclusive", None, budget, "fraction", len(judged), evidence)
+    share = len(offenders) / len(judged)
+    status: Status = "pass" if share <= budget else "fail"
+    return Verdict("early_close", phase, status, share, budget, "fraction", len(judged), evidence)

@@ -1,0 +1,313 @@
+"""`kv_cleanup`: after aborts and at the end of load, KV usage and running requests return to baseline.
+
+Series (the first present wins; ``series`` / ``running_series`` override): KV usage from
+``streamchaos_kv_blocks_used`` (the builtin engine's exact block count: must return to exactly
+its baseline), ``vllm:kv_cache_usage_perc``, ``vllm:gpu_cache_usage_perc``, ``sglang:token_usage``
+(fractions: baseline + ``tolerance``), TGI's ``tgi_batch_current_max_tokens`` (tokens: tolerance
+scaled by ``tgi_batch_max_total_tokens`` when scraped, else exact); running requests from
+``vllm:num_requests_running``, ``sglang:num_running_reqs``, ``tgi_batch_current_size`` (exact).
+Every label set is judged on its own (one engine of several may leak). A missing series is
+unknown, never zero: the verdict is then inconclusive.
+
+Baseline: the lowest value scraped before the first stream of the run was sent.
+Check points: the end of the busy period (some stream in flight) that holds the judged streams'
+last end — the end of load — and the end of every busy period in which a judged stream was hung
+up on by a client fault (an abort burst followed by quiet). From a check point T the series must
+be back at baseline by T + ``within``. It is a fail when samples taken after that deadline, while
+still quiet, show it had not (a late return is a fail too, with the time it took); a check point
+whose quiet ended, or whose samples stop, before the deadline is unobserved, and so is one whose
+first sample past the deadline is already back (scrapes too sparse to tell). The verdict passes
+when the end-of-load check point returned and none failed.
+A ``Note(topic="kv_leak")`` from the builtin stack naming leaked request ids after a deadline is
+a fail by itself; ``Note(topic="target", data={"metrics": false})`` makes the verdict inconclusive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from chaos.observations import NS, MetricSample, Observations, StreamRecord
+from chaos.params import Param, Schema
+from sla.base import Status, Verdict, verifier
+from sla.common import MAX_IDS, rel_s, stream_end
+
+__all__ = ["RUNNING_SERIES", "USAGE_SERIES", "kv_cleanup"]
+
+# name → how tolerance applies: "exact", "fraction" (value is a share of the cache), or the name
+# of a series holding the total the value is a share of.
+USAGE_SERIES: tuple[tuple[str, str], ...] = (
+    ("streamchaos_kv_blocks_used", "exact"),
+    ("vllm:kv_cache_usage_perc", "fraction"),
+    ("vllm:gpu_cache_usage_perc", "fraction"),
+    ("sglang:token_usage", "fraction"),
+    ("tgi_batch_current_max_tokens", "tgi_batch_max_total_tokens"),
+)
+RUNNING_SERIES: tuple[str, ...] = ("vllm:num_requests_running", "sglang:num_running_reqs", "tgi_batch_current_size")
+
+SCHEMA = Schema(
+    (
+        Param("within", "duration", default=2.0, doc="how soon after a check point the series must be back"),
+        Param("tolerance", "fraction", default=0.0, doc="KV usage allowed above baseline, as a share of the cache"),
+        Param("series", "str", doc="the KV usage series to read instead of the built-in fallbacks"),
+        Param("running_series", "str", doc="the running-requests series to read instead of the built-in fallbacks"),
+    )
+)
+
+Outcome = Literal["returned", "late", "leaked", "unobserved"]
+Labels = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class _Check:
+    """One series at one check point."""
+
+    outcome: Outcome
+    took_s: float | None  # how long the return took, when it happened
+    value_at_deadline: float | None  # the first sample at or after the deadline, while quiet
+    baseline: float
+    labels: dict[str, str]
+
+    def as_evidence(self) -> dict[str, Any]:
+        return {
+            "outcome": self.outcome,
+            "took_s": self.took_s,
+            "value_at_deadline": self.value_at_deadline,
+            "baseline": self.baseline,
+            **({"labels": self.labels} if self.labels else {}),
+        }
+
+
+def _by_labels(samples: Sequence[MetricSample]) -> dict[Labels, list[MetricSample]]:
+    out: dict[Labels, list[MetricSample]] = {}
+    for m in samples:
+        out.setdefault(tuple(sorted(m.labels.items())), []).append(m)
+    return out
+
+
+def _check_one(
+    samples: list[MetricSample],
+    limit: float,
+    t: int,
+    deadline: int,
+    quiet_until: int | None,
+    baseline: float,
+    labels: Labels,
+) -> _Check:
+    """Did one label set's series get back to ``limit`` after ``t``, and by ``deadline``?"""
+    quiet = [m for m in samples if m.t >= t and (quiet_until is None or m.t < quiet_until)]
+    back = next((m for m in quiet if m.value <= limit), None)
+    after = next((m for m in quiet if m.t >= deadline), None)
+    took = (back.t - t) / NS if back is not None else None
+    at_deadline = after.value if after is not None else None
+    outcome: Outcome
+    if back is not None and back.t <= deadline:
+        outcome = "returned"
+    elif after is None or after.value <= limit:
+        # No sample past the deadline, or the first one is already back: the scrapes cannot say
+        # whether it was back in time (sparse scrapes), only ``took`` as an upper bound.
+        outcome = "unobserved"
+    elif back is not None:
+        outcome = "late"  # still up at the deadline, back later
+    else:
+        outcome = "leaked"  # still up at the deadline and never back while nothing else ran
+    return _Check(outcome, took, at_deadline, baseline, dict(labels))
+
+
+def _worst(checks: list[_Check]) -> _Check:
+    order = {"leaked": 0, "late": 1, "unobserved": 2, "returned": 3}
+    return min(checks, key=lambda c: (order[c.outcome], -(c.took_s or 0.0)))
+
+
+def _pick(obs: Observations, names: Sequence[str]) -> str | None:
+    present = {m.name for m in obs.metrics}
+    return next((n for n in names if n in present), None)
+
+
+def _busy_periods(streams: Sequence[StreamRecord]) -> list[tuple[int, int]]:
+    """Merged [start, end] intervals during which some stream (any phase, background too) was in flight."""
+    spans = sorted((st.t_sent, end) for st in streams if st.t_sent is not None and (end := stream_end(st)) is not None)
+    merged: list[tuple[int, int]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _check_points(obs: Observations, population: list[StreamRecord]) -> list[tuple[str, int, int | None]]:
+    """(kind, T, next load start or None) for the end of load and every abort burst's quiet."""
+    periods = _busy_periods(obs.streams)
+    ends = [e for st in population if (e := stream_end(st)) is not None]
+    if not periods or not ends:
+        return []
+    hangups = [st.hangup.t for st in population if st.hangup is not None]
+    last_end = max(ends)
+    points: list[tuple[str, int, int | None]] = []
+    for i, (start, end) in enumerate(periods):
+        following = periods[i + 1][0] if i + 1 < len(periods) else None
+        if start <= last_end <= end:
+            points.append(("end_of_load", end, following))
+        elif any(start <= h <= end for h in hangups):
+            points.append(("abort_burst", end, following))
+    return points
+
+
+def _leak_notes(obs: Observations) -> list[tuple[int, list[str]]]:
+    out = []
+    for note in obs.notes_on("kv_leak"):
+        ids = note.data.get("request_ids", note.data.get("ids", note.data.get("leaked", [])))
+        out.append((note.t, [str(i) for i in ids] if isinstance(ids, list) else [str(ids)]))
+    return out
+
+
+@verifier("kv_cleanup", SCHEMA, "KV usage and running requests return to baseline after aborts and end of load")
+def kv_cleanup(obs: Observations, params: Mapping[str, Any], phase: str | None) -> Verdict:
+    within: float = params["within"]
+    tolerance: float = params["tolerance"]
+    population = obs.population(phase)
+    evidence: dict[str, Any] = {"within_s": within, "tolerance": tolerance}
+
+    def verdict(status: Status, figure: float | None, samples: int, reason: str = "") -> Verdict:
+        if reason:
+            evidence["reason"] = reason
+        return Verdict("kv_cleanup", phase, status, figure, within, "s", samples, evidence)
+
+    if any(n.data.get("metrics") is False for n in obs.notes_on("target")):
+        return verdict("inconclusive", None, 0, "the target exposes no metrics (target note says metrics: false)")
+    usage_name = params.get("series") or _pick(obs, [n for n, _ in USAGE_SERIES])
+    running_name = params.get("running_series") or _pick(obs, RUNNING_SERIES)
+    evidence.update(usage_series=usage_name, running_series=running_name)
+    problems = []
+    for what, name, fallbacks in (
+        ("KV usage", usage_name, [n for n, _ in USAGE_SERIES]),
+        ("running requests", running_name, list(RUNNING_SERIES)),
+    ):
+        if name is None:
+            problems.append(f"no {what} series was scraped (looked for {', '.join(fallbacks)})")
+        elif not obs.series(name):
+            problems.append(f"the {what} series {name!r} has no samples")
+    if problems:
+        return verdict("inconclusive", None, 0, "; ".join(problems) + "; a missing series is unknown, not zero")
+    assert usage_name is not None and running_name is not None
+    sent = [st.t_sent for st in obs.streams if st.t_sent is not None]
+    if not population or not sent:
+        return verdict("inconclusive", None, 0, "no streams were sent")
+    first_sent = min(sent)
+
+    usage_rule = dict(USAGE_SERIES).get(usage_name, "fraction")
+    slack = _slack(obs, usage_rule, tolerance)
+    evidence["usage_slack"] = slack
+    per_series = {usage_name: (obs.series(usage_name), slack), running_name: (obs.series(running_name), 0.0)}
+    baselines: dict[str, dict[Labels, float]] = {}
+    for name, (samples, _) in per_series.items():
+        baselines[name] = {
+            labels: min(m.value for m in before)
+            for labels, group in _by_labels(samples).items()
+            if (before := [m for m in group if m.t < first_sent])
+        }
+        if not baselines[name]:
+            reason = f"no {name} sample was scraped before the first stream was sent, so there is no baseline"
+            return verdict("inconclusive", None, len(samples), reason)
+    evidence["baseline"] = {name: _show(b) for name, b in baselines.items()}
+
+    points = _check_points(obs, population)
+    leak_notes = _leak_notes(obs)
+    results = [
+        _judge_point(obs, kind, t, next_start, within, per_series, baselines, leak_notes)
+        for kind, t, next_start in points
+    ]
+    used_samples = sum(
+        1
+        for _, t, next_start in points
+        for samples, _ in per_series.values()
+        for m in samples
+        if m.t >= t and (next_start is None or m.t < next_start)
+    )
+    figures = [r["figure_s"] for r in results if r["figure_s"] is not None]
+    worst_took = max(figures) if figures else None
+    failed = any(r["outcome"] in ("leaked", "late") for r in results)
+    end_returned = any(r["kind"] == "end_of_load" and r["outcome"] == "returned" for r in results)
+    evidence["check_points"] = results
+    evidence["leaked_request_ids"] = sorted({i for _, ids in leak_notes for i in ids})[:MAX_IDS]
+
+    if failed:
+        return verdict("fail", worst_took, used_samples)
+    if end_returned:
+        return verdict("pass", worst_took, used_samples)
+    if not points:
+        return verdict("inconclusive", None, used_samples, "no check point: the judged streams have no end stamps")
+    return verdict(
+        "inconclusive",
+        worst_took,
+        used_samples,
+        "the end-of-load check point could not be decided: no sample at baseline within the deadline and none "
+        "past it still above baseline (the scrapes stopped, were too sparse, or new load began)",
+    )
+
+
+def _judge_point(
+    obs: Observations,
+    kind: str,
+    t: int,
+    next_start: int | None,
+    within: float,
+    per_series: dict[str, tuple[list[MetricSample], float]],
+    baselines: dict[str, dict[Labels, float]],
+    leak_notes: list[tuple[int, list[str]]],
+) -> dict[str, Any]:
+    """One check point: each series' worst label set, leak notes past the deadline, the outcome."""
+    deadline = t + int(within * NS)
+    entry: dict[str, Any] = {"kind": kind, "t_s": rel_s(obs, t), "next_load_s": rel_s(obs, next_start)}
+    checks: list[_Check] = []
+    for name, (samples, allowed) in per_series.items():
+        groups = _by_labels(samples)
+        worst = _worst(
+            [
+                _check_one(groups[labels], base + allowed, t, deadline, next_start, base, labels)
+                for labels, base in baselines[name].items()
+            ]
+        )
+        entry[name] = worst.as_evidence()
+        checks.append(worst)
+    quiet_after_deadline = [
+        i for nt, ids in leak_notes if nt >= deadline and (next_start is None or nt < next_start) for i in ids
+    ]
+    outcome = _worst(checks).outcome
+    if quiet_after_deadline:
+        entry["leaked_request_ids"] = sorted(set(quiet_after_deadline))[:MAX_IDS]
+        if outcome in ("returned", "unobserved"):
+            outcome = "leaked"  # the stack itself says requests still hold blocks
+    entry["outcome"] = outcome
+    if all(c.took_s is not None for c in checks):
+        entry["figure_s"] = max(c.took_s or 0.0 for c in checks)
+    elif outcome == "leaked":
+        # never back: the figure is how long it was watched without returning (a lower bound)
+        watched = [
+            m.t
+            for samples, _ in per_series.values()
+            for m in samples
+            if m.t >= t and (next_start is None or m.t < next_start)
+        ]
+        entry["figure_s"] = (max(watched, default=t) - t) / NS
+    else:
+        entry["figure_s"] = None
+    return entry
+
+
+def _slack(obs: Observations, rule: str, tolerance: float) -> float:
+    """How far above baseline KV usage may stay, in the series' own unit."""
+    if rule == "exact":
+        return 0.0
+    if rule == "fraction":
+        return tolerance
+    totals = obs.series(rule)  # a token count: tolerance is a share of the scraped total
+    return tolerance * max(m.value for m in totals) if totals else 0.0
+
+
+def _show(baseline: dict[Labels, float]) -> float | dict[str, float]:
+    if len(baseline) == 1:
+        return next(iter(baseline.values()))
+    return {",".join(f"{k}={v}" for k, v in labels): value for labels, value in baseline.items()}

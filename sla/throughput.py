@@ -1,0 +1,86 @@
+"""`throughput`: tokens or completed requests per second over a phase's window, against a floor.
+
+Tokens are counted where they arrived: each content event inside the window counts, and when a
+stream reported ``usage.completion_tokens`` its tokens are spread over its content events (a
+chunk can carry several tokens), so a stream straddling the window edge counts only its inside
+part. Requests count when they completed (``StreamRecord.complete``) inside the window. Without a
+closed window, or with no streams, there is nothing to divide by: inconclusive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from chaos.observations import NS, Observations, StreamRecord
+from chaos.params import Param, Schema
+from sla.base import Status, Verdict, verifier
+from sla.common import rel_s
+
+__all__ = ["throughput", "window"]
+
+SCHEMA = Schema(
+    (
+        Param("min_tokens_per_s", "rate", doc="the fewest generated tokens per second allowed"),
+        Param("min_requests_per_s", "rate", doc="the fewest completed requests per second allowed"),
+    ),
+    one_of=(("min_tokens_per_s", "min_requests_per_s"),),
+)
+
+
+def window(obs: Observations, phase: str | None) -> tuple[int, int] | None:
+    """The judged window in ns: the phase's, or from the first phase start to the last phase end."""
+    if phase is not None:
+        found = obs.phase(phase)
+        if found is None or found.t_end is None:
+            return None
+        return found.t_start, found.t_end
+    if not obs.phases or any(p.t_end is None for p in obs.phases):
+        return None
+    return min(p.t_start for p in obs.phases), max(p.t_end for p in obs.phases if p.t_end is not None)
+
+
+def _tokens_in(stream: StreamRecord, t0: int, t1: int) -> tuple[float, bool]:
+    """(tokens of ``stream`` that arrived in [t0, t1], whether usage counts were used)."""
+    inside = sum(1 for t in stream.t_content if t0 <= t <= t1)
+    if not inside:
+        return 0.0, False
+    reported = (stream.usage or {}).get("completion_tokens")
+    if isinstance(reported, (int, float)) and not isinstance(reported, bool) and reported >= len(stream.t_content):
+        return reported * inside / len(stream.t_content), True
+    return float(inside), False
+
+
+@verifier("throughput", SCHEMA, "generated tokens or completed requests per second over the phase window")
+def throughput(obs: Observations, params: Mapping[str, Any], phase: str | None) -> Verdict:
+    by_tokens = params.get("min_tokens_per_s") is not None
+    floor: float = params["min_tokens_per_s"] if by_tokens else params["min_requests_per_s"]
+    unit = "tokens/s" if by_tokens else "requests/s"
+    population = obs.population(phase)
+    span = window(obs, phase)
+    evidence: dict[str, Any] = {"streams": len(population)}
+    if span is None:
+        evidence["reason"] = (
+            f"phase {phase!r} has no closed window" if phase is not None else "the run has no closed phase windows"
+        )
+        return Verdict("throughput", phase, "inconclusive", None, floor, unit, len(population), evidence)
+    t0, t1 = span
+    seconds = (t1 - t0) / NS
+    evidence.update(window_start_s=rel_s(obs, t0), window_end_s=rel_s(obs, t1), window_s=seconds)
+    if not population or seconds <= 0:
+        evidence["reason"] = "no streams in the window" if not population else "the window is empty"
+        return Verdict("throughput", phase, "inconclusive", None, floor, unit, len(population), evidence)
+
+    counted = [_tokens_in(st, t0, t1) for st in population]
+    tokens = sum(n for n, _ in counted)
+    completed = sum(1 for st in population if st.complete and st.t_end is not None and t0 <= st.t_end <= t1)
+    evidence.update(
+        tokens=tokens,
+        token_source="usage" if any(used for _, used in counted) else "content_events",
+        completed_requests=completed,
+        tokens_per_s=tokens / seconds,
+        requests_per_s=completed / seconds,
+    )
+    figure = tokens / seconds if by_tokens else completed / seconds
+    status: Status = "pass" if figure >= floor else "fail"
+    return Verdict("throughput", phase, status, figure, floor, unit, len(population), evidence)

@@ -1,0 +1,248 @@
+"""`kv_cleanup` on synthetic metric series: a leak that never returns to baseline fails it, a missing series
+is inconclusive (never zero), and a prompt return passes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import sla
+
+pytestmark = pytest.mark.timeout(30)
+
+USAGE, RUNNING = "vllm:kv_cache_usage_perc", "vllm:num_requests_running"
+EVERY = 0.25  # scrape interval, s
+
+
+def load(synth: Any, phase: str = "load", start: float = 1.0, n: int = 10, **kw: Any) -> list[Any]:
+    # n streams 0.2s apart, each 0.1s to first content then 9 gaps of 20ms: in flight 1.0 .. ~3.08
+    return [synth.stream(f"{phase}{i}", phase=phase, sent=start + i * 0.2, **kw) for i in range(n)]
+
+
+def end_of(streams: list[Any], synth: Any) -> float:
+    return float(max(st.t_end for st in streams) - synth.T0) / 1e9
+
+
+def scenario(
+    synth: Any,
+    after: Callable[[float], float],
+    running_after: Callable[[float], float] | None = None,
+    *,
+    stop: float = 10.0,
+    first_scrape: float = 0.0,
+    names: tuple[str, str] = (USAGE, RUNNING),
+    busy: tuple[float, float] = (0.4, 4.0),
+    notes: list[Any] | None = None,
+) -> tuple[Any, float]:
+    """Load from 1s; usage 0 before, ``busy`` during, ``after(seconds since end of load)`` after it."""
+    streams = load(synth)
+    end = end_of(streams, synth)
+    run_after = running_after or (lambda dt: 0.0 if after(dt) == 0.0 else 2.0)
+
+    def usage(t: float) -> float:
+        return 0.0 if t < 1.0 else busy[0] if t < end else after(t - end)
+
+    def running(t: float) -> float:
+        return 0.0 if t < 1.0 else busy[1] if t < end else run_after(t - end)
+
+    metrics = synth.steps(names[0], first_scrape, stop, EVERY, usage) + synth.steps(
+        names[1], first_scrape, stop, EVERY, running
+    )
+    return synth.obs(streams, metrics, notes=notes or []), end
+
+
+def test_leaking_kv_that_never_returns_fails(synth: Any) -> None:
+    leak_note = synth.note("kv_leak", 8.0, request_ids=["load3", "load7"])
+    obs, _ = scenario(synth, lambda dt: 0.3, notes=[leak_note])
+    verdict = sla.judge(obs, "kv_cleanup", {"within": "2s"})
+    assert verdict.status == "fail"
+    assert verdict.unit == "s"
+    assert verdict.budget == 2.0
+    point = verdict.evidence["check_points"][0]
+    assert point["kind"] == "end_of_load"
+    assert point["outcome"] == "leaked"
+    assert point[USAGE]["outcome"] == "leaked"
+    assert point[USAGE]["value_at_deadline"] == pytest.approx(0.3)
+    assert point[USAGE]["took_s"] is None
+    assert point[RUNNING]["value_at_deadline"] == 2.0
+    assert point["leaked_request_ids"] == ["load3", "load7"]
+    assert verdict.evidence["leaked_request_ids"] == ["load3", "load7"]
+    assert verdict.figure is not None and verdict.figure > 2.0  # watched that long without a return
+
+
+def test_prompt_return_to_baseline_passes(synth: Any) -> None:
+    obs, _ = scenario(synth, lambda dt: 0.4 if dt < 0.5 else 0.0)
+    verdict = sla.judge(obs, "kv_cleanup", {})
+    assert verdict.status == "pass"
+    assert verdict.evidence["baseline"] == {USAGE: 0.0, RUNNING: 0.0}
+    assert verdict.evidence["usage_series"] == USAGE
+    # the figure is when the first scrape at baseline came after the end of load
+    assert verdict.figure is not None and 0.5 <= verdict.figure <= 0.5 + EVERY
+    assert verdict.evidence["check_points"][0][USAGE]["outcome"] == "returned"
+
+
+def test_late_return_fails_with_the_time_it_took(synth: Any) -> None:
+    obs, _ = scenario(synth, lambda dt: 0.4 if dt < 3.0 else 0.0)
+    verdict = sla.judge(obs, "kv_cleanup", {"within": "2s"})
+    assert verdict.status == "fail"
+    assert verdict.evidence["check_points"][0]["outcome"] == "late"
+    assert verdict.figure is not None and 3.0 <= verdict.figure <= 3.0 + EVERY
+
+
+def test_sparse_scrapes_cannot_prove_a_late_return(synth: Any) -> None:
+    # one scrape before load, then one 5s after its end that shows baseline: back by then, maybe in time
+    streams = load(synth)
+    end = end_of(streams, synth)
+    metrics = synth.series(USAGE, [(0.0, 0.0), (2.0, 0.4), (end + 5.0, 0.0)])
+    metrics += synth.series(RUNNING, [(0.0, 0.0), (2.0, 4.0), (end + 5.0, 0.0)])
+    verdict = sla.judge(synth.obs(streams, metrics), "kv_cleanup", {"within": "2s"})
+    assert verdict.status == "inconclusive"
+    point = verdict.evidence["check_points"][0]
+    assert point["outcome"] == "unobserved"
+    assert point[USAGE]["took_s"] == pytest.approx(5.0)
+
+
+def test_running_requests_stuck_alone_fail(synth: Any) -> None:
+    # KV back to zero but the engine still counts a running request: an abort that never finished
+    obs, _ = scenario(synth, lambda dt: 0.0, running_after=lambda dt: 1.0)
+    verdict = sla.judge(obs, "kv_cleanup", {})
+    assert verdict.status == "fail"
+    point = verdict.evidence["check_points"][0]
+    assert point[USAGE]["outcome"] == "returned"
+    assert point[RUNNING]["outcome"] == "leaked"
+
+
+def test_missing_series_is_inconclusive_never_zero(synth: Any) -> None:
+    streams = load(synth)
+    only_running = synth.steps(RUNNING, 0.0, 10.0, EVERY, lambda t: 0.0)
+    verdict = sla.judge(synth.obs(streams, only_running), "kv_cleanup", {})
+    assert verdict.status == "inconclusive"
+    assert "no KV usage series" in verdict.evidence["reason"]
+    assert "unknown, not zero" in verdict.evidence["reason"]
+    only_usage = synth.steps(USAGE, 0.0, 10.0, EVERY, lambda t: 0.0)
+    verdict = sla.judge(synth.obs(streams, only_usage), "kv_cleanup", {})
+    assert verdict.status == "inconclusive"
+    assert "no running requests series" in verdict.evidence["reason"]
+    verdict = sla.judge(synth.obs(streams, only_usage + only_running), "kv_cleanup", {"series": "my_kv"})
+    assert verdict.status == "inconclusive"
+    assert "'my_kv' has no samples" in verdict.evidence["reason"]
+
+
+def test_scrapes_ending_before_the_deadline_are_inconclusive(synth: Any) -> None:
+    obs, end = scenario(synth, lambda dt: 0.3, stop=4.0)
+    assert end + 2.0 > 4.0
+    verdict = sla.judge(obs, "kv_cleanup", {"within": "2s"})
+    assert verdict.status == "inconclusive"
+    assert verdict.evidence["check_points"][0]["outcome"] == "unobserved"
+
+
+def test_no_baseline_or_no_metrics_is_inconclusive(synth: Any) -> None:
+    obs, _ = scenario(synth, lambda dt: 0.0, first_scrape=1.5)  # first scrape after the first stream
+    verdict = sla.judge(obs, "kv_cleanup", {})
+    assert verdict.status == "inconclusive"
+    assert "no baseline" in verdict.evidence["reason"]
+    obs, _ = scenario(synth, lambda dt: 0.0)
+    obs.notes.append(synth.note("target", 0.0, metrics=False))
+    assert sla.judge(obs, "kv_cleanup", {}).status == "inconclusive"
+
+
+def test_tolerance_is_a_share_of_the_cache(synth: Any) -> None:
+    obs, _ = scenario(synth, lambda dt: 0.05, running_after=lambda dt: 0.0)  # prefix cache keeps 5%
+    assert sla.judge(obs, "kv_cleanup", {}).status == "fail"
+    verdict = sla.judge(obs, "kv_cleanup", {"tolerance": "10%"})
+    assert verdict.status == "pass"
+    assert verdict.evidence["usage_slack"] == pytest.approx(0.1)
+
+
+def test_exact_block_counts_ignore_tolerance(synth: Any) -> None:
+    names = ("streamchaos_kv_blocks_used", RUNNING)
+    obs, _ = scenario(synth, lambda dt: 1.0, running_after=lambda dt: 0.0, names=names, busy=(40, 4))
+    verdict = sla.judge(obs, "kv_cleanup", {"tolerance": 0.5})
+    assert verdict.evidence["usage_series"] == "streamchaos_kv_blocks_used"
+    assert verdict.status == "fail"  # one block short of baseline is a leaked block
+
+
+@pytest.mark.parametrize(
+    ("present", "chosen"),
+    [
+        (("vllm:gpu_cache_usage_perc", "vllm:num_requests_running"), "vllm:gpu_cache_usage_perc"),
+        (("sglang:token_usage", "sglang:num_running_reqs"), "sglang:token_usage"),
+        (("tgi_batch_current_max_tokens", "tgi_batch_current_size"), "tgi_batch_current_max_tokens"),
+    ],
+)
+def test_engine_series_fallbacks(synth: Any, present: tuple[str, str], chosen: str) -> None:
+    obs, _ = scenario(synth, lambda dt: 0.0 if dt > 0.3 else 0.2, names=present)
+    verdict = sla.judge(obs, "kv_cleanup", {})
+    assert verdict.evidence["usage_series"] == chosen
+    assert verdict.evidence["running_series"] == present[1]
+    assert verdict.status == "pass"
+
+
+def test_fallback_order_prefers_the_exact_and_the_current_names(synth: Any) -> None:
+    obs, _ = scenario(synth, lambda dt: 0.0)
+    obs.metrics += synth.steps("vllm:gpu_cache_usage_perc", 0.0, 10.0, EVERY, lambda t: 0.0)
+    assert sla.judge(obs, "kv_cleanup", {}).evidence["usage_series"] == USAGE
+    obs.metrics += synth.steps("streamchaos_kv_blocks_used", 0.0, 10.0, EVERY, lambda t: 0.0)
+    assert sla.judge(obs, "kv_cleanup", {}).evidence["usage_series"] == "streamchaos_kv_blocks_used"
+
+
+def test_one_leaking_engine_among_several_fails(synth: Any) -> None:
+    streams = load(synth)
+    end = end_of(streams, synth)
+    metrics = []
+    for engine, leaks in (("0", False), ("1", True)):
+        metrics += synth.steps(
+            USAGE,
+            0.0,
+            10.0,
+            EVERY,
+            lambda t, lk=leaks: 0.0 if t < 1 else (0.5 if t < end or lk else 0.0),
+            engine=engine,
+        )
+        metrics += synth.steps(RUNNING, 0.0, 10.0, EVERY, lambda t: 0.0 if t < 1 or t >= end else 3.0, engine=engine)
+    verdict = sla.judge(synth.obs(streams, metrics), "kv_cleanup", {})
+    assert verdict.status == "fail"
+    assert verdict.evidence["check_points"][0][USAGE]["labels"] == {"engine": "1"}
+
+
+def test_blocks_held_after_an_abort_burst_fail_even_if_freed_by_later_load(synth: Any) -> None:
+    # The bug: aborted requests free their blocks only at the next scheduler step, and an idle
+    # engine takes no step. Clients hang up at ~1.3s; nothing runs until the next load at 8s,
+    # which finally frees the blocks; the end of load then looks clean.
+    storm = [synth.stream(f"h{i}", phase="storm", sent=1.0 + i * 0.02, tokens=50, hangup_after=0.3) for i in range(10)]
+    later = load(synth, phase="later", start=8.0)
+    burst_end = (max(st.hangup.t for st in storm) - synth.T0) / synth.S
+    end = end_of(later, synth)
+
+    def usage(t: float) -> float:
+        return 0.0 if t < 1.0 or t >= end else 0.5
+
+    def running(t: float) -> float:
+        return 0.0 if t < 1.0 or t >= end else 10.0
+
+    metrics = synth.steps(USAGE, 0.0, 12.0, EVERY, usage) + synth.steps(RUNNING, 0.0, 12.0, EVERY, running)
+    obs = synth.obs(storm + later, metrics)
+    verdict = sla.judge(obs, "kv_cleanup", {"within": "2s"})
+    assert verdict.status == "fail"
+    kinds = {p["kind"]: p for p in verdict.evidence["check_points"]}
+    assert kinds["abort_burst"]["outcome"] == "leaked"
+    assert kinds["abort_burst"]["t_s"] == pytest.approx(burst_end)
+    assert kinds["end_of_load"]["outcome"] == "returned"
+    # scoped to the later phase alone (no hang-ups in it), only the end of load is checked
+    scoped = sla.judge(obs, "kv_cleanup", {"within": "2s"}, "later")
+    assert scoped.status == "pass"
+    assert [p["kind"] for p in scoped.evidence["check_points"]] == ["end_of_load"]
+
+
+def test_a_burst_followed_too_soon_by_more_load_is_not_blamed(synth: Any) -> None:
+    storm = [synth.stream(f"h{i}", phase="storm", sent=1.0, tokens=50, hangup_after=0.3) for i in range(3)]
+    later = load(synth, phase="later", start=1.8)  # 0.5s after the burst: less than `within`
+    end = end_of(later, synth)
+    metrics = synth.steps(USAGE, 0.0, 8.0, EVERY, lambda t: 0.0 if t < 1.0 or t >= end + 0.3 else 0.5)
+    metrics += synth.steps(RUNNING, 0.0, 8.0, EVERY, lambda t: 0.0 if t < 1.0 or t >= end + 0.3 else 3.0)
+    verdict = sla.judge(synth.obs(storm + later, metrics), "kv_cleanup", {"within": "2s"})
+    assert verdict.status == "pass"
+    kinds = {p["kind"]: p["outcome"] for p in verdict.evidence["check_points"]}
+    assert kinds == {"abort_burst": "unobserved", "end_of_load": "returned"}
