@@ -40,7 +40,8 @@ NS = 1_000_000_000
 
 @dataclass(frozen=True)
 class ErrorInfo:
-    """Why a stream failed: ``kind`` is one of http, connect, read, timeout, protocol, in_band."""
+    """Why a stream failed: ``kind`` is one of http, connect, read, timeout, protocol, in_band,
+    cancelled (still running when the run ended and the drain timed out)."""
 
     kind: str
     message: str
@@ -52,7 +53,7 @@ class Hangup:
     """The client ended the stream on purpose (a client fault): which fault and why."""
 
     fault: str
-    reason: str  # after_tokens | after_time | while_queued | read_timeout
+    reason: str  # after_tokens | after_time | while_queued | read_timeout | stopped (background load ended)
     t: int  # when the client hung up
 
 

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from chaos.children import spawn
 from chaos.errors import SetupFailed
 from faults.base import ProxyInfo, TargetInfo
 
@@ -85,7 +86,7 @@ def _wait_for(url: str, process: subprocess.Popen[str] | None, timeout: float) -
 def _start_binary(binary: str) -> ToxiproxyServer:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    process = subprocess.Popen([binary, "-host", "127.0.0.1", "-port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+    process = spawn([binary, "-host", "127.0.0.1", "-port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
     _wait_for(url, process, 10.0)
     return ToxiproxyServer(url, "binary", f"toxiproxy-server binary {binary}", process=process)
 
@@ -115,7 +116,7 @@ def _start_docker() -> ToxiproxyServer | None:
 
 def _start_embedded(seed: int, log: Path) -> ToxiproxyServer:
     with open(log, "ab") as err:
-        process = subprocess.Popen(
+        process = spawn(
             [sys.executable, "-m", "faults.toxiproxy_server", "--host", "127.0.0.1", "--port", "0", "--seed", str(seed)],
             stdout=subprocess.PIPE, stderr=err, text=True,
         )
@@ -193,7 +194,8 @@ def _create_proxy(api: str, name: str, upstream: str) -> str:
 async def start_proxy(experiment: Any, target: TargetInfo, run_dir: Path) -> ProxyHandle:
     """Start (or find) Toxiproxy and route the target's traffic through a proxy on it."""
     spec = experiment.proxy
-    server = await asyncio.to_thread(resolve_server, spec.server, spec.url, experiment.seed, run_dir / "toxiproxy.log")
+    # resolved in the loop's thread: a server we spawn must die with us (chaos.children)
+    server = resolve_server(spec.server, spec.url, experiment.seed, run_dir / "toxiproxy.log")
     parts = urlsplit(target.base_url)
     upstream = f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
     try:

@@ -142,6 +142,8 @@ class Runner:
                 await asyncio.sleep(max(0.5, 3 * exp.safety.scrape_interval))  # the pre-load baseline
 
                 generator = _make_generator(exp, load_url, info, policy, self._sink)
+                if hasattr(generator, "ready"):  # worker processes take about a second to start
+                    await generator.ready()
                 env.background = generator
                 deadline = time.monotonic_ns() + int(exp.duration * 1e9)
                 load_task = asyncio.create_task(generator.run(deadline), name="load")

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from chaos.children import spawn
 from chaos.errors import SetupFailed, TargetUnreachable
 from faults.base import TargetInfo
 
@@ -63,7 +64,8 @@ class BuiltinStack(Target):
         return cmd + list(spec.extra_args)
 
     async def start(self) -> TargetInfo:
-        url = await asyncio.to_thread(self._spawn)
+        self._popen()  # here, in the loop's thread: see chaos.children
+        url = await asyncio.to_thread(self._wait_ready)
         device = "cpu"
         try:
             async with httpx.AsyncClient(timeout=5.0) as client:
@@ -79,14 +81,16 @@ class BuiltinStack(Target):
         )
         return self.info
 
-    def _spawn(self) -> str:
-        log = open(self.log_path, "a", encoding="utf-8")  # noqa: SIM115 - the child owns it
+    def _popen(self) -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(
-            self.command(), stdout=subprocess.PIPE, stderr=log, text=True, env=env,
-            start_new_session=True,  # a Ctrl-C in the terminal reaches the runner, which stops us in order
-        )
-        log.close()
+        with open(self.log_path, "a", encoding="utf-8") as log:
+            self.proc = spawn(
+                self.command(), stdout=subprocess.PIPE, stderr=log, text=True, env=env,
+                start_new_session=True,  # a Ctrl-C in the terminal reaches the runner, which stops us in order
+            )
+
+    def _wait_ready(self) -> str:
+        assert self.proc is not None
         deadline = time.monotonic() + self.spec.startup_timeout
         found: list[str] = []
 
@@ -152,6 +156,7 @@ class RemoteTarget(Target):
         kind = "openai" if spec.kind == "builtin" else spec.kind  # --target-url overrides the builtin stack
         self.info = TargetInfo(kind=kind, base_url=base, metrics_url=metrics, model=spec.model)
         self.api_key = spec.api_key
+        self.admin_token = spec.admin_token
 
     async def start(self) -> TargetInfo:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -169,6 +174,18 @@ class RemoteTarget(Target):
         if served and self.info.model not in served:
             # the experiment's model name ("tiny") rarely matches a remote server's: use what it serves
             self.info = replace(self.info, model=served[0])
+        # A builtin stack started elsewhere (`streamchaos stack serve`) keeps its admin API, so the
+        # in-process faults (server.*, kv.pressure reserve) work against it too.
+        root = self.info.base_url[: -len("/v1")]
+        try:
+            async with httpx.AsyncClient(timeout=5.0, headers=headers) as client:
+                token = {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
+                admin = await client.get(root + "/admin/state", headers=token)
+                health = (await client.get(root + "/health")).json() if admin.status_code == 200 else {}
+        except (httpx.HTTPError, ValueError):
+            admin, health = None, {}
+        if admin is not None and admin.status_code == 200:
+            self.info = replace(self.info, kind="builtin", admin_url=root + "/admin", admin_token=self.admin_token, device=str(health.get("device", "cpu")))
         return self.info
 
     async def stop(self) -> None:

@@ -1,0 +1,33 @@
+"""Starting the runner's child processes (the stack, the embedded Toxiproxy) so none outlives it.
+
+Children started from the main thread get PR_SET_PDEATHSIG(SIGTERM): if the runner is killed
+(even with SIGKILL), the kernel terminates them, so a killed run leaves no stack or proxy behind.
+The death signal fires when the *thread* that forked exits, so it is set only from the main
+thread (a pytest plugin run happens in a worker thread and stops its children itself).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import subprocess
+import threading
+from typing import Any
+
+__all__ = ["spawn"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def spawn(args: list[str], **popen_kwargs: Any) -> subprocess.Popen[Any]:
+    """``subprocess.Popen`` that ties the child's life to this process where it safely can."""
+    if threading.current_thread() is threading.main_thread():
+        popen_kwargs.setdefault("preexec_fn", _die_with_parent)
+    return subprocess.Popen(args, **popen_kwargs)

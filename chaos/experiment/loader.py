@@ -1,0 +1,590 @@
+"""Validation and assembly: YAML text or plain data → ``Experiment``, or every problem, located.
+
+Each section is checked on its own and falls back to its defaults when wrong, so one pass finds
+every mistake; cross-section checks (phase scopes, fault preconditions) then run on that
+best-effort experiment. Nothing here starts anything; faults are only constructed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from chaos.errors import ChaosError, ExperimentInvalid, Problem
+from chaos.params import Schema, suggest
+from chaos.units import format_duration
+
+from . import sections
+from .model import (
+    PROMPT_CLASSES,
+    Experiment,
+    FrozenMap,
+    LoadSpec,
+    PhaseSpec,
+    PromptSpec,
+    ProxySpec,
+    SafetySpec,
+    SlaEntry,
+    TargetSpec,
+)
+from .yamlpos import KeyPath, Mark, YamlSyntaxError, load_located, render_path
+
+if TYPE_CHECKING:
+    from faults.base import Fault
+
+__all__ = ["experiment_from_dict", "load_experiment", "parse_experiment", "validate_file"]
+
+At = Literal["key", "value"]
+_MIX_TOLERANCE = 1e-6
+_SCRAPE_BOUNDS = (0.1, 1.0)
+_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+_PROXY_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def load_experiment(path: str | os.PathLike[str]) -> Experiment:
+    """Read and validate an experiment file; raise ``ExperimentInvalid`` with every problem."""
+    text = _read(str(path))
+    return parse_experiment(text, str(path))
+
+
+def parse_experiment(text: str, filename: str = "<string>") -> Experiment:
+    """Validate YAML text; ``filename`` names it in problems and anchors relative prompt files."""
+    try:
+        located = load_located(text)
+    except YamlSyntaxError as exc:
+        raise ExperimentInvalid([Problem(filename, exc.mark.line, exc.mark.column, "", exc.message)]) from None
+    ctx = _Context(filename, located.keys, located.values, located.unreadable)
+    for path, mark, message in located.problems:
+        ctx.found.append(_Found(path, message, mark))
+    return _assemble(ctx, located.data)
+
+
+def experiment_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Experiment:
+    """Validate already-loaded data (no positions: problems carry key paths only)."""
+    return _assemble(_Context(source, {}, {}, set()), data)
+
+
+def validate_file(path: str | os.PathLike[str]) -> list[Problem]:
+    """Every problem in one file, in file order; empty when it is valid."""
+    try:
+        load_experiment(path)
+    except ExperimentInvalid as exc:
+        return list(exc.problems)
+    return []
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ExperimentInvalid([Problem(path, 0, 0, "", f"not UTF-8 text: {exc.reason} at byte {exc.start}")]) from None
+    except OSError as exc:
+        raise ExperimentInvalid([Problem(path, 0, 0, "", f"cannot read the experiment file: {exc.strerror or exc}")]) from None
+
+
+@dataclass
+class _Found:
+    path: KeyPath
+    message: str
+    mark: Mark | None = None  # known position; otherwise derived from the path
+    at: At = "value"
+
+
+@dataclass
+class _Context:
+    """Collects problems with their key paths and turns them into located ``Problem``s."""
+
+    file: str
+    keys: dict[KeyPath, Mark]
+    values: dict[KeyPath, Mark]
+    unreadable: set[KeyPath]  # values the YAML layer already reported; do not report them twice
+    found: list[_Found] = field(default_factory=list)
+
+    def add(self, path: KeyPath, message: str, at: At = "value") -> None:
+        if path in self.unreadable:
+            return
+        self.found.append(_Found(path, message, None, at))
+
+    @property
+    def base_dir(self) -> Path:
+        if self.file.startswith("<"):
+            return Path.cwd()
+        return Path(self.file).parent
+
+    def locate(self, item: _Found) -> Mark:
+        if item.mark is not None:
+            return item.mark
+        if item.at == "key" and item.path in self.keys:
+            return self.keys[item.path]
+        path = item.path
+        while path:  # a missing key is reported where its mapping starts
+            if path in self.values:
+                return self.values[path]
+            path = path[:-1]
+        return self.values.get((), Mark(0, 0))
+
+    def problems(self) -> list[Problem]:
+        out = []
+        for item in self.found:
+            mark = self.locate(item)
+            out.append(Problem(self.file, mark.line, mark.column, render_path(item.path), item.message))
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# generic helpers
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return repr(value)
+
+
+def _mapping(ctx: _Context, raw: object, path: KeyPath, what: str) -> dict[str, Any] | None:
+    """``raw`` as a string-keyed dict, or None (with a problem) when it is not a mapping."""
+    if not isinstance(raw, Mapping):
+        ctx.add(path, f"expected {what} (a mapping of key: value), found {_describe(raw)}")
+        return None
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if not isinstance(key, str):
+            ctx.add(path, f"keys must be names (strings), found {key!r}")
+            continue
+        out[key] = value
+    return out
+
+
+def _parse(ctx: _Context, raw: dict[str, Any], path: KeyPath, schema: Schema, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Run ``schema`` over ``raw`` (minus ``extra`` keys handled by the caller), locating problems."""
+    names = schema.names()
+    allowed = [*extra, *names]
+    known: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in extra:
+            continue
+        param = next((p for p in schema.params if p.name == key), None)
+        if param is None:
+            ctx.add(path + (key,), f"unknown key {key!r}{suggest(key, allowed)}; allowed: {', '.join(allowed)}", at="key")
+        elif value is None and param.default is None and not param.required:
+            continue  # `key: null` / `key:` means "not given" for optional keys without a default
+        else:
+            known[key] = value
+    values, problems = schema.parse(known)
+    for key, message in problems:
+        ctx.add(path + (key,) if key else path, message)
+    for param in schema.params:  # a float key given .nan or .inf passes the bounds; it is still wrong
+        value = values.get(param.name)
+        if param.kind in ("float", "rate") and isinstance(value, float) and not math.isfinite(value):
+            ctx.add(path + (param.name,), f"expected a finite number, found {value!r}")
+            values[param.name] = param.default
+    return values
+
+
+def _reject(ctx: _Context, values: dict[str, Any], path: KeyPath, name: str, message: str) -> None:
+    """Report a value that parsed but is wrong, and drop it so the section falls back to the default."""
+    ctx.add(path + (name,), message)
+    values.pop(name, None)
+
+
+def _positive(ctx: _Context, values: dict[str, Any], path: KeyPath, *names: str) -> None:
+    for name in names:
+        value = values.get(name)
+        if isinstance(value, (int, float)) and value <= 0:
+            _reject(ctx, values, path, name, f"must be greater than zero, found {value:g}")
+
+
+def _is_url(value: str) -> bool:
+    return bool(re.fullmatch(r"https?://[^\s/]+(/\S*)?", value))
+
+
+def _fields(values: dict[str, Any], cls: type, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    names = set(cls.__dataclass_fields__)  # type: ignore[attr-defined]
+    return {k: v for k, v in values.items() if k in names and k not in skip}
+
+
+# ---------------------------------------------------------------------------------------------
+# sections
+
+
+def _target(ctx: _Context, raw: object) -> TargetSpec:
+    path: KeyPath = ("target",)
+    if raw is None:
+        return TargetSpec()
+    data = _mapping(ctx, raw, path, "the target section")
+    if data is None:
+        return TargetSpec()
+    values = _parse(ctx, data, path, sections.TARGET)
+    _positive(ctx, values, path, "startup_timeout")
+    for key in ("url", "metrics_url"):
+        url = values.get(key)
+        if isinstance(url, str) and not _is_url(url):
+            _reject(ctx, values, path, key, f"expected an http(s) URL such as http://127.0.0.1:8000/v1, found {url!r}")
+    device = values.get("device")
+    if isinstance(device, str) and not _DEVICE.fullmatch(device):
+        _reject(ctx, values, path, "device", f"expected auto, cpu, mps, cuda or cuda:N, found {device!r}")
+    return TargetSpec(**_fields(values, TargetSpec))
+
+
+def _proxy(ctx: _Context, raw: object, present: bool) -> ProxySpec:
+    path: KeyPath = ("proxy",)
+    if not present:
+        return ProxySpec()
+    if raw is None:  # `proxy:` alone turns the proxy on with defaults
+        return ProxySpec(enabled=True)
+    if isinstance(raw, bool):  # `proxy: true` / `proxy: false`
+        return ProxySpec(enabled=raw)
+    data = _mapping(ctx, raw, path, "the proxy section (or true/false)")
+    if data is None:
+        return ProxySpec()
+    values = _parse(ctx, data, path, sections.PROXY)
+    url = values.get("url")
+    if isinstance(url, str) and not _is_url(url):
+        _reject(ctx, values, path, "url", f"expected an http(s) URL such as http://127.0.0.1:8474, found {url!r}")
+    name = values.get("name")
+    if isinstance(name, str) and not _PROXY_NAME.fullmatch(name):
+        _reject(ctx, values, path, "name", f"expected a name of letters, digits, '_', '.' or '-', found {name!r}")
+    return ProxySpec(**_fields(values, ProxySpec))
+
+
+def _prompts(ctx: _Context, raw: object) -> PromptSpec:
+    path: KeyPath = ("load", "prompts")
+    data = _mapping(ctx, raw, path, "the prompts section")
+    if data is None:
+        return PromptSpec()
+    values = _parse(ctx, data, path, sections.PROMPTS)
+    lo, hi = values.get("min_chars"), values.get("max_chars")
+    if isinstance(lo, int) and isinstance(hi, int) and lo > hi:
+        _reject(ctx, values, path, "min_chars", f"min_chars ({lo}) must not exceed max_chars ({hi})")
+        values.pop("max_chars", None)
+    source = values.get("source")
+    if isinstance(source, str) and source != "synthetic":
+        resolved = (ctx.base_dir / source).resolve() if source else None
+        if resolved is None or not resolved.is_file():
+            _reject(ctx, values, path, "source", f"prompt file {source!r} not found (relative to the experiment "
+                    "file); give 'synthetic' or an existing JSONL file")
+        else:
+            values["source"] = str(resolved)
+    mix = PromptSpec().mix
+    if values.get("mix") is not None:
+        mix = _mix(ctx, values["mix"], path + ("mix",))
+    return PromptSpec(**_fields(values, PromptSpec, skip=("mix",)), mix=mix)
+
+
+def _mix(ctx: _Context, raw: dict[str, Any], path: KeyPath) -> tuple[tuple[str, float], ...]:
+    from chaos.params import Param
+
+    fraction = Param("mix", "fraction")
+    parts: list[tuple[str, float]] = []
+    n = len(ctx.found)
+    for key, value in raw.items():
+        if key not in PROMPT_CLASSES:
+            ctx.add(path + (str(key),), f"unknown character class {key!r}{suggest(str(key), PROMPT_CLASSES)}; "
+                    f"allowed: {', '.join(PROMPT_CLASSES)}", at="key")
+            continue
+        try:
+            parts.append((key, fraction.parse(value)))
+        except ValueError as exc:
+            ctx.add(path + (key,), str(exc))
+    if len(ctx.found) > n:
+        return PromptSpec().mix
+    total = sum(f for _, f in parts)
+    if abs(total - 1.0) > _MIX_TOLERANCE:
+        ctx.add(path, f"the fractions must sum to 1 (100%), found {total:.6g}")
+        return PromptSpec().mix
+    return tuple(parts)
+
+
+def _load(ctx: _Context, raw: object, target: TargetSpec) -> LoadSpec:
+    path: KeyPath = ("load",)
+    if raw is None:
+        return LoadSpec()
+    data = _mapping(ctx, raw, path, "the load section")
+    if data is None:
+        return LoadSpec()
+    values = _parse(ctx, data, path, sections.LOAD)
+    _positive(ctx, values, path, "rate", "burstiness", "request_timeout", "lag_threshold")
+    max_tokens = values.get("max_tokens")
+    if target.kind == "builtin" and isinstance(max_tokens, tuple) and max_tokens[1] >= target.max_model_len:
+        _reject(ctx, values, path, "max_tokens", f"up to {max_tokens[1]} tokens cannot fit the builtin target's "
+                f"max_model_len {target.max_model_len}; lower max_tokens or raise target.max_model_len")
+    if values.get("concurrency") is not None and values.get("rate") is not None:
+        values.pop("rate")  # reported by the schema's at-most-one-of group
+    prompts = PromptSpec()
+    if values.get("prompts") is not None:
+        prompts = _prompts(ctx, values["prompts"])
+    return LoadSpec(**_fields(values, LoadSpec, skip=("prompts",)), prompts=prompts)
+
+
+def _safety(ctx: _Context, raw: object) -> SafetySpec:
+    path: KeyPath = ("safety",)
+    if raw is None:
+        return SafetySpec()
+    data = _mapping(ctx, raw, path, "the safety section")
+    if data is None:
+        return SafetySpec()
+    values = _parse(ctx, data, path, sections.SAFETY)
+    _positive(ctx, values, path, "max_duration")
+    interval = values.get("scrape_interval")
+    lo, hi = _SCRAPE_BOUNDS
+    if isinstance(interval, float) and not lo <= interval <= hi:
+        _reject(ctx, values, path, "scrape_interval", f"must lie between {format_duration(lo)} and "
+                f"{format_duration(hi)}, found {format_duration(interval)}")
+    return SafetySpec(**_fields(values, SafetySpec))
+
+
+@dataclass
+class _FaultEntry:
+    path: KeyPath
+    cls: type[Fault]
+    name: str | None  # explicit name, or None for the default
+    params: dict[str, Any]
+    keys: set[str]
+    instance: Fault | None = None
+
+
+@dataclass
+class _PhaseDraft:
+    name: str
+    duration: float
+    faults: list[_FaultEntry]
+
+
+def _phases(ctx: _Context, raw: object, present: bool) -> list[_PhaseDraft]:
+    path: KeyPath = ("phases",)
+    if not present:
+        return []  # reported with the other missing top-level keys
+    if not isinstance(raw, list) or not raw:
+        ctx.add(path, f"expected a non-empty list of phases ({{name, duration, faults}}), found {_describe(raw)}")
+        return []
+    from faults.base import REGISTRY as FAULTS
+
+    drafts: list[_PhaseDraft] = []
+    seen: dict[str, int] = {}
+    for i, entry in enumerate(raw):
+        ppath = path + (i,)
+        data = _mapping(ctx, entry, ppath, "a phase {name, duration, faults}")
+        if data is None:
+            continue
+        values = _parse(ctx, data, ppath, sections.PHASE, extra=("faults",))
+        _positive(ctx, values, ppath, "duration")
+        name = values.get("name")
+        if isinstance(name, str):
+            if not name.strip():
+                ctx.add(ppath + ("name",), "a phase name must not be empty")
+            elif name in seen:
+                ctx.add(ppath + ("name",), f"duplicate phase name {name!r} (also phases[{seen[name]}]); phase names must be unique")
+            else:
+                seen[name] = i
+        faults: list[_FaultEntry] = []
+        if data.get("faults") is not None:
+            faults = _fault_entries(ctx, data["faults"], ppath + ("faults",), FAULTS)
+        duration = values.get("duration")
+        drafts.append(_PhaseDraft(name if isinstance(name, str) else f"phase{i}",
+                                  duration if isinstance(duration, float) else 0.0, faults))
+    return drafts
+
+
+def _fault_entries(ctx: _Context, raw: object, path: KeyPath, registry: Mapping[str, type[Fault]]) -> list[_FaultEntry]:
+    if not isinstance(raw, list):
+        ctx.add(path, f"expected a list of fault entries ({{kind, name?, ...params}}), found {_describe(raw)}")
+        return []
+    out: list[_FaultEntry] = []
+    for j, entry in enumerate(raw):
+        fpath = path + (j,)
+        data = _mapping(ctx, entry, fpath, "a fault entry {kind, name?, ...params}")
+        if data is None:
+            continue
+        cls = _kind(ctx, data, fpath, registry, "fault", "streamchaos list faults")
+        name = _entry_name(ctx, data, fpath)
+        if cls is None:
+            continue
+        n = len(ctx.found)
+        values = _parse(ctx, data, fpath, cls.schema, extra=sections.FAULT_ENTRY_KEYS)
+        if len(ctx.found) > n:
+            continue
+        out.append(_FaultEntry(fpath, cls, name, values, set(data)))
+    return out
+
+
+def _kind(ctx: _Context, data: dict[str, Any], path: KeyPath, registry: Mapping[str, Any], what: str, hint: str) -> Any:
+    if "kind" not in data:
+        ctx.add(path, f"missing required key 'kind' (a {what} kind; see `{hint}`)")
+        return None
+    kind = data["kind"]
+    if not isinstance(kind, str) or kind not in registry:
+        known = ", ".join(sorted(registry)) or "none registered"
+        ctx.add(path + ("kind",), f"unknown {what} kind {kind!r}{suggest(str(kind), registry)}; known kinds: {known}")
+        return None
+    return registry[kind]
+
+
+def _entry_name(ctx: _Context, data: dict[str, Any], path: KeyPath) -> str | None:
+    name = data.get("name")
+    if name is None:
+        return None
+    if not isinstance(name, str) or not name.strip():
+        ctx.add(path + ("name",), f"expected a non-empty name, found {name!r}")
+        return None
+    return name
+
+
+def _unique_names(ctx: _Context, entries: list[tuple[KeyPath, str | None, str]], what: str) -> list[str]:
+    """Explicit names must be unique; default names (the kind) get -2, -3, ... where they collide."""
+    explicit: dict[str, KeyPath] = {}
+    for path, name, _ in entries:
+        if name is None:
+            continue
+        if name in explicit:
+            ctx.add(path + ("name",), f"duplicate {what} name {name!r} (also {render_path(explicit[name])}); names must be unique")
+        else:
+            explicit[name] = path
+    taken = set(explicit)
+    names: list[str] = []
+    for _, name, kind in entries:
+        if name is None:
+            name, k = kind, 2
+            while name in taken:
+                name, k = f"{kind}-{k}", k + 1
+            taken.add(name)
+        names.append(name)
+    return names
+
+
+def _sla(ctx: _Context, raw: object, phase_names: list[str]) -> list[SlaEntry]:
+    path: KeyPath = ("sla",)
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        ctx.add(path, f"expected a list of verifier entries ({{kind, name?, phases?, expect?, ...budgets}}), found {_describe(raw)}")
+        return []
+    from sla.base import REGISTRY as VERIFIERS
+
+    drafts: list[tuple[KeyPath, str | None, str, dict[str, Any], tuple[str, ...] | None, str]] = []
+    for i, entry in enumerate(raw):
+        spath = path + (i,)
+        data = _mapping(ctx, entry, spath, "a verifier entry {kind, name?, phases?, expect?, ...budgets}")
+        if data is None:
+            continue
+        spec = _kind(ctx, data, spath, VERIFIERS, "SLA", "streamchaos list slas")
+        name = _entry_name(ctx, data, spath)
+        phases = _scope(ctx, data, spath, phase_names)
+        expect = data.get("expect", "pass")
+        if expect not in ("pass", "fail"):
+            ctx.add(spath + ("expect",), f"expected pass or fail, found {expect!r}{suggest(str(expect), ('pass', 'fail'))}")
+        if spec is None:
+            continue
+        n = len(ctx.found)
+        values = _parse(ctx, data, spath, spec.schema, extra=sections.SLA_ENTRY_KEYS)
+        if len(ctx.found) > n:
+            continue
+        drafts.append((spath, name, spec.kind, values, phases, str(expect)))
+    names = _unique_names(ctx, [(p, n, k) for p, n, k, *_ in drafts], "SLA")
+    return [SlaEntry(name=nm, kind=k, params=FrozenMap(v), phases=ph, expect=e)
+            for nm, (_, _, k, v, ph, e) in zip(names, drafts, strict=True)]
+
+
+def _scope(ctx: _Context, data: dict[str, Any], path: KeyPath, phase_names: list[str]) -> tuple[str, ...] | None:
+    raw = data.get("phases")
+    if raw is None:
+        return None
+    items = [raw] if isinstance(raw, str) else raw
+    if not isinstance(items, list) or not items or not all(isinstance(x, str) for x in items):
+        ctx.add(path + ("phases",), f"expected a phase name or a non-empty list of phase names, found {_describe(raw)}")
+        return None
+    for j, name in enumerate(items):
+        if name not in phase_names:
+            where = path + ("phases",) + ((j,) if isinstance(raw, list) else ())
+            ctx.add(where, f"unknown phase {name!r}{suggest(name, phase_names)}; phases: {', '.join(phase_names) or 'none'}")
+    return tuple(dict.fromkeys(items))
+
+
+# ---------------------------------------------------------------------------------------------
+# the whole experiment
+
+
+def _assemble(ctx: _Context, data: object) -> Experiment:
+    if not isinstance(data, Mapping):
+        found = "an empty document" if data is None else _describe(data)
+        ctx.add((), f"the experiment must be a mapping with at least name and phases, found {found}")
+        raise ExperimentInvalid(ctx.problems())
+    top = _mapping(ctx, data, (), "an experiment") or {}
+    allowed = sections.TOP_LEVEL.names()
+    for key in top:
+        if key not in allowed:
+            ctx.add((key,), f"unknown section {key!r}{suggest(key, allowed)}; allowed: {', '.join(allowed)}", at="key")
+    for key in ("name", "phases"):
+        if key not in top:
+            ctx.add((), f"missing required key {key!r}")
+
+    name = top.get("name")
+    if "name" in top and (not isinstance(name, str) or not name.strip()):
+        ctx.add(("name",), f"expected a non-empty string, found {_describe(name)}")
+    description = top.get("description")
+    if description is None:
+        description = ""
+    elif not isinstance(description, str):
+        ctx.add(("description",), f"expected a string, found {_describe(description)}")
+    seed = top.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        ctx.add(("seed",), f"expected an integer, found {_describe(seed)}")
+        seed = 0
+
+    target = _target(ctx, top.get("target"))
+    proxy = _proxy(ctx, top.get("proxy"), "proxy" in top)
+    load = _load(ctx, top.get("load"), target)
+    drafts = _phases(ctx, top.get("phases"), "phases" in top)
+    entries = [f for d in drafts for f in d.faults]
+    fault_names = _unique_names(ctx, [(f.path, f.name, f.cls.kind) for f in entries], "fault")
+    for entry, fname in zip(entries, fault_names, strict=True):
+        try:
+            entry.instance = entry.cls(fname, entry.params)
+        except (ValueError, ChaosError) as exc:
+            ctx.add(entry.path, str(exc))
+    sla = _sla(ctx, top.get("sla"), list(dict.fromkeys(d.name for d in drafts)))
+    safety = _safety(ctx, top.get("safety"))
+
+    phases = tuple(
+        PhaseSpec(d.name, d.duration, tuple(f.instance for f in d.faults if f.instance is not None)) for d in drafts
+    )
+    experiment = Experiment(
+        name=name if isinstance(name, str) else "",
+        description=description if isinstance(description, str) else "",
+        seed=seed,
+        target=target,
+        proxy=proxy,
+        load=load,
+        phases=phases,
+        sla=tuple(sla),
+        safety=safety,
+        source=None if ctx.file.startswith("<") else ctx.file,
+    )
+    safety_raw = top.get("safety")
+    if isinstance(safety_raw, Mapping) and "max_duration" in safety_raw and experiment.duration > safety.max_duration:
+        ctx.add(("safety", "max_duration"), f"the phases last {format_duration(experiment.duration)}, longer than "
+                f"max_duration {format_duration(safety.max_duration)}; raise max_duration or shorten the phases")
+    elif experiment.duration > safety.max_duration:
+        ctx.add(("phases",), f"the phases last {format_duration(experiment.duration)}, longer than safety.max_duration "
+                f"{format_duration(safety.max_duration)}; raise safety.max_duration or shorten the phases")
+
+    # Cross-section checks each fault makes against the assembled experiment (e.g. "needs the proxy").
+    for entry in entries:
+        if entry.instance is None:
+            continue
+        try:
+            cross = entry.instance.problems(experiment)
+        except (ValueError, ChaosError) as exc:
+            cross = [("", str(exc))]
+        for key, message in cross:
+            ctx.add(entry.path + (key,) if key and key in entry.keys else entry.path, message)
+
+    if ctx.found:
+        raise ExperimentInvalid(ctx.problems())
+    return experiment

@@ -1,0 +1,186 @@
+"""The typed, immutable experiment: what the loader builds and the runner reads."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # faults/__init__ imports every fault module, which may import this one
+    from faults.base import Fault
+
+__all__ = [
+    "PROMPT_CLASSES",
+    "Experiment",
+    "FrozenMap",
+    "LoadSpec",
+    "PhaseSpec",
+    "PromptSpec",
+    "ProxySpec",
+    "SafetySpec",
+    "SlaEntry",
+    "TargetSpec",
+]
+
+# Character classes the synthetic prompt generator draws from (load.prompts.mix keys).
+PROMPT_CLASSES: tuple[str, ...] = ("ascii", "cjk", "emoji")
+
+
+class FrozenMap(Mapping[str, Any]):
+    """A read-only, picklable mapping (``MappingProxyType`` cannot cross to worker processes)."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: Mapping[str, Any] | None = None) -> None:
+        self._data: dict[str, Any] = dict(data or {})
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({self._data!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Mapping) and dict(self._data) == dict(other)
+
+    def __hash__(self) -> int:
+        # Keys only: values may be unhashable (lists, dicts); equal maps still hash equal.
+        return hash(frozenset(self._data))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenMap, (self._data,))
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """The system under test: the builtin stack or a server reached by URL."""
+
+    kind: str = "builtin"  # builtin | openai | vllm | docker | kubernetes
+    url: str | None = None  # OpenAI API root, e.g. http://host:8000/v1
+    metrics_url: str | None = None  # Prometheus endpoint; default: <url without /v1>/metrics
+    model: str = "tiny"  # builtin: tiny or a checkpoint dir; openai: the served model name
+    device: str = "auto"
+    kv_blocks: int = 512
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_model_len: int = 1024
+    startup_timeout: float = 60.0  # seconds
+    api_key: str | None = None
+    admin_token: str | None = None
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ProxySpec:
+    """Toxiproxy between load and target (network faults need it)."""
+
+    enabled: bool = False  # a `proxy:` section turns it on unless it says enabled: false
+    server: str = "auto"  # auto | embedded | binary | docker | external
+    url: str | None = None  # Toxiproxy API URL (server external/auto; TOXIPROXY_URL also counts)
+    name: str = "streamchaos"
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """Where prompts come from: synthetic text of a character mix, or a JSONL file."""
+
+    source: str = "synthetic"  # synthetic | absolute path of a JSONL file
+    min_chars: int = 16
+    max_chars: int = 128
+    mix: tuple[tuple[str, float], ...] = (("ascii", 0.7), ("cjk", 0.2), ("emoji", 0.1))
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """The streaming load: closed loop (concurrency) or open loop (rate), and request shape."""
+
+    endpoint: str = "completions"  # completions | chat
+    model: str | None = None  # request's "model"; default: the target's
+    concurrency: int | None = None  # closed loop; 4 when neither concurrency nor rate is given
+    rate: float | None = None  # open loop, requests/s
+    burstiness: float = 1.0  # Gamma shape of inter-arrival times; 1 = Poisson
+    max_requests: int | None = None
+    max_tokens: tuple[int, int] = (32, 32)
+    temperature: float = 0.0
+    ignore_eos: bool = True
+    include_usage: bool = True
+    request_timeout: float = 30.0  # seconds
+    workers: int = 1
+    lag_threshold: float = 0.005  # seconds
+    prompts: PromptSpec = PromptSpec()
+
+    def __post_init__(self) -> None:
+        # One place for the default, so LoadSpec() and a YAML without load: agree.
+        if self.concurrency is None and self.rate is None:
+            object.__setattr__(self, "concurrency", 4)
+
+
+@dataclass(frozen=True)
+class PhaseSpec:
+    """One stretch of the timeline and the faults in force during it."""
+
+    name: str
+    duration: float  # seconds
+    faults: tuple[Fault, ...] = ()
+
+
+@dataclass(frozen=True)
+class SlaEntry:
+    """One verifier entry: kind, parsed budgets, optional phase scope, expected outcome."""
+
+    name: str  # defaults to kind; unique
+    kind: str  # a key of sla.base.REGISTRY
+    params: Mapping[str, Any]  # parsed by the kind's Schema (base units)
+    phases: tuple[str, ...] | None = None  # None = whole run; else one verdict per listed phase
+    expect: str = "pass"  # pass | fail
+
+
+@dataclass(frozen=True)
+class SafetySpec:
+    """Bounds that keep a run from harming the machine or running forever."""
+
+    max_duration: float = 600.0  # hard stop for the whole run, seconds
+    drain_timeout: float = 10.0  # after the last phase: wait for in-flight streams
+    cleanup_window: float = 2.0  # then keep scraping metrics this long (kv_cleanup)
+    allow_gpu_clock_changes: bool = False
+    scrape_interval: float = 0.2  # seconds, within [0.1, 1]
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A whole experiment, validated: every unit parsed, every kind resolved."""
+
+    name: str
+    description: str = ""
+    seed: int = 0
+    target: TargetSpec = TargetSpec()
+    proxy: ProxySpec = ProxySpec()
+    load: LoadSpec = LoadSpec()
+    phases: tuple[PhaseSpec, ...] = ()
+    sla: tuple[SlaEntry, ...] = ()
+    safety: SafetySpec = SafetySpec()
+    source: str | None = None  # file path it came from
+
+    @property
+    def duration(self) -> float:
+        """Sum of the phase durations, seconds."""
+        return sum(p.duration for p in self.phases)
+
+    def phase(self, name: str) -> PhaseSpec:
+        """The phase called ``name`` (KeyError when there is none)."""
+        for p in self.phases:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def faults(self) -> Iterator[tuple[PhaseSpec, Fault]]:
+        """Every fault instance with the phase it belongs to, in timeline order."""
+        for p in self.phases:
+            for f in p.faults:
+                yield p, f

@@ -1,0 +1,10 @@
+"""The streaming load generator: SSE parsing, one request → StreamRecord, workloads, drivers, lag."""
+
+from __future__ import annotations
+
+from chaos.load.generator import LoadGenerator
+from chaos.load.lag import LagMonitor, lag_summary
+from chaos.load.sse import SSEEvent, SSEParser
+from chaos.load.workers import WorkerPool, make_load
+
+__all__ = ["LagMonitor", "LoadGenerator", "SSEEvent", "SSEParser", "WorkerPool", "lag_summary", "make_load"]

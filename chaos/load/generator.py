@@ -1,0 +1,322 @@
+"""The load driver of one process: closed- or open-loop arrivals of streaming requests → StreamRecords.
+
+Closed loop (``concurrency``): that many slots each send back-to-back. Open loop (``rate``): a
+seeded Gamma arrival process whose schedule never waits for the server (coordinated-omission
+free); each record keeps ``t_scheduled`` (when the arrival process wanted it sent) apart from
+``t_sent``, and arrivals beyond the in-flight safety cap wait client-side and are counted as
+overflows. It also serves as the ``BackgroundLoad`` that faults use for their own streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+
+from chaos.errors import ExperimentInvalid
+from chaos.load.client import make_http_client, stream_request
+from chaos.load.lag import LagMonitor
+from chaos.load.workload import LoadSpecLike, Prompt, Workload, build_body, endpoint_url, gamma_gaps, synthetic_text
+from chaos.observations import ErrorInfo, Hangup, StreamRecord
+from faults.base import ClientPolicy
+
+__all__ = ["DEFAULT_INFLIGHT_CAP", "LoadGenerator"]
+
+DEFAULT_INFLIGHT_CAP = 1024  # open loop without a concurrency bound: per process, as GuideLLM does
+
+
+class LoadGenerator:
+    """Drive one process's share of the load; see the module docstring."""
+
+    def __init__(
+        self,
+        spec: LoadSpecLike,
+        *,
+        base_url: str,
+        model: str,
+        seed: int,
+        policy: ClientPolicy,
+        sink: Callable[[StreamRecord], None],
+        api_key: str | None = None,
+        worker_index: int = 0,
+        workers: int = 1,
+    ) -> None:
+        if spec.concurrency is None and spec.rate is None:
+            raise ExperimentInvalid("load: give concurrency (closed loop) or rate (open loop, requests/s)")
+        self.spec = spec
+        self.base_url = base_url
+        self.model = model
+        self.seed = seed
+        self.policy = policy
+        self.sink = sink
+        self.api_key = api_key
+        self.worker_index = worker_index
+        self.workers = workers
+        self.phase = ""
+        self.url = endpoint_url(base_url, spec.endpoint)
+        self.workload = Workload(spec, model=model, seed=seed, worker_index=worker_index)
+        self.open_loop = spec.rate is not None
+        # with a rate, a concurrency (if given) is the client's in-flight bound
+        self.inflight_cap = spec.concurrency if spec.concurrency else DEFAULT_INFLIGHT_CAP
+        self.overflows = 0  # open-loop arrivals that found the in-flight cap full and waited
+        self.abandoned = 0  # of those, arrivals still waiting at the deadline: never sent
+        self.sent = 0
+        self._next = 0
+        self._http: httpx.AsyncClient | None = None
+        self._bg_http: httpx.AsyncClient | None = None
+        self._inflight: set[asyncio.Task[StreamRecord]] = set()
+        self._bg: dict[str, tuple[list[asyncio.Task[None]], set[asyncio.Task[StreamRecord]]]] = {}
+        self._bg_count = 0
+        self._bg_stopping: set[str] = set()
+        self.lag = LagMonitor(threshold_s=spec.lag_threshold)
+        self._slots_free: asyncio.Semaphore | None = None
+
+    # ---- request plumbing -------------------------------------------------------------------
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            self._http = make_http_client(self.inflight_cap, api_key=self.api_key)
+        return self._http
+
+    def _claim(self) -> int | None:
+        """The next request number of this worker, or None when max_requests is reached."""
+        if self.spec.max_requests is not None and self._next >= self.spec.max_requests:
+            return None
+        n = self._next
+        self._next += 1
+        return n
+
+    def _record(self, request_id: str, body: dict[str, Any], prompt: Prompt, *, background: bool = False) -> StreamRecord:
+        return StreamRecord(
+            id=request_id,
+            phase=self.phase,
+            endpoint=self.spec.endpoint,
+            prompt_chars=prompt.chars,
+            max_tokens=int(body["max_tokens"]),
+            expected_text=prompt.expected_text,
+            background=background,
+        )
+
+    def _spawn(self, n: int, t_scheduled: int | None) -> asyncio.Task[StreamRecord]:
+        request_id = f"{self.worker_index}-{n}"
+        body, prompt = self.workload.request(n)
+        record = self._record(request_id, body, prompt)
+        record.t_scheduled = t_scheduled
+        # the plan is drawn from a generator seeded by the request id: the same request gets the
+        # same client behaviour in every replay, whatever the timing
+        plan = self.policy.plan(random.Random(f"{self.seed}:client:{request_id}"))
+        self.sent += 1
+        http = self._client()
+        task = self._launch(
+            record,
+            lambda: stream_request(
+                http, self.url, body, record,
+                plan=plan, request_timeout=self.spec.request_timeout, headers={"X-Request-Id": request_id},
+            ),
+        )
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+        return task
+
+    def _launch(self, record: StreamRecord, make: Callable[[], Awaitable[StreamRecord]], bg_fault: str | None = None) -> asyncio.Task[StreamRecord]:
+        async def run() -> StreamRecord:
+            return await make()  # created here, so a task cancelled before it starts leaves no coroutine behind
+
+        task = asyncio.get_running_loop().create_task(run(), name=f"stream-{record.id}")
+        task.add_done_callback(functools.partial(self._done, record, bg_fault))
+        return task
+
+    def _done(self, record: StreamRecord, bg_fault: str | None, task: asyncio.Task[StreamRecord]) -> None:
+        """Every record reaches the sink exactly once, cancelled and failed ones included."""
+        now = time.monotonic_ns()
+        if task.cancelled():
+            if bg_fault is not None and bg_fault in self._bg_stopping:
+                _mark_stopped(record, bg_fault, record.t_end or now)
+            elif record.error is None and record.hangup is None:
+                record.error = ErrorInfo("cancelled", "cancelled before the request was sent")
+        elif task.exception() is not None:
+            exc = task.exception()
+            record.error = ErrorInfo("protocol", f"load generator failure: {type(exc).__name__}: {exc}"[:500])
+        if record.t_end is None:
+            record.t_end = now
+        self.sink(record)
+
+    # ---- the driver ----------------------------------------------------------------------------
+
+    async def run(self, deadline_ns: int) -> None:
+        """Send until ``deadline_ns`` (monotonic) or max_requests; in-flight streams keep running."""
+        self._client()  # build the pool (and its TLS context) before the lag clock starts
+        self.lag.start()
+        loop = asyncio.get_running_loop()
+        timeout = max(0.0, (deadline_ns - time.monotonic_ns()) / 1e9)
+        if self.open_loop:
+            driver = loop.create_task(self._open_loop(deadline_ns))
+            slots: list[asyncio.Task[None]] = [driver]
+        else:
+            slots = [loop.create_task(self._closed_slot(deadline_ns)) for _ in range(self.inflight_cap)]
+        try:
+            await asyncio.wait(slots, timeout=timeout)
+        finally:
+            for slot in slots:
+                slot.cancel()  # a slot's request task is separate and keeps streaming
+            await asyncio.gather(*slots, return_exceptions=True)
+
+    async def _closed_slot(self, deadline_ns: int) -> None:
+        while time.monotonic_ns() < deadline_ns:
+            n = self._claim()
+            if n is None:
+                return
+            task = self._spawn(n, None)
+            await asyncio.wait([task])  # not `await task`: cancelling the slot must not cancel it
+
+    async def _open_loop(self, deadline_ns: int) -> None:
+        rate = float(self.spec.rate or 0.0)
+        gaps = gamma_gaps(random.Random(f"{self.seed}:{self.worker_index}:arrivals"), rate, self.spec.burstiness)
+        sem = self._slots_free = asyncio.Semaphore(self.inflight_cap)
+        waiting: set[asyncio.Task[None]] = set()
+        t_next = time.monotonic_ns()
+        try:
+            while True:
+                t_next += int(next(gaps) * 1e9)
+                if t_next >= deadline_ns:
+                    return
+                delay = (t_next - time.monotonic_ns()) / 1e9
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                n = self._claim()
+                if n is None:
+                    # every request is claimed: those queued for a slot still go out (until the deadline)
+                    if waiting:
+                        await asyncio.wait(set(waiting))
+                    return
+                # the schedule only ever advances by its own gaps: a slow server never delays it
+                if not sem.locked():
+                    await sem.acquire()  # free slot: returns at once
+                    self._spawn_in_slot(n, t_next)
+                else:
+                    self.overflows += 1
+                    task = asyncio.get_running_loop().create_task(self._admit(n, t_next))
+                    waiting.add(task)
+                    task.add_done_callback(waiting.discard)
+        finally:
+            # arrivals still queued for a slot at the deadline are abandoned, never sent
+            self.abandoned += len(waiting)
+            for task in waiting:
+                task.cancel()
+
+    async def _admit(self, n: int, t_scheduled: int) -> None:
+        sem = self._slots_free
+        assert sem is not None
+        await sem.acquire()
+        self._spawn_in_slot(n, t_scheduled)
+
+    def _spawn_in_slot(self, n: int, t_scheduled: int) -> None:
+        sem = self._slots_free
+        assert sem is not None
+        try:
+            task = self._spawn(n, t_scheduled)
+        except BaseException:
+            sem.release()
+            raise
+        task.add_done_callback(lambda _t: sem.release())
+
+    async def drain(self, timeout: float) -> int:
+        """Wait for in-flight streams; cancel those still open after ``timeout``; return that count."""
+        pending = set(self._inflight)
+        if not pending:
+            return 0
+        _done, still = await asyncio.wait(pending, timeout=timeout)
+        for task in still:
+            task.cancel()
+        await asyncio.gather(*still, return_exceptions=True)
+        return len(still)
+
+    async def aclose(self) -> None:
+        for fault in list(self._bg):
+            await self.stop(fault)
+        for task in list(self._inflight):
+            task.cancel()
+        await asyncio.gather(*self._inflight, return_exceptions=True)
+        await self.lag.stop()
+        for client in (self._http, self._bg_http):
+            if client is not None:
+                await client.aclose()
+        self._http = self._bg_http = None
+
+    def lag_stats(self) -> dict[str, Any]:
+        """The generator's own event-loop lag: p50/p99/max in ms, samples, threshold, saturated."""
+        return self.lag.summary()
+
+    def stats(self) -> dict[str, Any]:
+        return {"sent": self.sent, "in_flight": len(self._inflight), "overflows": self.overflows, "abandoned": self.abandoned, "inflight_cap": self.inflight_cap}
+
+    # ---- BackgroundLoad (faults' own streams, outside the SLA population) --------------------------
+
+    async def start(self, fault: str, streams: int, prompt_chars: int, max_tokens: int) -> None:
+        """Keep ``streams`` background streams open for ``fault`` until ``stop(fault)``."""
+        if fault in self._bg:
+            await self.stop(fault)
+        if self._bg_http is None:
+            self._bg_http = make_http_client(max(streams, 1) + 16, api_key=self.api_key)
+        tasks: set[asyncio.Task[StreamRecord]] = set()
+        loop = asyncio.get_running_loop()
+        slots = [loop.create_task(self._bg_slot(fault, i, prompt_chars, max_tokens, tasks)) for i in range(streams)]
+        self._bg[fault] = (slots, tasks)
+
+    async def _bg_slot(self, fault: str, slot: int, prompt_chars: int, max_tokens: int, tasks: set[asyncio.Task[StreamRecord]]) -> None:
+        assert self._bg_http is not None
+        while True:
+            self._bg_count += 1
+            request_id = f"{self.worker_index}-bg-{fault}-{self._bg_count}"
+            rng = random.Random(f"{self.seed}:{request_id}")
+            prompt = Prompt(text=synthetic_text(rng, prompt_chars, "ascii"))
+            body = build_body(
+                self.spec.endpoint, self.model, prompt,
+                max_tokens=max_tokens, temperature=self.spec.temperature, ignore_eos=True,
+                include_usage=self.spec.include_usage,
+            )
+            record = self._record(request_id, body, prompt, background=True)
+            http = self._bg_http
+            task = self._launch(
+                record,
+                lambda: stream_request(http, self.url, body, record, request_timeout=self.spec.request_timeout,
+                                       headers={"X-Request-Id": request_id}),
+                bg_fault=fault,
+            )
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            await asyncio.wait([task])
+            if record.error is not None and record.error.kind != "cancelled":
+                await asyncio.sleep(0.1)  # do not spin against a target that refuses
+
+    async def stop(self, fault: str) -> int:
+        """Hang up the fault's background streams (a real disconnect); return how many were open."""
+        entry = self._bg.pop(fault, None)
+        if entry is None:
+            return 0
+        slots, tasks = entry
+        self._bg_stopping.add(fault)
+        try:
+            for slot in slots:
+                slot.cancel()
+            await asyncio.gather(*slots, return_exceptions=True)
+            running = list(tasks)
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+        finally:
+            self._bg_stopping.discard(fault)
+        return len(running)
+
+
+def _mark_stopped(record: StreamRecord, fault: str, t: int) -> None:
+    """A background stream ended by its fault's revert is a deliberate hang-up, not an error."""
+    record.hangup = Hangup(fault, "stopped", t)
+    if record.error is not None and record.error.kind == "cancelled":
+        record.error = None
+

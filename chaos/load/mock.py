@@ -1,0 +1,308 @@
+"""A loopback mock of an OpenAI-compatible streaming server, for self-calibration, tests and benchmarks.
+
+Raw asyncio HTTP/1.1 (keep-alive, chunked transfer encoding) so that it costs the client machine as
+little as possible and so that every misbehaviour a checker must catch can be produced on demand.
+A request may carry a ``"mock"`` object in its JSON body to shape its own response:
+
+    tokens: int         number of content events (default: the body's max_tokens, else 16)
+    tick_s: float       pause between content events (default: the server's tick)
+    text: str|list      the text of each content event (a list cycles)
+    status: int         answer with this non-2xx status and an OpenAI error body instead
+    headers_delay_s     wait before sending the response headers (a queued request)
+    first_delay_s       wait after the headers before the first content event (prefill)
+    drop_done: bool     end the body without ``data: [DONE]``
+    error_after: int    after N content events send an in-band ``{"error": ...}`` then [DONE]
+    close_after: int    after N content events cut the connection (no chunked terminator)
+    invalid_utf8_at: int  put a raw 0xFF byte into that content event's text
+    bad_json_at: int    send a data line that is not JSON in place of that content event
+    split_writes: bool  write every byte as its own chunk (multibyte characters split anywhere)
+    crlf / no_space / comments / data_after_done: bool   framing variants
+
+The server records each request (``MockRequest``): tokens sent, whether and when the client
+disconnected, so tests can see a client hang up from the server's side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["MockRequest", "MockSSEServer", "ThreadedMockServer", "main"]
+
+
+@dataclass
+class MockRequest:
+    """One request as the mock saw it."""
+
+    id: str
+    path: str
+    body: dict[str, Any]
+    t_start: int
+    tokens_sent: int = 0
+    disconnected: bool = False  # the client closed the connection before the response ended
+    t_disconnect: int | None = None
+    finished: bool = False  # the response was written to its end
+    write_wait_ns: list[int] = field(default_factory=list)  # time each write waited on drain()
+
+
+class MockSSEServer:
+    """Serve ``POST /v1/completions`` and ``POST /v1/chat/completions`` as token streams."""
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, tick_s: float = 0.01, default_tokens: int = 16) -> None:
+        self.host = host
+        self.port = port
+        self.tick_s = tick_s
+        self.default_tokens = default_tokens
+        self.requests: list[MockRequest] = []
+        self.connections_opened = 0
+        self.connections_closed = 0
+        self.active = 0  # responses being written now
+        self.max_active = 0
+        self._server: asyncio.base_events.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._connection, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        self.connections_opened += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                _method, path, _version = lines[0].split(" ", 2)
+                headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
+                length = int(headers.get("content-length", "0"))
+                raw = await reader.readexactly(length) if length else b""
+                body = json.loads(raw) if raw else {}
+                request = MockRequest(headers.get("x-request-id", str(len(self.requests))), path, body, time.monotonic_ns())
+                self.requests.append(request)
+                keep = await self._respond(request, reader, writer)
+                if not keep or headers.get("connection", "").lower() == "close":
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            self.connections_closed += 1
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            self._tasks.discard(task)
+
+    async def _respond(self, req: MockRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """Write one response; return whether the connection may be reused."""
+        mock: dict[str, Any] = dict(req.body.get("mock") or {})
+        if mock.get("headers_delay_s"):
+            await asyncio.sleep(float(mock["headers_delay_s"]))
+        status = int(mock.get("status", 200))
+        if status != 200:
+            payload = json.dumps({"error": {"message": f"mock error {status}", "type": "BadRequestError", "code": status}}).encode()
+            writer.write(
+                f"HTTP/1.1 {status} Mock\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
+                + payload
+            )
+            await writer.drain()
+            req.finished = True
+            return True
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        # An HTTP/1.1 client sends nothing while it waits, so EOF on the reader means it hung up.
+        eof = asyncio.ensure_future(reader.read(1))
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        try:
+            await writer.drain()
+            return await self._stream(req, mock, writer, eof)
+        except ConnectionError:
+            self._mark_disconnected(req)
+            return False
+        finally:
+            self.active -= 1
+            eof.cancel()
+            with contextlib.suppress(BaseException):
+                await eof
+
+    def _mark_disconnected(self, req: MockRequest) -> None:
+        if not req.disconnected:
+            req.disconnected = True
+            req.t_disconnect = time.monotonic_ns()
+
+    async def _stream(self, req: MockRequest, mock: dict[str, Any], writer: asyncio.StreamWriter, eof: asyncio.Future[bytes]) -> bool:
+        chat = req.path.endswith("/chat/completions")
+        tokens = int(mock.get("tokens", req.body.get("max_tokens", self.default_tokens)))
+        tick = float(mock.get("tick_s", self.tick_s))
+        texts = mock.get("text", "tok ")
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        sep = "\r\n" if mock.get("crlf") else "\n"
+        prefix = "data:" if mock.get("no_space") else "data: "
+        split = bool(mock.get("split_writes"))
+
+        async def send(payload: bytes) -> None:
+            if eof.done():
+                raise ConnectionResetError("client closed")
+            t0 = time.monotonic_ns()
+            if split:
+                for i in range(len(payload)):
+                    writer.write(b"1\r\n" + payload[i : i + 1] + b"\r\n")
+                    await writer.drain()
+                    await asyncio.sleep(0)
+            else:
+                writer.write(f"{len(payload):x}\r\n".encode() + payload + b"\r\n")
+                await writer.drain()
+            req.write_wait_ns.append(time.monotonic_ns() - t0)
+
+        def event(obj: Any) -> bytes:
+            data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)
+            return f"{prefix}{data}{sep}{sep}".encode()
+
+        def chunk(text: str | None, finish: str | None, usage: dict[str, int] | None = None) -> dict[str, Any]:
+            if chat:
+                choices = [] if usage else [{"index": 0, "delta": {"content": text} if text is not None else {}, "finish_reason": finish}]
+                body: dict[str, Any] = {"id": "mock", "object": "chat.completion.chunk", "created": 0, "model": "mock", "choices": choices}
+            else:
+                choices = [] if usage else [{"index": 0, "text": text or "", "finish_reason": finish}]
+                body = {"id": "mock", "object": "text_completion", "created": 0, "model": "mock", "choices": choices}
+            if usage:
+                body["usage"] = usage
+            body["mock_t"] = time.monotonic_ns()
+            return body
+
+        async def pause(seconds: float) -> None:
+            if seconds > 0:
+                done, _ = await asyncio.wait({eof}, timeout=seconds)
+                if done:
+                    raise ConnectionResetError("client closed")
+
+        if chat:  # the role chunk goes out at once, as servers that announce early do
+            await send(event(chunk(None, None) | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}))
+        await pause(float(mock.get("first_delay_s", 0.0)))
+        for i in range(tokens):
+            if i:
+                await pause(tick)
+            if mock.get("comments"):
+                await send(f": ping{sep}".encode())
+            if i == mock.get("close_after"):
+                writer.transport.abort()  # cut mid-body: no chunked terminator
+                return False
+            if i == mock.get("error_after"):
+                await send(event({"error": {"message": "mock in-band error", "type": "InternalServerError", "code": 500}}))
+                break
+            text = texts[i % len(texts)]
+            last = i == tokens - 1
+            if i == mock.get("bad_json_at"):
+                await send(f"{prefix}{{not json{sep}{sep}".encode())
+            elif i == mock.get("invalid_utf8_at"):
+                raw = event(chunk("@@", "length" if last else None)).replace(b"@@", b"\xff")
+                await send(raw)
+            else:
+                await send(event(chunk(text, "length" if last else None)))
+            req.tokens_sent += 1
+        if req.body.get("stream_options", {}).get("include_usage") and mock.get("error_after") is None:
+            await send(event(chunk(None, None, usage={"prompt_tokens": 1, "completion_tokens": req.tokens_sent, "total_tokens": req.tokens_sent + 1})))
+        if not mock.get("drop_done"):
+            await send(event("[DONE]"))
+        if mock.get("data_after_done"):
+            await send(event(chunk("late", None)))
+        if eof.done():
+            self._mark_disconnected(req)
+            return False
+        # stop watching for EOF before the terminator: the client's next request must not be eaten
+        eof.cancel()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        req.finished = True
+        return True
+
+
+class ThreadedMockServer:
+    """Run a ``MockSSEServer`` on its own event loop in a daemon thread (for sync and async tests)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.server = MockSSEServer(**kwargs)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="mock-sse", daemon=True)
+
+    def __enter__(self) -> ThreadedMockServer:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self.server.start(), self._loop).result(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(self.server.stop(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    @property
+    def requests(self) -> list[MockRequest]:
+        return self.server.requests
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+        """Poll ``predicate`` (it reads state the server thread writes) until true or timeout."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if predicate():
+                return True
+            time.sleep(0.01)
+        return predicate()
+
+
+    async def until(self, predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+        """``wait_for`` for async tests: polls without blocking the caller's event loop."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if predicate():
+                return True
+            await asyncio.sleep(0.01)
+        return predicate()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m chaos.load.mock [--port P] [--tick S]``: serve until killed; prints ``PORT n``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--tick", type=float, default=0.02, help="seconds between content events")
+    args = parser.parse_args(argv)
+
+    async def serve() -> None:
+        server = MockSSEServer(port=args.port, tick_s=args.tick)
+        port = await server.start()
+        print(f"PORT {port}", flush=True)
+        await asyncio.Event().wait()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()

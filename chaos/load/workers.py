@@ -1,0 +1,324 @@
+"""``load.workers: N``: the generator in N spawned processes, driven like one ``LoadGenerator``.
+
+Each worker gets its share of the load (concurrency, rate, max_requests and background streams
+divided as evenly as integers allow) and its own request ids and seeds (via its worker index).
+Records come back over a pipe and go to the parent's sink as they arrive, so the observation set
+is one merged stream; the parent forwards phase changes and client-rule changes to every worker.
+Monotonic clocks are system-wide on Linux, so stamps from different workers are comparable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import multiprocessing
+import multiprocessing.connection
+from collections.abc import Callable
+from typing import Any
+
+from chaos.errors import SetupFailed
+from chaos.load.generator import LoadGenerator
+from chaos.load.lag import lag_summary
+from chaos.load.workload import LoadSettings, LoadSpecLike
+from chaos.observations import StreamRecord
+from faults.base import ClientPolicy, ClientRule
+
+__all__ = ["WorkerPool", "make_load", "split_evenly"]
+
+_CLOSE_TIMEOUT_S = 10.0
+
+
+def split_evenly(total: int, parts: int) -> list[int]:
+    """``total`` as ``parts`` integers differing by at most one, larger first."""
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+def make_load(
+    spec: LoadSpecLike,
+    *,
+    base_url: str,
+    model: str,
+    seed: int,
+    policy: ClientPolicy,
+    sink: Callable[[StreamRecord], None],
+    api_key: str | None = None,
+) -> LoadGenerator | WorkerPool:
+    """A ``LoadGenerator`` for ``workers: 1``, a ``WorkerPool`` above."""
+    kwargs: dict[str, Any] = {"base_url": base_url, "model": model, "seed": seed, "policy": policy, "sink": sink, "api_key": api_key}
+    if max(1, spec.workers) > 1:
+        return WorkerPool(spec, **kwargs)
+    return LoadGenerator(spec, **kwargs)
+
+
+# ---- the worker process ------------------------------------------------------------------------
+
+
+def _worker_main(conn: multiprocessing.connection.Connection, config: dict[str, Any]) -> None:
+    asyncio.run(_worker(conn, config))
+
+
+async def _worker(conn: multiprocessing.connection.Connection, config: dict[str, Any]) -> None:
+    loop = asyncio.get_running_loop()
+    inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
+    policy = ClientPolicy(rules=dict(config.pop("rules")))
+    gen = LoadGenerator(config.pop("spec"), policy=policy, sink=lambda r: conn.send(("record", r)), **config)
+
+    def pump() -> None:
+        try:
+            while conn.poll():
+                inbox.put_nowait(conn.recv())
+        except (EOFError, OSError):
+            loop.remove_reader(conn.fileno())
+            inbox.put_nowait((-1, "close"))  # the parent is gone: stop
+
+    loop.add_reader(conn.fileno(), pump)
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def reply(seq: int, call: Any) -> None:
+        try:
+            value = await call
+            conn.send(("reply", seq, True, value))
+        except Exception as exc:  # noqa: BLE001 - every failure goes back to the parent, never lost
+            conn.send(("reply", seq, False, f"{type(exc).__name__}: {exc}"))
+
+    def lag_samples() -> list[float]:
+        return list(gen.lag.samples)
+
+    async def with_lag(call: Any) -> Any:
+        value = await call
+        return {"value": value, "lag": lag_samples(), "stats": gen.stats()}
+
+    while True:
+        seq, cmd, *args = await inbox.get()
+        if cmd == "phase":
+            gen.phase = args[0]
+        elif cmd == "rules":
+            policy.rules = dict(args[0])
+        elif cmd == "close":
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await gen.aclose()
+            if seq >= 0:
+                conn.send(("reply", seq, True, {"value": None, "lag": lag_samples(), "stats": gen.stats()}))
+            break
+        else:
+            call = {
+                "run": lambda: gen.run(args[0]),
+                "drain": lambda: gen.drain(args[0]),
+                "start": lambda: gen.start(*args),
+                "stop": lambda: gen.stop(args[0]),
+                "lag": lambda: asyncio.sleep(0),
+            }[cmd]()
+            task = loop.create_task(reply(seq, with_lag(call)))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+    loop.remove_reader(conn.fileno())
+    conn.close()
+
+
+# ---- the parent side ---------------------------------------------------------------------------
+
+
+class WorkerPool:
+    """N worker processes behind the ``LoadGenerator`` interface (run, drain, aclose, lag_stats, start, stop)."""
+
+    def __init__(
+        self,
+        spec: LoadSpecLike,
+        *,
+        base_url: str,
+        model: str,
+        seed: int,
+        policy: ClientPolicy,
+        sink: Callable[[StreamRecord], None],
+        api_key: str | None = None,
+        worker_index: int = 0,
+        workers: int | None = None,
+    ) -> None:
+        count = max(1, workers if workers is not None else spec.workers)
+        if spec.concurrency is not None:
+            count = min(count, spec.concurrency)  # every worker needs at least one slot
+        self.count = count
+        self.sink = sink
+        self._phase = ""
+        self._seq = itertools.count()
+        self._pending: dict[int, tuple[asyncio.Future[list[Any]], list[Any], set[int]]] = {}
+        self._lag: dict[int, list[float]] = {}
+        self._stats: dict[int, dict[str, Any]] = {}
+        self.lag_threshold = spec.lag_threshold
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._dead: dict[int, str] = {}
+        conc = split_evenly(spec.concurrency, count) if spec.concurrency is not None else [None] * count
+        reqs = split_evenly(spec.max_requests, count) if spec.max_requests is not None else [None] * count
+        ctx = multiprocessing.get_context("spawn")
+        self._conns: list[multiprocessing.connection.Connection] = []
+        self._procs: list[multiprocessing.process.BaseProcess] = []
+        for i in range(count):
+            part = LoadSettings.of(
+                spec,
+                concurrency=conc[i],
+                rate=(spec.rate / count) if spec.rate is not None else None,
+                max_requests=reqs[i],
+                workers=count,
+            )
+            config = {
+                "spec": part, "base_url": base_url, "model": model, "seed": seed, "api_key": api_key,
+                "worker_index": i, "workers": count, "rules": dict(policy.rules),
+            }
+            parent, child = ctx.Pipe(duplex=True)
+            proc = ctx.Process(target=_worker_main, args=(child, config), name=f"streamchaos-load-{i}", daemon=True)
+            proc.start()
+            child.close()
+            self._conns.append(parent)
+            self._procs.append(proc)
+        policy.on_change.append(self._rules_changed)
+        self._policy = policy
+
+    # ---- plumbing ----
+
+    def _attach(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return
+        self._loop = loop
+        for i, conn in enumerate(self._conns):
+            loop.add_reader(conn.fileno(), self._pump, i)
+
+    def _pump(self, i: int) -> None:
+        conn = self._conns[i]
+        try:
+            while conn.poll():
+                self._message(i, conn.recv())
+        except (EOFError, OSError):
+            assert self._loop is not None
+            self._loop.remove_reader(conn.fileno())
+            code = self._procs[i].exitcode
+            self._dead[i] = f"load worker {i} (pid {self._procs[i].pid}) exited (code {code})"
+            for seq, (fut, _results, waiting) in list(self._pending.items()):
+                if i in waiting and not fut.done():
+                    fut.set_exception(SetupFailed(self._dead[i] + "; see its stderr for the cause"))
+                    del self._pending[seq]
+
+    def _message(self, i: int, msg: tuple[Any, ...]) -> None:
+        if msg[0] == "record":
+            self.sink(msg[1])
+            return
+        _tag, seq, ok, value = msg
+        entry = self._pending.get(seq)
+        if entry is None:
+            return
+        fut, results, waiting = entry
+        if not ok:
+            if not fut.done():
+                fut.set_exception(SetupFailed(f"load worker {i}: {value}"))
+            del self._pending[seq]
+            return
+        self._lag[i] = value["lag"]
+        self._stats[i] = value["stats"]
+        results[i] = value["value"]
+        waiting.discard(i)
+        if not waiting:
+            del self._pending[seq]
+            if not fut.done():
+                fut.set_result(results)
+
+    def _send(self, i: int, msg: tuple[Any, ...]) -> None:
+        if i not in self._dead:
+            try:
+                self._conns[i].send(msg)
+            except (OSError, BrokenPipeError):
+                self._dead[i] = f"load worker {i} is gone"
+
+    def _broadcast(self, cmd: str, *args: Any) -> None:
+        for i in range(self.count):
+            self._send(i, (-1, cmd, *args))
+
+    async def _call(self, per_worker: list[tuple[Any, ...]] | tuple[Any, ...], cmd: str) -> list[Any]:
+        self._attach()
+        assert self._loop is not None
+        seq = next(self._seq)
+        fut: asyncio.Future[list[Any]] = self._loop.create_future()
+        alive = {i for i in range(self.count) if i not in self._dead}
+        if not alive:
+            raise SetupFailed("every load worker has exited: " + "; ".join(self._dead.values()))
+        self._pending[seq] = (fut, [None] * self.count, set(alive))
+        for i in alive:
+            args = per_worker[i] if isinstance(per_worker, list) else per_worker
+            self._send(i, (seq, cmd, *args))
+        return await fut
+
+    def _rules_changed(self, rules: dict[str, ClientRule]) -> None:
+        self._broadcast("rules", rules)
+
+    # ---- the LoadGenerator interface ----
+
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, name: str) -> None:
+        self._phase = name
+        self._broadcast("phase", name)
+
+    async def ready(self, timeout: float = 30.0) -> None:
+        """Wait until every worker process is up and answering (spawning takes a second or so)."""
+        try:
+            await asyncio.wait_for(self._call((), "lag"), timeout)
+        except asyncio.TimeoutError:
+            raise SetupFailed(f"load workers did not start within {timeout:g}s") from None
+
+    async def run(self, deadline_ns: int) -> None:
+        await self._call((deadline_ns,), "run")
+
+    async def drain(self, timeout: float) -> int:
+        return sum(n or 0 for n in await self._call((timeout,), "drain"))
+
+    async def start(self, fault: str, streams: int, prompt_chars: int, max_tokens: int) -> None:
+        shares = split_evenly(streams, self.count)
+        await self._call([(fault, shares[i], prompt_chars, max_tokens) for i in range(self.count)], "start")
+
+    async def stop(self, fault: str) -> int:
+        return sum(n or 0 for n in await self._call((fault,), "stop"))
+
+    async def refresh_lag(self) -> dict[str, Any]:
+        """Fetch the workers' latest lag samples, then summarise them."""
+        await self._call((), "lag")
+        return self.lag_stats()
+
+    def lag_stats(self) -> dict[str, Any]:
+        """Merged lag over all workers as of their last reply, plus each worker's own summary."""
+        merged = lag_summary(itertools.chain.from_iterable(self._lag.values()), self.lag_threshold)
+        merged["workers"] = {i: lag_summary(s, self.lag_threshold) for i, s in sorted(self._lag.items())}
+        merged["saturated"] = merged["saturated"] or any(w["saturated"] for w in merged["workers"].values())
+        return merged
+
+    def stats(self) -> dict[str, Any]:
+        keys = ("sent", "in_flight", "overflows", "abandoned")
+        return {k: sum(s.get(k, 0) for s in self._stats.values()) for k in keys} | {"workers": self.count}
+
+    async def aclose(self) -> None:
+        if self._policy is not None and self._rules_changed in self._policy.on_change:
+            self._policy.on_change.remove(self._rules_changed)
+        try:
+            if any(i not in self._dead for i in range(self.count)):
+                await asyncio.wait_for(self._call((), "close"), _CLOSE_TIMEOUT_S)
+        except (asyncio.TimeoutError, SetupFailed):
+            pass
+        finally:
+            loop = asyncio.get_running_loop()
+            for proc in self._procs:
+                await loop.run_in_executor(None, proc.join, _CLOSE_TIMEOUT_S)
+                if proc.is_alive():
+                    proc.kill()  # our own child, by its pid; it ignored a close request
+                    await loop.run_in_executor(None, proc.join, 5)
+            for conn in self._conns:
+                if self._loop is not None:
+                    try:
+                        self._loop.remove_reader(conn.fileno())
+                    except (OSError, ValueError):
+                        pass
+                conn.close()
+            self._dead.update({i: "closed" for i in range(self.count)})
+

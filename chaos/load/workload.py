@@ -1,0 +1,297 @@
+"""What the load sends and when: seeded prompts, OpenAI request bodies, Gamma inter-arrival gaps.
+
+Pure functions of a seed: the n-th request of a worker gets the same prompt, ``max_tokens`` and
+client-fault draws in every run with that seed, whatever the timing, so a run replays.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from chaos.errors import ExperimentInvalid
+
+__all__ = [
+    "LoadSettings",
+    "LoadSpecLike",
+    "Prompt",
+    "PromptSettings",
+    "PromptSpecLike",
+    "Workload",
+    "build_body",
+    "endpoint_url",
+    "gamma_gaps",
+    "load_jsonl",
+    "synthetic_text",
+]
+
+SCRIPTS = ("ascii", "cjk", "emoji")
+
+_WORDS = (
+    "the of and to in is that for it as was with be by on not he this are or his from at which but have "
+    "an they you were her all she there would their we him been has when who will more no if out so said "
+    "what up its about into than them can only other new some could time these two may then do first any "
+    "my now such like our over man me even most made after also did many before must through back years "
+    "where much your way well down should because each just those people how too little state good very "
+    "make world still own see men work long get here between both life being under never day same another "
+    "know while last might us great old year off come since against go came right used take three stream "
+    "token cache kernel latency server client request batch decode prefill model engine queue"
+).split()
+# common CJK unified ideographs (3 bytes each in UTF-8) plus fullwidth punctuation
+_CJK_RANGE = (0x4E00, 0x9FA5)
+_CJK_PUNCT = "，。、！？"
+_EMOJI = (
+    "😀", "😂", "🥲", "🤖", "🚀", "🔥", "✨", "🎉", "🧠", "💾", "⚡", "🌍", "🍕", "🐍", "❤️",
+    "👍🏻", "👍🏼", "👍🏽", "👍🏾", "👍🏿", "👋🏽", "🧑🏿‍💻",  # skin tone modifiers
+    "👨‍👩‍👧‍👦", "👩🏽‍💻", "🏳️‍🌈", "🧑‍🚀", "👁️‍🗨️", "❤️‍🔥", "🐻‍❄️",  # ZWJ sequences
+    "🇯🇵", "🇺🇦", "1️⃣",  # flags and keycaps
+)
+
+
+class PromptSpecLike(Protocol):
+    """What the generator reads of ``chaos.experiment.PromptSpec``."""
+
+    source: str  # "synthetic" or a path to a JSONL file
+    min_chars: int
+    max_chars: int
+    mix: tuple[tuple[str, float], ...]
+
+
+class LoadSpecLike(Protocol):
+    """What the generator reads of ``chaos.experiment.LoadSpec`` (a frozen dataclass)."""
+
+    endpoint: str
+    model: str | None
+    concurrency: int | None
+    rate: float | None
+    burstiness: float
+    max_requests: int | None
+    max_tokens: tuple[int, int]
+    temperature: float
+    ignore_eos: bool
+    include_usage: bool
+    request_timeout: float
+    workers: int
+    lag_threshold: float
+    prompts: PromptSpecLike
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt: plain text (completions) or chat messages, with an optional reference answer."""
+
+    text: str | None = None
+    messages: tuple[dict[str, Any], ...] | None = None
+    expected_text: str | None = None
+
+    @property
+    def chars(self) -> int:
+        if self.text is not None:
+            return len(self.text)
+        return sum(len(str(m.get("content", ""))) for m in self.messages or ())
+
+    def as_text(self) -> str:
+        if self.text is not None:
+            return self.text
+        return "\n".join(str(m.get("content", "")) for m in self.messages or ())
+
+    def as_messages(self) -> list[dict[str, Any]]:
+        if self.messages is not None:
+            return [dict(m) for m in self.messages]
+        return [{"role": "user", "content": self.text or ""}]
+
+
+def synthetic_text(rng: random.Random, chars: int, script: str) -> str:
+    """About ``chars`` code points of one script; never cuts an emoji sequence in the middle."""
+    if script not in SCRIPTS:
+        raise ExperimentInvalid(f"load.prompts.mix: unknown script {script!r}; use one of {', '.join(SCRIPTS)}")
+    parts: list[str] = []
+    size = 0
+    while size < chars:
+        if script == "ascii":
+            piece = rng.choice(_WORDS) + " "
+        elif script == "cjk":
+            piece = rng.choice(_CJK_PUNCT) if rng.random() < 0.08 else chr(rng.randint(*_CJK_RANGE))
+        else:
+            piece = rng.choice(_EMOJI)
+        parts.append(piece)
+        size += len(piece)
+    text = "".join(parts)
+    if script == "ascii":
+        return text[:chars]  # ASCII can be cut anywhere
+    return text  # emoji sequences stay whole, so this may run a few code points over
+
+
+def load_jsonl(path: str | Path) -> list[Prompt]:
+    """Prompts from JSON lines: ``{"prompt": ...}`` or ``{"messages": [...]}``, optional ``expected_text``."""
+    prompts: list[Prompt] = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ExperimentInvalid(f"load.prompts.source: cannot read prompt file {str(path)!r}: {exc.strerror}") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise ExperimentInvalid(f"{where}: not a JSON object ({exc}); expected {{\"prompt\": \"...\"}}") from None
+        if not isinstance(obj, dict):
+            raise ExperimentInvalid(f"{where}: expected a JSON object with \"prompt\" or \"messages\", found {type(obj).__name__}")
+        expected = obj.get("expected_text")
+        if expected is not None and not isinstance(expected, str):
+            raise ExperimentInvalid(f"{where}: \"expected_text\" must be a string")
+        if isinstance(obj.get("prompt"), str):
+            prompts.append(Prompt(text=obj["prompt"], expected_text=expected))
+        elif isinstance(obj.get("messages"), list) and all(isinstance(m, dict) and "content" in m for m in obj["messages"]):
+            prompts.append(Prompt(messages=tuple(obj["messages"]), expected_text=expected))
+        else:
+            raise ExperimentInvalid(f"{where}: expected a string \"prompt\" or a list \"messages\" of {{role, content}} objects")
+    if not prompts:
+        raise ExperimentInvalid(f"load.prompts.source: {str(path)!r} holds no prompts; write one JSON object per line")
+    return prompts
+
+
+def endpoint_url(base_url: str, endpoint: str) -> str:
+    """``http://h:p/v1`` + ``chat`` → ``http://h:p/v1/chat/completions``."""
+    if endpoint not in ("completions", "chat"):
+        raise ExperimentInvalid(f"load.endpoint: expected completions or chat, found {endpoint!r}")
+    return base_url.rstrip("/") + ("/chat/completions" if endpoint == "chat" else "/completions")
+
+
+def build_body(
+    endpoint: str,
+    model: str,
+    prompt: Prompt,
+    *,
+    max_tokens: int,
+    temperature: float,
+    ignore_eos: bool,
+    include_usage: bool,
+) -> dict[str, Any]:
+    """An OpenAI streaming request body for ``endpoint``."""
+    body: dict[str, Any] = {"model": model, "stream": True, "max_tokens": max_tokens, "temperature": temperature}
+    if endpoint == "chat":
+        body["messages"] = prompt.as_messages()
+    else:
+        body["prompt"] = prompt.as_text()
+    if include_usage:
+        body["stream_options"] = {"include_usage": True}
+    if ignore_eos:
+        body["ignore_eos"] = True  # vLLM-compatible extension; the builtin stack honours it
+    return body
+
+
+def gamma_gaps(rng: random.Random, rate: float, burstiness: float = 1.0) -> Iterator[float]:
+    """Inter-arrival gaps in seconds: Gamma(shape=burstiness, scale=1/(rate·burstiness)); 1 = Poisson."""
+    if rate <= 0:
+        raise ExperimentInvalid(f"load.rate: must be positive, found {rate!r}")
+    if burstiness <= 0:
+        raise ExperimentInvalid(f"load.burstiness: must be positive (1 = Poisson), found {burstiness!r}")
+    scale = 1.0 / (rate * burstiness)
+    while True:
+        yield rng.gammavariate(burstiness, scale)
+
+
+class Workload:
+    """The request stream of one worker: ``request(n)`` is a pure function of (seed, worker, n)."""
+
+    def __init__(self, spec: LoadSpecLike, *, model: str, seed: int, worker_index: int = 0) -> None:
+        self.spec = spec
+        self.model = model
+        self.seed = seed
+        self.worker_index = worker_index
+        prompts = spec.prompts
+        self._file: list[Prompt] | None = None
+        if prompts.source != "synthetic":
+            self._file = load_jsonl(prompts.source)
+        self._scripts: Sequence[str] = [s for s, _ in prompts.mix] or ["ascii"]
+        self._weights: Sequence[float] = [w for _, w in prompts.mix] or [1.0]
+        for script in self._scripts:
+            if script not in SCRIPTS:
+                raise ExperimentInvalid(f"load.prompts.mix: unknown script {script!r}; use one of {', '.join(SCRIPTS)}")
+        lo, hi = spec.max_tokens
+        if not 1 <= lo <= hi:
+            raise ExperimentInvalid(f"load.max_tokens: expected 1 <= low <= high, found [{lo}, {hi}]")
+        self.url_path = "/chat/completions" if spec.endpoint == "chat" else "/completions"
+
+    def rng(self, n: int, purpose: str = "workload") -> random.Random:
+        return random.Random(f"{self.seed}:{self.worker_index}:{n}:{purpose}")
+
+    def prompt(self, n: int) -> Prompt:
+        rng = self.rng(n)
+        if self._file is not None:
+            # each worker walks the file from a different offset so workers do not send in lockstep
+            return self._file[(n * max(1, self.spec.workers) + self.worker_index) % len(self._file)]
+        spec = self.spec.prompts
+        chars = rng.randint(spec.min_chars, spec.max_chars)
+        script = rng.choices(self._scripts, weights=self._weights)[0]
+        return Prompt(text=synthetic_text(rng, chars, script))
+
+    def request(self, n: int) -> tuple[dict[str, Any], Prompt]:
+        """The body of this worker's n-th request and its prompt."""
+        prompt = self.prompt(n)
+        lo, hi = self.spec.max_tokens
+        max_tokens = self.rng(n, "max_tokens").randint(lo, hi)
+        body = build_body(
+            self.spec.endpoint,
+            self.model,
+            prompt,
+            max_tokens=max_tokens,
+            temperature=self.spec.temperature,
+            ignore_eos=self.spec.ignore_eos,
+            include_usage=self.spec.include_usage,
+        )
+        return body, prompt
+
+
+@dataclass(frozen=True)
+class PromptSettings:
+    """A plain, picklable copy of a PromptSpec (worker processes must not depend on the caller's class)."""
+
+    source: str = "synthetic"
+    min_chars: int = 64
+    max_chars: int = 256
+    mix: tuple[tuple[str, float], ...] = (("ascii", 1.0),)
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """A plain, picklable copy of a LoadSpec with the fields the generator reads."""
+
+    endpoint: str = "completions"
+    model: str | None = None
+    concurrency: int | None = None
+    rate: float | None = None
+    burstiness: float = 1.0
+    max_requests: int | None = None
+    max_tokens: tuple[int, int] = (16, 16)
+    temperature: float = 0.0
+    ignore_eos: bool = True
+    include_usage: bool = True
+    request_timeout: float = 60.0
+    workers: int = 1
+    lag_threshold: float = 0.005
+    prompts: PromptSettings = PromptSettings()
+
+    @classmethod
+    def of(cls, spec: LoadSpecLike, **overrides: Any) -> LoadSettings:
+        """Copy any LoadSpec-shaped object, replacing ``overrides``."""
+        p = spec.prompts
+        prompts = PromptSettings(str(p.source), int(p.min_chars), int(p.max_chars), tuple((str(s), float(w)) for s, w in p.mix))
+        values: dict[str, Any] = {
+            name: getattr(spec, name)
+            for name in (
+                "endpoint", "model", "concurrency", "rate", "burstiness", "max_requests", "max_tokens",
+                "temperature", "ignore_eos", "include_usage", "request_timeout", "workers", "lag_threshold",
+            )
+        }
+        values["max_tokens"] = tuple(values["max_tokens"])
+        values["prompts"] = prompts
+        values.update(overrides)
+        return cls(**values)

@@ -1,0 +1,54 @@
+"""WorkerPool: the generator in two spawned processes, merged into one record stream."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from chaos.load.mock import ThreadedMockServer
+from chaos.load.workers import WorkerPool, make_load, split_evenly
+from chaos.load.workload import LoadSettings
+from chaos.observations import StreamRecord
+from faults.base import ClientPolicy
+from faults.client import DisconnectRule
+
+S = 1_000_000_000
+
+
+def test_split_evenly() -> None:
+    assert split_evenly(5, 2) == [3, 2] and split_evenly(4, 4) == [1, 1, 1, 1] and sum(split_evenly(7, 3)) == 7
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(60)
+async def test_two_workers_merge_records_and_follow_phase_and_rule_changes(
+    mock_server: ThreadedMockServer, make_spec: Callable[..., LoadSettings]
+) -> None:
+    records: list[StreamRecord] = []
+    policy = ClientPolicy()
+    spec = make_spec(concurrency=4, workers=2, max_tokens=(4, 4))
+    pool = make_load(spec, base_url=mock_server.base_url, model="m", seed=4, policy=policy, sink=records.append)
+    assert isinstance(pool, WorkerPool) and pool.count == 2
+    try:
+        await pool.ready()
+        pool.phase = "one"
+        await pool.run(time.monotonic_ns() + int(0.6 * S))
+        # the runner's order at a phase boundary: phase, then rules, then the next run (one pipe: in order)
+        pool.phase = "two"
+        policy.install(DisconnectRule("dc", 1.0, after_tokens=(1, 1)))
+        await pool.run(time.monotonic_ns() + int(0.6 * S))
+        assert await pool.drain(10) == 0
+        lag = pool.lag_stats()
+    finally:
+        await pool.aclose()
+    assert mock_server.server.max_active <= 4
+    ids = [r.id for r in records]
+    assert len(ids) == len(set(ids)) and {i.split("-")[0] for i in ids} == {"0", "1"}
+    assert {r.phase for r in records} == {"one", "two"}
+    two = [r for r in records if r.phase == "two"]
+    assert two and all(r.hangup is not None and r.hangup.fault == "dc" for r in two)
+    assert all(r.hangup is None for r in records if r.phase == "one")
+    assert lag["samples"] > 0 and set(lag["workers"]) == {0, 1}
+    assert all(not p.is_alive() for p in pool._procs)
