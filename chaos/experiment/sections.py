@@ -78,7 +78,10 @@ LOAD = Schema(
         Param("include_usage", "bool", True, doc="ask for stream_options.include_usage"),
         Param("request_timeout", "duration", 30.0, doc="client timeout for one request"),
         Param("workers", "int", 1, min=1, max=64, doc="load generator processes"),
-        Param("lag_threshold", "duration", 0.005, doc="generator event-loop lag p99 above this flags the run"),
+        # 20ms, not the 5ms a dedicated load host could hold: on a 2-core machine that also runs the
+        # builtin engine, the generator's loop routinely wakes 5-15ms late at light load (measured).
+        # A flagged run only turns a timing failure inconclusive when the lag could explain it.
+        Param("lag_threshold", "duration", 0.020, doc="generator event-loop lag p99 above this flags the run"),
         Param("prompts", "mapping", None, doc="prompt source and shape"),
     ),
     at_most_one_of=(("concurrency", "rate"),),

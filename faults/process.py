@@ -1,0 +1,174 @@
+"""Process faults: kill the serving process with a signal at a set time, optionally restart it.
+
+``process.kill {target: engine|server, signal, at, restart}`` signals ``env.target.pid``. For the
+builtin stack the engine and the ASGI server are one process, so ``engine`` and ``server`` name the
+same pid; for a spawned vLLM they are the API server process the runner started. Remote targets
+(openai, docker, kubernetes) have no pid here and are refused at ``check`` (use ``k8s.*`` faults).
+
+The kill is scheduled with asyncio inside ``inject`` (``at`` after the phase start); ``revert`` cancels
+a kill still pending. With ``restart`` the runner's ``env.restart_target()`` is awaited once the
+process has exited, and at the latest on ``revert``. A kill cannot be undone, so ``rollback`` has
+nothing to do; a restart after a crashed run is the runner's next start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from chaos.errors import FaultError, FaultPermissionDenied, FaultUnsupported
+from chaos.params import Param, Schema
+from faults.base import Fault, FaultEnv, register
+from faults.burner import exit_status, proc_state, start_time
+
+__all__ = ["ProcessKill", "describe_status"]
+
+EXIT_WAIT_S = 30.0  # a SIGTERM'd server may drain its streams first
+INJECT_WAIT_S = 5.0  # inject with at: 0 waits this long for the exit
+REVERT_WAIT_S = 15.0  # waiting on a pending restart at revert (the runner allows a revert 20s)
+
+
+def describe_status(status: int | None) -> str | None:
+    """A wait status as words: ``"killed by SIGKILL"``, ``"exited with 0"``; None when unknown."""
+    if status is None:
+        return None
+    if os.WIFSIGNALED(status):
+        return f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
+    if os.WIFEXITED(status):
+        return f"exited with {os.WEXITSTATUS(status)}"
+    return f"wait status {status}"
+
+
+@register
+class ProcessKill(Fault):
+    """Kill the serving process (engine and server are one process in the builtin stack)."""
+
+    kind = "process.kill"
+    summary = "kill the target's serving process with a signal at a set time; optionally restart it"
+    schema = Schema(
+        params=(
+            Param("target", "choice", "server", choices=("engine", "server"),
+                  doc="which process; the same pid for the builtin stack"),
+            Param("signal", "choice", "SIGKILL", choices=("SIGKILL", "SIGTERM", "SIGINT")),
+            Param("at", "duration", 0.0, doc="delay after the phase start"),
+            Param("restart", "bool", False, doc="restart the target once it has exited"),
+        ),
+    )
+
+    def __init__(self, name: str, params: Mapping[str, Any]) -> None:
+        super().__init__(name, params)
+        self._task: asyncio.Task[None] | None = None
+        self._killed = asyncio.Event()
+        self._outcome: dict[str, Any] = {}
+        self._restarted = False
+        self._reverted = False
+        self._injected_ns = 0
+
+    def check(self, env: FaultEnv) -> None:
+        pid = env.target.pid
+        if pid is None:
+            raise FaultUnsupported(
+                f"process.kill needs the pid of the serving process, which the runner knows only for a target it"
+                f" started (builtin, vllm); target {env.target.kind} at {env.target.base_url} has none;"
+                " for a Kubernetes target use a k8s.* fault"
+            )
+        if self.params.get("restart") and env.restart_target is None:
+            raise FaultUnsupported(f"process.kill with restart: true needs the runner to restart target {env.target.kind}, which it cannot")
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            raise FaultUnsupported(f"process.kill: the target process {pid} is not running") from None
+        except PermissionError as exc:
+            raise FaultPermissionDenied(f"process.kill: not allowed to signal the target process {pid}") from exc
+
+    def plan(self, env: FaultEnv) -> dict[str, Any]:
+        pid = env.target.pid
+        return {"pid": pid, "signal": self.params.get("signal", "SIGKILL"), "note": "a kill cannot be undone"}
+
+    async def inject(self, env: FaultEnv) -> dict[str, Any]:
+        self.check(env)
+        pid = env.target.pid
+        assert pid is not None
+        self._killed = asyncio.Event()
+        self._injected_ns = time.monotonic_ns()
+        self._outcome = {"pid": pid, "signal": self.params.get("signal", "SIGKILL"), "at_s": float(self.params.get("at", 0.0))}
+        self._restarted = self._reverted = False
+        self._task = asyncio.create_task(self._kill_later(env, pid, start_time(pid)), name=f"{self.name}-kill")
+        if self._outcome["at_s"] > 0:
+            return dict(self._outcome, scheduled=True)
+        # At the phase start: the evidence is the kill itself (a graceful SIGTERM exit may take longer
+        # than the timeline should wait; revert then reports the exit).
+        waiter = asyncio.create_task(self._killed.wait())
+        await asyncio.wait({waiter, self._task}, timeout=INJECT_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if self._task.done() and self._task.exception() is not None:
+            raise self._task.exception()  # type: ignore[misc]
+        return dict(self._outcome)
+
+    async def _kill_later(self, env: FaultEnv, pid: int, identity: int | None) -> None:
+        await asyncio.sleep(float(self.params.get("at", 0.0)))
+        if start_time(pid) != identity:
+            self._outcome.update(killed=False, why=f"pid {pid} exited (or was reused) before the kill")
+            self._killed.set()
+            return
+        sig = signal.Signals[self.params.get("signal", "SIGKILL")]
+        sent = time.monotonic_ns()
+        self._outcome.update(sent_at_monotonic_ns=sent, sent_after_s=round((sent - self._injected_ns) / 1e9, 4))
+        os.kill(pid, sig)
+        self._outcome.update(killed=True, **await _wait_exit(pid, identity, EXIT_WAIT_S))
+        self._killed.set()
+        if self.params.get("restart"):
+            await self._restart(env)
+
+    async def _restart(self, env: FaultEnv) -> None:
+        if self._restarted:
+            return
+        if env.restart_target is None:
+            raise FaultError("process.kill: restart requested but the runner gave no restart_target")
+        start = time.monotonic()
+        await env.restart_target()
+        self._restarted = True
+        self._outcome.update(restarted=True, new_pid=env.target.pid, restart_s=round(time.monotonic() - start, 3))
+
+    async def revert(self, env: FaultEnv) -> dict[str, Any]:
+        if self._task is None or self._reverted:
+            return {"skipped": "not injected" if self._task is None else "already reverted"}
+        self._reverted = True
+        if not self._task.done() and "sent_at_monotonic_ns" not in self._outcome:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            return dict(self._outcome, killed=False, cancelled=True)
+        error = None
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), REVERT_WAIT_S)
+        except Exception as exc:  # noqa: BLE001 - retried below, reported in evidence
+            error = repr(exc)
+        if self.params.get("restart") and self._outcome.get("killed") and not self._restarted:
+            if not self._task.done():
+                self._task.cancel()
+            await self._restart(env)  # a failure here is the revert's failure: the runner journals it
+        return dict(self._outcome, **({"kill_task_error": error} if error else {}))
+
+
+async def _wait_exit(pid: int, identity: int | None, timeout: float) -> dict[str, Any]:
+    """Poll /proc until ``pid`` has exited; never reap it (the runner is its parent, not us)."""
+    start = time.monotonic()
+    status = None
+    while time.monotonic() - start < timeout:
+        state = proc_state(pid)
+        if state == "Z":
+            status = exit_status(pid)
+            break
+        if state is None or start_time(pid) != identity:
+            break  # already reaped by its parent
+        await asyncio.sleep(0.01)
+    else:
+        return {"exited": False, "exit_status": None, "exit": f"still running after {timeout:g}s"}
+    return {"exited": True, "exit_status": status, "exit": describe_status(status) or "exited (reaped by its parent)",
+            "exit_after_s": round(time.monotonic() - start, 4)}

@@ -1,0 +1,87 @@
+"""Every shipped experiment runs green against the builtin stack, through the pytest plugin's
+``chaos_run`` fixture, and the network experiments show the effect their fault is meant to have."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaos.observations import Observations
+
+EXPERIMENTS = sorted((Path(__file__).parents[2] / "experiments").glob("*.yaml"))
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def ms(values: list[int]) -> list[float]:
+    return [v / 1e6 for v in values]
+
+
+def ttfts(obs: Observations, phase: str) -> list[float]:
+    return ms([s.ttft_ns for s in obs.population(phase) if s.ttft_ns is not None])
+
+
+def gaps(obs: Observations, phase: str) -> list[float]:
+    return ms([g for s in obs.population(phase) for g in s.gaps_ns])
+
+
+def p99(values: list[float]) -> float:
+    return statistics.quantiles(values, n=100)[98]
+
+
+def check_network_jitter(result: Any) -> None:
+    """100ms ± 50ms of downstream latency moves TTFT by about 100ms and widens the gaps."""
+    obs = result.observations
+    shift = statistics.median(ttfts(obs, "jitter")) - statistics.median(ttfts(obs, "baseline"))
+    assert 50 <= shift <= 300, f"TTFT median shift {shift:.1f}ms, injected 100ms ± 50ms"
+    widening = p99(gaps(obs, "jitter")) - p99(gaps(obs, "baseline"))
+    assert 20 <= widening <= 300, f"inter-token gap p99 widened by {widening:.1f}ms under ±50ms jitter"
+
+
+def check_tiny_packets(result: Any) -> None:
+    """The slicer really split multibyte characters across reads, and integrity still passed."""
+    integrity = next(v for v in result.verdicts if v.sla == "integrity")
+    assert integrity.status == "pass"
+    assert integrity.evidence["split_chars"] > 0
+    assert sum(s.read_count for s in result.observations.streams) > 10 * len(result.observations.streams)
+
+
+def check_connection_resets(result: Any) -> None:
+    cut = [v for v in result.verdicts if v.sla == "early_close" and v.phase == "resets"]
+    assert cut and cut[0].status == "fail" and cut[0].figure > 0
+
+
+def check_buffering_proxy(result: Any) -> None:
+    """With the buffer toxic the first content arrives with the last: TTFT ≈ end-to-end latency."""
+    ttft = next(v for v in result.verdicts if v.sla == "ttft")
+    assert ttft.status == "fail"
+    for s in result.observations.population():
+        assert s.t_first_content is not None and s.t_content
+        assert s.t_content[-1] - s.t_first_content < 20_000_000  # every token in one burst
+
+
+def check_disconnect_storm(result: Any) -> None:
+    kinds = {v.sla for v in result.verdicts}
+    assert {"ttft", "early_close", "kv_cleanup"} <= kinds
+    assert any(s.hangup is not None for s in result.observations.streams)
+
+
+EXTRA: dict[str, Callable[[Any], None]] = {
+    "network-jitter": check_network_jitter,
+    "tiny-packets": check_tiny_packets,
+    "connection-resets": check_connection_resets,
+    "buffering-proxy": check_buffering_proxy,
+    "disconnect-storm": check_disconnect_storm,
+}
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=[p.stem for p in EXPERIMENTS])
+def test_shipped_experiment_runs_green(chaos_run: Callable[..., Any], path: Path) -> None:
+    result = chaos_run(path, check=True)
+    assert result.status == "completed" and result.exit_code == 0
+    assert (result.out_dir / "report.json").is_file() and (result.out_dir / "junit.xml").is_file()
+    EXTRA.get(path.stem, lambda r: None)(result)
