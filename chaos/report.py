@@ -32,6 +32,28 @@ def fault_timeline(obs: Observations) -> list[dict[str, Any]]:
     return list(by_name.values())
 
 
+def gpu_summary(obs: Observations) -> dict[str, Any]:
+    """Per GPU: SM clock range, peak power and memory, and every clock-event reason bit seen."""
+    out: dict[str, Any] = {}
+    for sample in obs.metrics:
+        if not sample.name.startswith("gpu_"):
+            continue
+        gpu = out.setdefault(sample.labels.get("gpu", "0"), {"samples": 0, "reasons_seen": 0})
+        if sample.name == "gpu_sm_clock_mhz":
+            gpu["samples"] += 1
+            gpu["sm_clock_mhz_min"] = min(gpu.get("sm_clock_mhz_min", sample.value), sample.value)
+            gpu["sm_clock_mhz_max"] = max(gpu.get("sm_clock_mhz_max", sample.value), sample.value)
+        elif sample.name == "gpu_clock_event_reasons":
+            gpu["reasons_seen"] |= int(sample.value)
+        elif sample.name == "gpu_power_watts":
+            gpu["power_watts_max"] = max(gpu.get("power_watts_max", sample.value), sample.value)
+        elif sample.name == "gpu_memory_used_bytes":
+            gpu["memory_used_bytes_max"] = max(gpu.get("memory_used_bytes_max", sample.value), sample.value)
+    for gpu in out.values():
+        gpu["reasons_seen"] = hex(gpu["reasons_seen"])
+    return out
+
+
 def _clean(value: Any) -> Any:
     """JSON has no NaN/inf: write them as null."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -71,6 +93,7 @@ def report_dict(result: Any) -> dict[str, Any]:
             for p in obs.phases
         ],
         "faults": fault_timeline(obs),
+        "gpu": gpu_summary(obs),
         "load": {
             "streams": len(population),
             "background_streams": len(obs.streams) - len(population),

@@ -100,6 +100,7 @@ class Runner:
         status, error, exit_code = "completed", None, 0
         target = proxy = scraper = generator = watchdog = None
         lease_task: asyncio.Task[None] | None = None
+        telemetry_task: asyncio.Task[None] | None = None
         main_task = asyncio.current_task()
         assert main_task is not None
         installed = self._install_signal_handlers(main_task)
@@ -139,6 +140,7 @@ class Runner:
 
                 scraper = MetricScraper(info.metrics_url, exp.safety.scrape_interval, self._sink)
                 scraper.start()
+                telemetry_task = await _start_gpu_telemetry(self._sink)
                 await asyncio.sleep(max(0.5, 3 * exp.safety.scrape_interval))  # the pre-load baseline
 
                 generator = _make_generator(exp, load_url, info, policy, self._sink)
@@ -186,8 +188,9 @@ class Runner:
             if target is not None:
                 with contextlib.suppress(Exception):
                     await target.stop()
-            if lease_task is not None:
-                lease_task.cancel()
+            for task in (lease_task, telemetry_task):
+                if task is not None:
+                    task.cancel()
             self._restore_signal_handlers(installed)
         if revert_errors and exit_code == 0:
             status, exit_code = "failed", 4
@@ -337,6 +340,33 @@ def _start_watchdog(run_dir: Path, max_duration: float) -> subprocess.Popen[byte
         start_new_session=True,  # it must outlive us if we are killed
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(run_dir / "watchdog.log", "ab"),  # noqa: SIM115
     )
+
+
+GPU_TELEMETRY_PERIOD_S = 1.0
+
+
+async def _start_gpu_telemetry(sink: Callable[[Any], None]) -> asyncio.Task[None] | None:
+    """Sample SM clock, clock-event reasons, memory and power once a second when NVML answers."""
+    from faults.gpu import GpuTelemetry
+
+    telemetry = GpuTelemetry()
+    if not await asyncio.to_thread(telemetry.available):
+        return None
+
+    async def poll() -> None:
+        try:
+            while True:
+                try:
+                    for sample in await asyncio.to_thread(telemetry.sample):
+                        sink(sample)
+                except ChaosError as exc:
+                    sink(Note(topic="gpu_telemetry_error", t=time.monotonic_ns(), data={"error": str(exc)}))
+                    return
+                await asyncio.sleep(GPU_TELEMETRY_PERIOD_S)
+        finally:
+            telemetry.close()
+
+    return asyncio.create_task(poll(), name="gpu-telemetry")
 
 
 async def _renew_lease(run_dir: Path) -> None:

@@ -187,7 +187,7 @@ class SlowClose(ToxicFault):
 @register
 class Buffer(ToxicFault):
     kind = "network.buffer"
-    summary = "a buffering proxy (proxy_buffering on): hold the response until the upstream closes or a limit"
+    summary = "a buffering proxy (proxy_buffering on): hold each response until it ends, or a size or time limit"
     toxic_type = "buffer"
     schema = Schema((
         Param("max_bytes", "size", 0, doc="flush after this many bytes (0 = unlimited)"),

@@ -30,6 +30,9 @@ __all__ = ["DEFAULT_INFLIGHT_CAP", "LoadGenerator"]
 DEFAULT_INFLIGHT_CAP = 1024  # open loop without a concurrency bound: per process, as GuideLLM does
 
 
+CONNECT_BACKOFF_S = 0.05  # a closed-loop slot's pause after a refused connect
+
+
 class LoadGenerator:
     """Drive one process's share of the load; see the module docstring."""
 
@@ -173,6 +176,11 @@ class LoadGenerator:
                 return
             task = self._spawn(n, None)
             await asyncio.wait([task])  # not `await task`: cancelling the slot must not cancel it
+            record = task.result() if not task.cancelled() and task.exception() is None else None
+            if record is not None and record.error is not None and record.error.kind == "connect":
+                # the target is down (a crash fault, a dropped link): retry at a bounded pace rather
+                # than spinning thousands of refused connects a second
+                await asyncio.sleep(CONNECT_BACKOFF_S)
 
     async def _open_loop(self, deadline_ns: int) -> None:
         rate = float(self.spec.rate or 0.0)

@@ -1,0 +1,319 @@
+"""In-process fault hooks of the builtin stack: the points where server faults plug in.
+
+Hook points, all designed up front so later faults never touch the request path again:
+
+    engine_step   Engine.step_hook, called in the engine thread before each step with the running
+                  ids; the ids it returns are failed by the engine (TokenOutput finish_reason=error)
+    detokenize    in the event loop, before a request's new token ids reach its detokenizer
+    send          in the event loop, before each SSE event (or the JSON body) is written
+    event_loop    a task that blocks the loop with CPU work (a tokenizer holding the GIL)
+    engine        a task that pauses the engine thread (Engine.pause / resume)
+
+A hook fault is installed from a JSON spec (``parse_spec``), bounded by a lifetime after which it
+expires by itself, and removed by name. Timeout faults pick requests deterministically: the k-th
+request a fault meets is matched when ``k % every_n == every_n - 1`` or when
+``Random(f"{seed}:{k}").random() < fraction``; a matched request gets ``asyncio.TimeoutError`` at
+the hook point once it is ``after`` seconds old. Only requests that arrive after the fault was
+installed are considered, so streams started in an earlier phase are never charged to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from chaos.errors import ChaosError
+
+__all__ = [
+    "MAX_LIFETIME_S",
+    "HookSpecInvalid",
+    "Hooks",
+    "StallSpec",
+    "TimeoutSpec",
+    "parse_spec",
+]
+
+MAX_LIFETIME_S = 600.0  # a forgotten fault must not outlive a game-day by much
+TIMEOUT_WHERE = ("engine_step", "detokenize", "send")
+STALL_WHERE = ("event_loop", "engine")
+
+
+class HookSpecInvalid(ChaosError):
+    """A hook-fault spec sent to the admin API is malformed (HTTP 400)."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class TimeoutSpec:
+    """Raise ``asyncio.TimeoutError`` at ``where`` for matching requests older than ``after``."""
+
+    where: str
+    fraction: float | None = None
+    every_n: int | None = None
+    after: float = 0.0
+    seed: int = 0
+    ttl: float = MAX_LIFETIME_S
+    type: str = "timeout"
+
+
+@dataclass(frozen=True)
+class StallSpec:
+    """Stall ``where`` for ``duration`` seconds, starting at install and then every ``every``."""
+
+    where: str
+    duration: float
+    every: float
+    ttl: float = MAX_LIFETIME_S
+    type: str = "stall"
+
+
+Spec = TimeoutSpec | StallSpec
+
+
+def _number(raw: Mapping[str, Any], key: str, *, lo: float, hi: float, default: float | None = None) -> float:
+    value = raw.get(key, default)
+    if value is None:
+        raise HookSpecInvalid(f"missing {key!r}: a number of seconds in [{lo:g}, {hi:g}]")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+        raise HookSpecInvalid(f"{key!r} must be a number in [{lo:g}, {hi:g}], found {value!r}")
+    return float(value)
+
+
+def parse_spec(raw: object) -> Spec:
+    """Validate a JSON hook-fault spec; raise ``HookSpecInvalid`` saying what would be right."""
+    if not isinstance(raw, dict):
+        raise HookSpecInvalid(f"a hook fault spec must be a JSON object, found {type(raw).__name__}")
+    kind = raw.get("type")
+    ttl = _number(raw, "ttl", lo=0.001, hi=MAX_LIFETIME_S, default=MAX_LIFETIME_S)
+    if kind == "timeout":
+        allowed = {"type", "where", "fraction", "every_n", "after", "seed", "ttl"}
+        _no_extra(raw, allowed)
+        where = raw.get("where")
+        if where not in TIMEOUT_WHERE:
+            raise HookSpecInvalid(f"timeout 'where' must be one of {', '.join(TIMEOUT_WHERE)}, found {where!r}")
+        if ("fraction" in raw) == ("every_n" in raw):
+            raise HookSpecInvalid("give exactly one of 'fraction' (0..1) or 'every_n' (an integer >= 1)")
+        fraction = every_n = None
+        if "fraction" in raw:
+            fraction = _number(raw, "fraction", lo=0.0, hi=1.0)
+        else:
+            every_n = raw["every_n"]
+            if isinstance(every_n, bool) or not isinstance(every_n, int) or every_n < 1:
+                raise HookSpecInvalid(f"'every_n' must be an integer >= 1, found {every_n!r}")
+        seed = raw.get("seed", 0)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise HookSpecInvalid(f"'seed' must be an integer, found {seed!r}")
+        after = _number(raw, "after", lo=0.0, hi=MAX_LIFETIME_S, default=0.0)
+        return TimeoutSpec(where=where, fraction=fraction, every_n=every_n, after=after, seed=seed, ttl=ttl)
+    if kind == "stall":
+        _no_extra(raw, {"type", "where", "duration", "every", "ttl"})
+        where = raw.get("where")
+        if where not in STALL_WHERE:
+            raise HookSpecInvalid(f"stall 'where' must be one of {', '.join(STALL_WHERE)}, found {where!r}")
+        duration = _number(raw, "duration", lo=0.001, hi=60.0)
+        every = _number(raw, "every", lo=0.002, hi=MAX_LIFETIME_S)
+        if every <= duration:
+            raise HookSpecInvalid(f"'every' ({every:g}s) must be longer than 'duration' ({duration:g}s), or nothing would run between stalls")
+        return StallSpec(where=where, duration=duration, every=every, ttl=ttl)
+    raise HookSpecInvalid(f"'type' must be 'timeout' or 'stall', found {kind!r}")
+
+
+def _no_extra(raw: Mapping[str, Any], allowed: set[str]) -> None:
+    extra = sorted(set(raw) - allowed)
+    if extra:
+        raise HookSpecInvalid(f"unknown key(s) {', '.join(map(repr, extra))}; allowed: {', '.join(sorted(allowed))}")
+
+
+def _current_task() -> asyncio.Task[Any] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running loop
+        return None
+
+
+class Pausable(Protocol):
+    def pause(self) -> None: ...
+    def resume(self) -> None: ...
+
+
+@dataclass
+class _Installed:
+    name: str
+    spec: Spec
+    installed_at: float
+    seen: int = 0  # requests this fault has met (the k of the docstring)
+    matched: int = 0
+    fired: int = 0
+    stalls: int = 0
+    decisions: dict[str, bool] = field(default_factory=dict)
+    task: asyncio.Task[None] | None = None
+
+    def expired(self, now: float) -> bool:
+        return now - self.installed_at >= self.spec.ttl
+
+    def describe(self, now: float) -> dict[str, Any]:
+        return {
+            "spec": asdict(self.spec),
+            "age_s": round(now - self.installed_at, 3),
+            "expires_in_s": round(max(0.0, self.spec.ttl - (now - self.installed_at)), 3),
+            "requests_seen": self.seen,
+            "requests_matched": self.matched,
+            "fired": self.fired,
+            "stalls": self.stalls,
+        }
+
+
+class Hooks:
+    """The hook faults in force and the checks the request path calls at each hook point."""
+
+    def __init__(self, engine: Pausable, clock: Callable[[], float] = time.monotonic) -> None:
+        self._engine = engine
+        self._clock = clock
+        self._faults: dict[str, _Installed] = {}
+        self._arrivals: dict[str, float] = {}  # request id → arrival time, for ``after``
+        # The engine thread reads faults and arrivals in engine_step while the loop mutates them.
+        self._lock = threading.Lock()
+
+    # -- management (event loop) -------------------------------------------------------------
+
+    def install(self, name: str, spec: Spec) -> dict[str, Any]:
+        """Install (or replace) a hook fault; stall faults start their task in the running loop."""
+        self.remove(name)
+        entry = _Installed(name=name, spec=spec, installed_at=self._clock())
+        if isinstance(spec, StallSpec):
+            runner = self._stall_loop if spec.where == "event_loop" else self._stall_engine
+            entry.task = asyncio.get_running_loop().create_task(runner(entry), name=f"hook-stall-{name}")
+        with self._lock:
+            self._faults[name] = entry
+        return entry.describe(self._clock())
+
+    def remove(self, name: str) -> bool:
+        with self._lock:
+            entry = self._faults.pop(name, None)
+        if entry is None:
+            return False
+        if entry.task is not None and entry.task is not _current_task():
+            entry.task.cancel()  # its finally resumes a paused engine
+        return True
+
+    def clear(self) -> int:
+        names = list(self._faults)
+        for name in names:
+            self.remove(name)
+        return len(names)
+
+    def describe(self) -> dict[str, Any]:
+        self._purge()
+        now = self._clock()
+        with self._lock:
+            return {name: f.describe(now) for name, f in sorted(self._faults.items())}
+
+    async def aclose(self) -> None:
+        """Remove every fault and wait for stall tasks to finish (the engine is resumed)."""
+        tasks = [f.task for f in self._faults.values() if f.task is not None]
+        self.clear()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def _purge(self) -> None:
+        now = self._clock()
+        for name in [n for n, f in list(self._faults.items()) if f.expired(now)]:
+            self.remove(name)
+
+    # -- request lifecycle ---------------------------------------------------------------------
+
+    def begin(self, request_id: str) -> None:
+        with self._lock:
+            self._arrivals[request_id] = self._clock()
+
+    def end(self, request_id: str) -> None:
+        with self._lock:
+            self._arrivals.pop(request_id, None)
+            for f in self._faults.values():
+                f.decisions.pop(request_id, None)
+
+    # -- hook points ---------------------------------------------------------------------------
+
+    def check(self, request_id: str, where: str) -> None:
+        """Event-loop hook points (detokenize, send): raise ``asyncio.TimeoutError`` when due."""
+        message = self._due(request_id, where)
+        if message is not None:
+            raise TimeoutError(message)
+
+    def engine_step(self, running: list[str]) -> dict[str, str]:
+        """``Engine.step_hook``: the running ids to fail, with the message (engine thread)."""
+        out: dict[str, str] = {}
+        for rid in running:
+            message = self._due(rid, "engine_step")
+            if message is not None:
+                out[rid] = message
+        return out
+
+    def _due(self, request_id: str, where: str) -> str | None:
+        now = self._clock()
+        with self._lock:
+            arrival = self._arrivals.get(request_id)
+            if arrival is None or not self._faults:
+                return None
+            for f in self._faults.values():
+                spec = f.spec
+                if not isinstance(spec, TimeoutSpec) or spec.where != where or f.expired(now):
+                    continue
+                if arrival < f.installed_at:  # requests already under way belong to the phase before
+                    continue
+                if not self._matches(f, spec, request_id):
+                    continue
+                if now - arrival >= spec.after:
+                    f.fired += 1
+                    return f"asyncio.TimeoutError injected at {where} by fault {f.name!r} (request {now - arrival:.3f}s old)"
+        return None
+
+    @staticmethod
+    def _matches(f: _Installed, spec: TimeoutSpec, request_id: str) -> bool:
+        decided = f.decisions.get(request_id)
+        if decided is None:
+            k = f.seen
+            f.seen += 1
+            if spec.every_n is not None:
+                decided = k % spec.every_n == spec.every_n - 1
+            else:
+                decided = random.Random(f"{spec.seed}:{k}").random() < (spec.fraction or 0.0)
+            f.matched += decided
+            f.decisions[request_id] = decided
+        return decided
+
+    # -- stall tasks ---------------------------------------------------------------------------
+
+    async def _stall_loop(self, entry: _Installed) -> None:
+        spec = entry.spec
+        assert isinstance(spec, StallSpec)
+        await asyncio.sleep(0.01)  # let the admin response that installed us go out first
+        while not entry.expired(self._clock()):
+            end = time.perf_counter() + spec.duration
+            while time.perf_counter() < end:  # CPU work on the loop thread, as a slow tokenizer would
+                pass
+            entry.stalls += 1
+            await asyncio.sleep(spec.every - spec.duration)
+        self.remove(entry.name)
+
+    async def _stall_engine(self, entry: _Installed) -> None:
+        spec = entry.spec
+        assert isinstance(spec, StallSpec)
+        await asyncio.sleep(0.01)
+        while not entry.expired(self._clock()):
+            await asyncio.to_thread(self._engine.pause)
+            try:
+                entry.stalls += 1
+                await asyncio.sleep(spec.duration)
+            finally:
+                self._engine.resume()  # also on cancel: a removed fault never leaves the engine paused
+            await asyncio.sleep(spec.every - spec.duration)
+        self.remove(entry.name)

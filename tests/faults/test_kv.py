@@ -1,0 +1,193 @@
+"""kv.pressure: reserving blocks or hogging them with background streams drives queueing/preemption."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from chaos.errors import FaultUnsupported
+from chaos.stack.process import StackProcess
+from faults.base import FaultEnv, TargetInfo
+from faults.kv import KvPressure
+
+pytestmark = pytest.mark.timeout(90)
+
+# 64 blocks of 16 tokens: three 200-token requests (13 blocks each) fit easily, until 48 are reserved.
+STACK_ARGS = ("--kv-blocks", "64", "--block-size", "16", "--max-num-seqs", "16", "--max-model-len", "1024")
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[StackProcess]:
+    with StackProcess.start(*STACK_ARGS) as proc:
+        yield proc
+
+
+def _env(stack: StackProcess, tmp_path: Path, background: Any = None) -> FaultEnv:
+    target = TargetInfo(kind="builtin", base_url=stack.base_url, admin_url=stack.admin_url)
+    return FaultEnv(seed=1, target=target, run_dir=tmp_path, background=background)
+
+
+def _fault(raw: dict[str, Any]) -> KvPressure:
+    params, problems = KvPressure.schema.parse(raw)
+    assert not problems, problems
+    fault = KvPressure("kv", params)
+    assert fault.problems(None) == []
+    return fault
+
+
+async def _load(client: httpx.AsyncClient, stack: StackProcess, n: int, max_tokens: int) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """Run ``n`` concurrent requests while sampling the engine state; the replies and the peaks seen."""
+    peaks = {"num_waiting": 0, "num_preemptions": 0}
+    body = {"model": "tiny", "prompt": "pressure " * 4, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
+    tasks = [asyncio.create_task(client.post(stack.base_url + "/completions", json=body)) for _ in range(n)]
+    while not all(t.done() for t in tasks):
+        state = (await client.get(stack.admin_url + "/state")).json()
+        for key, peak in peaks.items():
+            peaks[key] = max(peak, state[key])
+        await asyncio.sleep(0.01)
+    return [(await t).json() for t in tasks], peaks
+
+
+def _idle(stack: StackProcess) -> dict[str, Any]:
+    deadline = time.monotonic() + 10
+    while True:
+        s = httpx.get(stack.admin_url + "/state", timeout=5).json()
+        if (s["num_running"], s["num_waiting"], s["kv_blocks_held"]) == (0, 0, 0) or time.monotonic() > deadline:
+            return s
+        time.sleep(0.01)
+
+
+def test_reserve_causes_preemption_or_queueing_and_is_released(stack: StackProcess, tmp_path: Path) -> None:
+    env = _env(stack, tmp_path)
+    fault = _fault({"fraction": 0.75})
+    fault.check(env)
+    undo = fault.plan(env)
+
+    async def go() -> dict[str, Any]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            base_replies, base = await _load(client, stack, 3, 190)
+            preempt0 = base["num_preemptions"]
+            out: dict[str, Any] = {"base": base, "evidence": await fault.inject(env)}
+            replies, peaks = await _load(client, stack, 3, 190)
+            out["peaks"], out["preemptions"] = peaks, peaks["num_preemptions"] - preempt0
+            out["texts"] = ([r["choices"][0]["text"] for r in base_replies], [r["choices"][0]["text"] for r in replies])
+            out["reverted"] = await fault.revert(env)
+            return out
+
+    out = asyncio.run(go())
+    evidence = out["evidence"]
+    assert (evidence["requested"], evidence["reserved"]) == (48, 48)
+    assert evidence["engine"]["kv_blocks_reserved"] == 48 and evidence["engine"]["kv_blocks_total"] == 64
+    assert out["preemptions"] > 0 or out["peaks"]["num_waiting"] > 0, out
+    assert out["texts"][0] == out["texts"][1]  # preemption recomputes: same greedy text as without pressure
+    assert out["reverted"]["released"] == 48
+    state = _idle(stack)
+    assert (state["kv_blocks_reserved"], state["kv_blocks_held"], state["leaks_total"]) == (0, 0, 0)
+    assert KvPressure.rollback(undo) == {"released": 0}  # idempotent: nothing left to release
+
+
+def test_reserve_by_blocks_and_rollback(stack: StackProcess, tmp_path: Path) -> None:
+    env = _env(stack, tmp_path)
+    fault = _fault({"blocks": 10, "method": "reserve"})
+    undo = fault.plan(env)
+    assert asyncio.run(fault.inject(env))["reserved"] == 10
+    assert KvPressure.rollback(undo) == {"released": 10}
+    assert "gone" in KvPressure.rollback({"method": "reserve", "admin_url": "http://127.0.0.1:9/admin"})["skipped"]
+
+
+class _Background:
+    """A BackgroundLoad that really streams, as the runner's does, and aborts on stop."""
+
+    def __init__(self, stack: StackProcess) -> None:
+        self.stack = stack
+        self.tasks: dict[str, list[asyncio.Task[None]]] = {}
+        self.client = httpx.AsyncClient(timeout=60)
+
+    async def _one(self, prompt_chars: int, max_tokens: int) -> None:
+        body = {"model": "tiny", "prompt": ("hog " * prompt_chars)[:prompt_chars], "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+        async with self.client.stream("POST", self.stack.base_url + "/completions", json=body) as r:
+            async for _ in r.aiter_raw():
+                pass
+
+    async def start(self, fault: str, streams: int, prompt_chars: int, max_tokens: int) -> None:
+        self.tasks[fault] = [asyncio.create_task(self._one(prompt_chars, max_tokens)) for _ in range(streams)]
+        await asyncio.sleep(0.3)  # let them take their blocks
+
+    async def stop(self, fault: str) -> int:
+        tasks = self.tasks.pop(fault, [])
+        running = sum(not t.done() for t in tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return running
+
+
+def test_hog_fills_the_pool_and_stops_on_revert(stack: StackProcess, tmp_path: Path) -> None:
+    async def go() -> dict[str, Any]:
+        background = _Background(stack)
+        env = _env(stack, tmp_path, background)
+        fault = _fault({"method": "hog", "hog_streams": 3, "hog_prompt_chars": 300, "hog_max_tokens": 700})
+        fault.check(env)
+        out: dict[str, Any] = {"evidence": await fault.inject(env)}
+        async with httpx.AsyncClient(timeout=60) as client:
+            _, out["peaks"] = await _load(client, stack, 2, 30)
+        out["reverted"] = await fault.revert(env)
+        await background.client.aclose()
+        return out
+
+    out = asyncio.run(go())
+    assert out["evidence"]["streams_started"] == 3 and out["evidence"]["engine"]["kv_blocks_used"] > 32
+    assert out["peaks"]["num_waiting"] > 0 or out["peaks"]["num_preemptions"] > 0, out
+    assert out["reverted"]["streams_stopped"] >= 1
+    t0 = time.monotonic()
+    state = _idle(stack)
+    assert time.monotonic() - t0 < 1.0  # the hog streams were aborted, not left to finish
+    assert (state["num_running"], state["kv_blocks_held"], state["leaks_total"]) == (0, 0, 0)
+
+
+def test_hog_needs_a_background_load_and_reserve_needs_admin(tmp_path: Path) -> None:
+    env = FaultEnv(seed=0, target=TargetInfo(kind="vllm", base_url="http://127.0.0.1:1/v1"), run_dir=tmp_path)
+    with pytest.raises(FaultUnsupported, match="background"):
+        _fault({"method": "hog"}).check(env)
+    with pytest.raises(FaultUnsupported, match="method: hog"):
+        _fault({"fraction": 0.5}).check(env)
+    params, _ = KvPressure.schema.parse({"method": "reserve"})
+    assert "needs 'fraction'" in KvPressure("kv", params).problems(None)[0][1]
+    _, problems = KvPressure.schema.parse({"fraction": 0.5, "blocks": 3})
+    assert problems
+
+
+def test_reserve_under_load_tops_up_as_blocks_come_free(stack: StackProcess, tmp_path: Path) -> None:
+    env = _env(stack, tmp_path)
+    fault = _fault({"blocks": 56})
+
+    async def go() -> dict[str, Any]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            body = {"model": "tiny", "prompt": "busy " * 8, "max_tokens": 300, "ignore_eos": True, "temperature": 0}
+            tasks = [asyncio.create_task(client.post(stack.base_url + "/completions", json=body)) for _ in range(3)]
+            while (await client.get(stack.admin_url + "/state")).json()["kv_blocks_held"] < 20:
+                await asyncio.sleep(0.01)
+            out: dict[str, Any] = {"evidence": await fault.inject(env)}
+            deadline = asyncio.get_running_loop().time() + 10
+            while (state := (await client.get(stack.admin_url + "/state")).json())["kv_blocks_reserved"] < 56:
+                assert asyncio.get_running_loop().time() < deadline, "the reservation never reached its target"
+                await asyncio.sleep(0.02)
+            out["squeezed"] = state  # 8 blocks left: no 300-token request fits, they all wait
+            out["reverted"] = await fault.revert(env)
+            replies = await asyncio.gather(*tasks)
+            out["statuses"] = [r.status_code for r in replies]
+            return out
+
+    out = asyncio.run(go())
+    assert out["evidence"]["reserved"] < 56 and "topping up" in out["evidence"]["note"]
+    assert out["squeezed"]["num_waiting"] > 0 and out["squeezed"]["num_preemptions"] > 0
+    assert out["statuses"] == [200, 200, 200]  # after revert the load completes (preempted, recomputed)
+    assert out["reverted"]["reserved_at_revert"] == 56 and out["reverted"]["released"] == 56
+    state = _idle(stack)
+    assert (state["kv_blocks_reserved"], state["kv_blocks_held"]) == (0, 0)

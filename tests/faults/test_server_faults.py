@@ -1,0 +1,181 @@
+"""server.timeout and server.stall against a real builtin stack process on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from chaos.errors import FaultUnsupported
+from chaos.stack.process import StackProcess
+from faults.base import FaultEnv, TargetInfo
+from faults.server import ServerStall, ServerTimeout
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[StackProcess]:
+    with StackProcess.start("--max-num-seqs", "16") as proc:
+        yield proc
+
+
+@pytest.fixture
+def env(stack: StackProcess, tmp_path: Path) -> Iterator[FaultEnv]:
+    target = TargetInfo(kind="builtin", base_url=stack.base_url, metrics_url=stack.metrics_url, admin_url=stack.admin_url)
+    yield FaultEnv(seed=7, target=target, run_dir=tmp_path)
+    httpx.delete(stack.admin_url + "/faults", timeout=5)
+    _wait_idle(stack)
+
+
+def _state(stack: StackProcess) -> dict[str, Any]:
+    return httpx.get(stack.admin_url + "/state", timeout=5).json()
+
+
+def _wait_idle(stack: StackProcess, timeout: float = 10.0) -> float:
+    t0 = time.monotonic()
+    while True:
+        s = _state(stack)
+        if s["num_running"] == 0 and s["num_waiting"] == 0 and s["kv_blocks_held"] == 0:
+            return time.monotonic() - t0
+        assert time.monotonic() - t0 < timeout, f"stack not idle after {timeout}s: {s}"
+        time.sleep(0.01)
+
+
+def _fault(cls: Any, name: str, raw: dict[str, Any]) -> Any:
+    params, problems = cls.schema.parse(raw)
+    assert not problems, problems
+    fault = cls(name, params)
+    assert fault.problems(None) == []
+    return fault
+
+
+def _stream_events(stack: StackProcess, max_tokens: int = 400) -> tuple[list[Any], list[float]]:
+    """One streamed completion read over a bare socket: its events and the arrival time of each read."""
+    body = json.dumps({"model": "tiny", "prompt": "go", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}).encode()
+    host, port = stack.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=15) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        raw, times = b"", []
+        while chunk := sock.recv(65536):
+            raw += chunk
+            if b"data: " in chunk:
+                times.append(time.monotonic())
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    assert b" 200 " in head.split(b"\r\n")[0]
+    text = _dechunk(rest).decode("utf-8")
+    events = [json.loads(line[6:]) if line != "data: [DONE]" else "[DONE]" for line in text.split("\n\n") if line]
+    return events, times
+
+
+def _dechunk(body: bytes) -> bytes:
+    out = b""
+    while body:
+        size_line, _, body = body.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            break
+        out, body = out + body[:size], body[size + 2:]
+    return out
+
+
+@pytest.mark.parametrize("where", ["engine_step", "detokenize", "send"])
+def test_timeout_ends_stream_in_band_and_frees_blocks(stack: StackProcess, env: FaultEnv, where: str) -> None:
+    fault = _fault(ServerTimeout, f"timeout-{where}", {"where": where, "every_n": 1, "after": "100ms"})
+    fault.check(env)
+    assert fault.plan(env) == {"admin_url": stack.admin_url, "fault_name": f"timeout-{where}"}
+    evidence = asyncio.run(fault.inject(env))
+    assert evidence["installed"]["spec"]["where"] == where and evidence["installed"]["spec"]["every_n"] == 1
+
+    events, _ = _stream_events(stack)
+    assert events[-1] == "[DONE]" and "error" in events[-2], events[-3:]
+    error = events[-2]["error"]
+    assert error["type"] == "TimeoutError" and error["code"] == 504 and where in error["message"]
+    assert len(events) > 3  # tokens flowed for ~100ms before the timeout fired
+    assert all(e["choices"][0]["finish_reason"] is None for e in events[:-2])
+    assert _wait_idle(stack) < 1.0
+    state = _state(stack)
+    assert state["leaks_total"] == 0 and state["kv_blocks_held"] == 0
+
+    reverted = asyncio.run(fault.revert(env))
+    assert reverted["removed"] is True and reverted["last_seen"]["fired"] >= 1
+    events, _ = _stream_events(stack, max_tokens=20)
+    assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
+    assert asyncio.run(fault.revert(env))["removed"] is False  # idempotent
+
+
+def test_timeout_non_streaming_is_5xx_json(stack: StackProcess, env: FaultEnv) -> None:
+    fault = _fault(ServerTimeout, "nonstream", {"where": "send", "every_n": 1})
+    asyncio.run(fault.inject(env))
+    r = httpx.post(stack.base_url + "/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 5}, timeout=10)
+    assert r.status_code == 504 and r.json()["error"]["type"] == "TimeoutError"
+    asyncio.run(fault.revert(env))
+
+
+def test_timeout_fraction_hits_some_requests(stack: StackProcess, env: FaultEnv) -> None:
+    fault = _fault(ServerTimeout, "half", {"where": "engine_step", "fraction": 0.5})
+    asyncio.run(fault.inject(env))
+    statuses = [httpx.post(stack.base_url + "/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 3}, timeout=10).status_code
+                for _ in range(16)]
+    assert 0 < statuses.count(504) < 16 and statuses.count(504) + statuses.count(200) == 16
+    listed = asyncio.run(fault.revert(env))["last_seen"]
+    assert listed["requests_matched"] == statuses.count(504)
+
+
+def test_rollback_deletes_the_hook_fault(stack: StackProcess, env: FaultEnv) -> None:
+    fault = _fault(ServerTimeout, "orphan", {"where": "send", "every_n": 2})
+    undo = fault.plan(env)
+    asyncio.run(fault.inject(env))
+    assert ServerTimeout.rollback(undo) == {"removed": True}
+    assert httpx.get(stack.admin_url + "/faults", timeout=5).json()["faults"] == {}
+    assert ServerTimeout.rollback(undo) == {"removed": False}
+    gone = ServerTimeout.rollback({"admin_url": "http://127.0.0.1:9/admin", "fault_name": "x"})
+    assert "gone" in gone["skipped"]
+
+
+def test_check_refuses_targets_without_admin_api(tmp_path: Path) -> None:
+    env = FaultEnv(seed=0, target=TargetInfo(kind="openai", base_url="http://127.0.0.1:1/v1"), run_dir=tmp_path)
+    with pytest.raises(FaultUnsupported, match="admin API.*'openai'.*builtin"):
+        _fault(ServerTimeout, "t", {"where": "send", "fraction": 1}).check(env)
+    with pytest.raises(FaultUnsupported, match="network.latency"):
+        _fault(ServerStall, "s", {"where": "engine", "duration": "100ms", "every": "1s"}).check(env)
+
+
+def test_stall_schema_problems() -> None:
+    params, problems = ServerStall.schema.parse({"where": "event_loop", "duration": "1s", "every": "500ms"})
+    assert not problems
+    assert ServerStall("s", params).problems(None)[0][0] == "every"
+    _, problems = ServerTimeout.schema.parse({"where": "send"})
+    assert any("exactly one of fraction, every_n" in m for _, m in problems)
+
+
+@pytest.mark.parametrize("where", ["event_loop", "engine"])
+def test_stall_makes_a_gap_in_token_arrival(stack: StackProcess, env: FaultEnv, where: str) -> None:
+    stall = 0.4
+    fault = _fault(ServerStall, f"stall-{where}", {"where": where, "duration": f"{stall}s", "every": "30s"})
+    result: dict[str, Any] = {}
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        reader = loop.run_in_executor(None, _stream_events, stack, 600)
+        await asyncio.sleep(0.3)  # the stream is flowing
+        result["evidence"] = await fault.inject(env)
+        result["events"], result["times"] = await reader
+        result["reverted"] = await fault.revert(env)
+
+    asyncio.run(go())
+    times = result["times"]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert result["events"][-1] == "[DONE]" and "error" not in result["events"][-2]  # a stall is not an error
+    assert stall * 0.75 <= max(gaps) <= stall * 4, f"longest gap {max(gaps):.3f}s, stall {stall}s"
+    assert result["reverted"]["last_seen"]["stalls"] == 1
+    assert not _state(stack)["engine_paused"]
