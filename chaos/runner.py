@@ -110,6 +110,7 @@ class Runner:
                 target = start_target(exp.target, target_url=self.target_url, run_dir=self.out_dir, seed=exp.seed)
                 info = await target.start()
                 journal.append(Note(topic="target", t=time.monotonic_ns(), data=_target_facts(info)))
+                journal.append(Note(topic="warmup", t=time.monotonic_ns(), data=await _warm_up(info, exp.target.api_key)))
                 load_url = info.base_url
                 if exp.proxy.enabled:
                     from chaos.proxy import start_proxy  # network faults only; keeps plain runs light
@@ -340,6 +341,21 @@ def _start_watchdog(run_dir: Path, max_duration: float) -> subprocess.Popen[byte
         start_new_session=True,  # it must outlive us if we are killed
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(run_dir / "watchdog.log", "ab"),  # noqa: SIM115
     )
+
+
+async def _warm_up(info: TargetInfo, api_key: str | None) -> dict[str, Any]:
+    """One small request before measuring, so first-request costs (lazy init, first kernels) do
+    not land in the baseline phase as a fake stall."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    started = time.monotonic()
+    try:
+        async with httpx.AsyncClient(timeout=30.0, headers=headers) as client:
+            response = await client.post(info.base_url + "/completions", json={"model": info.model, "prompt": "warm up", "max_tokens": 4})
+        return {"status": response.status_code, "seconds": round(time.monotonic() - started, 4)}
+    except httpx.HTTPError as exc:
+        return {"error": repr(exc), "seconds": round(time.monotonic() - started, 4)}
 
 
 GPU_TELEMETRY_PERIOD_S = 1.0

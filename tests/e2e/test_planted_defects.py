@@ -73,7 +73,7 @@ def test_same_storm_on_the_real_stack_cleans_up(tmp_path: Path) -> None:
 def test_buffering_server_fails_ttft(planted: Any, tmp_path: Path) -> None:
     url = planted("buffer")
     exp = experiment(
-        "planted-buffer", load={"concurrency": 2, "max_tokens": 96},
+        "planted-buffer", load={"concurrency": 2, "max_tokens": 400},
         phases=[{"name": "steady", "duration": "4s"}],
         sla=[{"kind": "ttft", "quantile": "p50", "budget": "150ms"}],
     )

@@ -59,7 +59,10 @@ def check_buffering_proxy(result: Any) -> None:
     """With the buffer toxic the first content arrives with the last: TTFT ≈ end-to-end latency."""
     ttft = next(v for v in result.verdicts if v.sla == "ttft")
     assert ttft.status == "fail"
-    for s in result.observations.population():
+    reverted = next(e.t for e in result.observations.faults if e.action == "revert")
+    held = [s for s in result.observations.population() if s.t_end is not None and s.t_end < reverted]
+    assert held
+    for s in held:  # streams that ended while the buffer was in force
         assert s.t_first_content is not None and s.t_content
         assert s.t_content[-1] - s.t_first_content < 20_000_000  # every token in one burst
 
@@ -70,7 +73,51 @@ def check_disconnect_storm(result: Any) -> None:
     assert any(s.hangup is not None for s in result.observations.streams)
 
 
+def check_event_loop_stall(result: Any) -> None:
+    """Every stream stalls at once: the longest gap under the fault is about the stall length."""
+    longest = {v.phase: v.evidence["longest_stall_s"] for v in result.verdicts if v.name in ("itl", "itl_outside")}
+    assert longest["stalls"] >= 0.12, longest
+    stalled = {phase: sum(1 for g in gaps(result.observations, phase) if g >= 120) for phase in ("baseline", "stalls", "recovery")}
+    assert stalled["stalls"] >= 5 > stalled["recovery"], stalled  # 5 stalls hit every stream in flight
+
+
+def check_kv_pressure(result: Any) -> None:
+    """The reservation drove real queueing or preemption, recorded from the stack's metrics."""
+    obs = result.observations
+    window = obs.phase("pressure")
+    assert window is not None and window.t_end is not None
+    during = [m for m in obs.metrics if window.t_start <= m.t <= window.t_end]
+    waiting = max((m.value for m in during if m.name == "vllm:num_requests_waiting"), default=0)
+    preempted = [m.value for m in obs.series("vllm:num_preemptions_total")]
+    assert waiting > 0 or (preempted and preempted[-1] > preempted[0]), (waiting, preempted[:1], preempted[-1:])
+
+
+def check_server_timeouts(result: Any) -> None:
+    """Each injected timeout became an in-band error followed by [DONE]: nothing hung."""
+    failed = [s for s in result.observations.population() if s.in_band_error is not None]
+    assert failed and all(s.done_seen for s in failed)
+    assert not [s for s in result.observations.population() if s.error is not None and s.error.kind == "timeout"]
+
+
+def check_gpu_throttle(result: Any) -> None:
+    """The report says which backend acted and why (auto on a CPU machine picks a CPU backend)."""
+    injects = [e for e in result.observations.faults if e.action == "inject"]
+    assert injects and injects[0].evidence["backend"] in ("nvml", "contention", "cpu_duty") and injects[0].evidence.get("why")
+
+
+def check_engine_crash(result: Any) -> None:
+    """The kill cut streams in the crash phase, the stack came back, and recovery was clean."""
+    assert any(n.topic == "target" and n.data.get("restarted") for n in result.observations.notes)
+    crash = [s for s in result.observations.population("crash") if not s.complete]
+    assert crash
+
+
 EXTRA: dict[str, Callable[[Any], None]] = {
+    "event-loop-stall": check_event_loop_stall,
+    "kv-pressure": check_kv_pressure,
+    "server-timeouts": check_server_timeouts,
+    "gpu-throttle": check_gpu_throttle,
+    "engine-crash": check_engine_crash,
     "network-jitter": check_network_jitter,
     "tiny-packets": check_tiny_packets,
     "connection-resets": check_connection_resets,
