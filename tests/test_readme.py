@@ -1,0 +1,23 @@
+"""The README's catalogues are generated from the registries and cannot drift."""
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_readme_catalogue_matches_the_registries() -> None:
+    spec = importlib.util.spec_from_file_location("update_readme", ROOT / "scripts" / "update_readme.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert module.render(readme) == readme, "README catalogue is stale: run python scripts/update_readme.py"
+    assert "### `network.latency`" in readme and "### `kv_cleanup`" in readme
+
+
+def test_readme_names_the_two_commands_that_exist() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for script in ("scripts/try", "scripts/test"):
+        assert f"./{script}" in readme
+        assert (ROOT / script).is_file()
