@@ -7,25 +7,17 @@ the load generator where everything is; ``stop()`` leaves nothing running.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
-import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from chaos.children import spawn
 from chaos.errors import SetupFailed, TargetUnreachable
+from chaos.stack.process import StackProcess
 from faults.base import TargetInfo
 
 __all__ = ["BuiltinStack", "RemoteTarget", "Target", "start_target"]
-
-READY_PREFIX = "streamchaos stack ready url="
 
 
 class Target:
@@ -45,14 +37,13 @@ class BuiltinStack(Target):
         self.spec = spec
         self.log_path = log_path
         self.seed = seed
-        self.proc: subprocess.Popen[str] | None = None
+        self.process: StackProcess | None = None
         self.info = TargetInfo(kind="builtin", base_url="", model=spec.model)
         self._port = 0
 
-    def command(self) -> list[str]:
+    def serve_args(self) -> list[str]:
         spec = self.spec
-        cmd = [
-            sys.executable, "-m", "chaos.stack",
+        args = [
             "--host", "127.0.0.1", "--port", str(self._port),
             "--model", str(spec.model), "--device", spec.device,
             "--kv-blocks", str(spec.kv_blocks), "--block-size", str(spec.block_size),
@@ -60,12 +51,14 @@ class BuiltinStack(Target):
             "--seed", str(self.seed),
         ]
         if spec.admin_token:
-            cmd += ["--admin-token", spec.admin_token]
-        return cmd + list(spec.extra_args)
+            args += ["--admin-token", spec.admin_token]
+        return args + list(spec.extra_args)
 
     async def start(self) -> TargetInfo:
-        self._popen()  # here, in the loop's thread: see chaos.children
-        url = await asyncio.to_thread(self._wait_ready)
+        # spawned here, in the loop's thread, so it dies with us (chaos.children); its own session
+        # keeps a Ctrl-C in the terminal from reaching it before the runner stops it in order
+        self.process = StackProcess.launch(*self.serve_args(), log=self.log_path, new_session=True)
+        url = await asyncio.to_thread(self.process.wait_ready, self.spec.startup_timeout)
         device = "cpu"
         try:
             async with httpx.AsyncClient(timeout=5.0) as client:
@@ -74,75 +67,22 @@ class BuiltinStack(Target):
         except (httpx.HTTPError, ValueError):
             pass
         self._port = int(url.rsplit(":", 1)[1])  # a restart comes back on the same port
-        assert self.proc is not None
         self.info = TargetInfo(
             kind="builtin", base_url=url + "/v1", metrics_url=url + "/metrics", admin_url=url + "/admin",
-            admin_token=self.spec.admin_token, pid=self.proc.pid, device=device, model="tiny" if self.spec.model == "tiny" else str(self.spec.model),
+            admin_token=self.spec.admin_token, pid=self.process.pid, device=device, model=str(self.spec.model),
         )
         return self.info
 
-    def _popen(self) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        with open(self.log_path, "a", encoding="utf-8") as log:
-            self.proc = spawn(
-                self.command(), stdout=subprocess.PIPE, stderr=log, text=True, env=env,
-                start_new_session=True,  # a Ctrl-C in the terminal reaches the runner, which stops us in order
-            )
-
-    def _wait_ready(self) -> str:
-        assert self.proc is not None
-        deadline = time.monotonic() + self.spec.startup_timeout
-        found: list[str] = []
-
-        def read_ready() -> None:
-            assert self.proc is not None and self.proc.stdout is not None
-            for line in self.proc.stdout:
-                if line.startswith(READY_PREFIX):
-                    found.append(line[len(READY_PREFIX):].strip())
-                    break
-            # keep draining so the child never blocks on a full pipe
-            for _ in self.proc.stdout:
-                pass
-
-        threading.Thread(target=read_ready, daemon=True, name="stack-stdout").start()
-        while time.monotonic() < deadline:
-            if found:
-                return found[0]
-            if self.proc.poll() is not None:
-                raise SetupFailed(
-                    f"the builtin stack exited with status {self.proc.returncode} before it was ready; "
-                    f"its log is {self.log_path}:\n{_tail(self.log_path)}"
-                )
-            time.sleep(0.02)
-        self._kill()
-        raise SetupFailed(f"the builtin stack was not ready within {self.spec.startup_timeout:g}s; log: {self.log_path}")
-
     async def restart(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            await self.stop()
         old = self.info
+        await self.stop()
         self.info = await self.start()
         if self.info.base_url != old.base_url:
             raise SetupFailed(f"the restarted stack came back at {self.info.base_url}, not {old.base_url}")
 
     async def stop(self) -> None:
-        await asyncio.to_thread(self._stop)
-
-    def _stop(self) -> None:
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            proc.send_signal(signal.SIGCONT)  # a duty-cycle fault may have left it stopped
-            proc.terminate()
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._kill()
-
-    def _kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
+        if self.process is not None:
+            await asyncio.to_thread(self.process.close)
 
 
 class RemoteTarget(Target):
@@ -190,13 +130,6 @@ class RemoteTarget(Target):
 
     async def stop(self) -> None:
         return None
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 def start_target(spec: Any, *, target_url: str | None, run_dir: Path, seed: int) -> BuiltinStack | RemoteTarget:

@@ -13,13 +13,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import IO, Self
 
+from chaos.children import spawn
 from chaos.errors import SetupFailed
+from chaos.stack.serve import READY_PREFIX
 
 __all__ = ["StackProcess"]
-
-READY_PREFIX = "streamchaos stack ready url="  # the one line serve.py prints (kept in sync by a test)
 
 
 class StackProcess:
@@ -47,15 +48,26 @@ class StackProcess:
         return self.url + "/metrics"
 
     @classmethod
-    def start(cls, *args: str, timeout: float = 30.0, env: dict[str, str] | None = None) -> StackProcess:
-        """Spawn the stack with ``args`` (serve options; ``--port 0`` is the default) and wait until ready."""
-        stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the child; closed by close()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "chaos.stack", *args],
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            env={**os.environ, **(env or {})},
+    def launch(
+        cls, *args: str, command: list[str] | None = None, env: dict[str, str] | None = None,
+        log: Path | None = None, new_session: bool = False,
+    ) -> StackProcess:
+        """Spawn the stack (``python -m chaos.stack ARGS``, or ``command``) without waiting for it.
+
+        Spawned through ``chaos.children``, so from the main thread the child dies with us. Its
+        stderr goes to ``log`` (appended) or to a temporary file. Call ``wait_ready`` next.
+        """
+        stderr: IO[bytes] = open(log, "ab") if log is not None else tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
+        proc = spawn(
+            command or [sys.executable, "-m", "chaos.stack", *args],
+            stdout=subprocess.PIPE, stderr=stderr, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            start_new_session=new_session,
         )
+        return cls(proc, "", stderr)
+
+    def wait_ready(self, timeout: float = 30.0) -> str:
+        """Block until the ready line (then return the URL); ``SetupFailed`` with the stderr tail if none comes."""
+        proc = self.proc
         assert proc.stdout is not None
         deadline = time.monotonic() + timeout
         buffer = b""
@@ -76,16 +88,27 @@ class StackProcess:
             if code is None:
                 proc.kill()
                 proc.wait(5)
-            stderr.seek(0)
-            tail = stderr.read()[-2000:].decode(errors="replace")
-            stderr.close()
+            tail = self.stderr_text()[-2000:]
             why = f"exited with {code}" if code is not None else f"printed no ready line within {timeout:g}s"
             raise SetupFailed(f"builtin stack {why}; stdout {line!r}; stderr tail:\n{tail}")
-        return cls(proc, line[len(READY_PREFIX):], stderr)
+        self.url = line[len(READY_PREFIX):]
+        return self.url
+
+    @classmethod
+    def start(cls, *args: str, timeout: float = 30.0, env: dict[str, str] | None = None, command: list[str] | None = None) -> StackProcess:
+        """Spawn the stack with ``args`` (serve options; ``--port 0`` is the default) and wait until ready."""
+        stack = cls.launch(*args, command=command, env=env)
+        try:
+            stack.wait_ready(timeout)
+        except SetupFailed:
+            stack._stderr.close()
+            raise
+        return stack
 
     def stop(self, timeout: float = 10.0) -> int:
         """SIGTERM, wait up to ``timeout``, then SIGKILL; the exit code (negative: killed by a signal)."""
         if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # a duty-cycle fault may have left it stopped
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout)
@@ -97,8 +120,13 @@ class StackProcess:
         return int(self.proc.returncode)
 
     def stderr_text(self) -> str:
-        self._stderr.seek(0)
-        return self._stderr.read().decode(errors="replace")
+        try:
+            self._stderr.flush()
+            with open(self._stderr.fileno(), "rb", closefd=False) as f:
+                f.seek(0)
+                return f.read().decode(errors="replace")
+        except (OSError, ValueError):
+            return ""
 
     def close(self) -> None:
         self.stop()

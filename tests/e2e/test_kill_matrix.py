@@ -25,7 +25,7 @@ from faults.burner import find_burners
 from faults.toxiproxy_server import ToxiproxyThread
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "nvml"))
-from conftest import start_stack, stop  # noqa: E402  (tests/e2e/conftest.py)
+from conftest import start_stack  # noqa: E402  (tests/e2e/conftest.py)
 from fakenvml import build_fake_nvml, gcc, read_state  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -47,14 +47,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         pytest.skip("gcc is needed to build the fake NVML library")
     tmp = tmp_path_factory.mktemp("kill-matrix")
     lib = build_fake_nvml(tmp)
-    proc, url = start_stack([sys.executable, "-m", "chaos.stack", "--port", "0", "--kv-blocks", "256"])
+    stack = start_stack([sys.executable, "-m", "chaos.stack", "--port", "0", "--kv-blocks", "256"])
     tpx = ToxiproxyThread()
     tpx.start()
     try:
-        yield {"tmp": tmp, "lib": lib, "stack": url, "tpx": tpx.url}
+        yield {"tmp": tmp, "lib": lib, "stack": stack.url, "tpx": tpx.url}
     finally:
         tpx.stop()
-        stop(proc)
+        stack.close()
 
 
 def write_experiment(world: dict[str, Any], path: Path) -> None:
