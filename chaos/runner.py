@@ -174,6 +174,12 @@ class Runner:
         except ChaosError as exc:
             status, error, exit_code = "failed", str(exc), exc.exit_code
             journal.append(Note(topic="run_error", t=time.monotonic_ns(), data={"error": str(exc), "type": type(exc).__name__}))
+        except Exception as exc:  # a bug of ours or of a library: still revert, record and report it
+            import traceback
+
+            (self.out_dir / "runner-error.txt").write_text(traceback.format_exc(), encoding="utf-8")
+            status, error, exit_code = "failed", f"internal error {type(exc).__name__}: {exc} (traceback in runner-error.txt)", 4
+            journal.append(Note(topic="run_error", t=time.monotonic_ns(), data={"error": error, "type": type(exc).__name__}))
         finally:
             revert_errors = await self._revert_all()
             if generator is not None:
