@@ -7,17 +7,22 @@ the load generator where everything is; ``stop()`` leaves nothing running.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import socket
+import subprocess
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from chaos.children import spawn
 from chaos.errors import SetupFailed, TargetUnreachable
 from chaos.stack.process import StackProcess
 from faults.base import TargetInfo
 
-__all__ = ["BuiltinStack", "RemoteTarget", "Target", "start_target"]
+__all__ = ["BuiltinStack", "RemoteTarget", "Target", "VllmServer", "start_target"]
 
 
 class Target:
@@ -132,13 +137,56 @@ class RemoteTarget(Target):
         return None
 
 
-def start_target(spec: Any, *, target_url: str | None, run_dir: Path, seed: int) -> BuiltinStack | RemoteTarget:
+class VllmServer(RemoteTarget):
+    """`vllm serve MODEL` started as a child process on a free loopback port (GPU hosts with vLLM)."""
+
+    def __init__(self, spec: Any, log_path: Path) -> None:
+        binary = shutil.which("vllm")
+        if binary is None:
+            raise SetupFailed("target kind vllm: no `vllm` command here; install vLLM, or run it yourself and set target.url")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        super().__init__(spec, f"http://127.0.0.1:{self.port}/v1")
+        self.command = [binary, "serve", str(spec.model), "--host", "127.0.0.1", "--port", str(self.port), *spec.extra_args]
+        self.log_path = log_path
+        self.spec_timeout = max(spec.startup_timeout, 600.0)  # weights and CUDA graphs take minutes
+        self.process: subprocess.Popen[bytes] | None = None
+
+    async def start(self) -> TargetInfo:
+        with open(self.log_path, "ab") as log:  # noqa: ASYNC230 - a local file, opened once
+            self.process = spawn(self.command, stdout=log, stderr=log, start_new_session=True)
+        deadline = time.monotonic() + self.spec_timeout
+        while True:  # vLLM loads weights and profiles memory before it answers: poll /v1/models
+            if self.process.poll() is not None:
+                raise SetupFailed(f"`vllm serve` exited with status {self.process.returncode}; its log is {self.log_path}")
+            try:
+                info = await super().start()
+                return replace(info, kind="vllm", pid=self.process.pid, device="cuda")
+            except TargetUnreachable:
+                if time.monotonic() > deadline:
+                    raise SetupFailed(f"`vllm serve` did not answer within {self.spec_timeout:g}s; log: {self.log_path}") from None
+                await asyncio.sleep(1.0)
+
+    async def stop(self) -> None:
+        proc = self.process
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                await asyncio.to_thread(proc.wait, 30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def start_target(spec: Any, *, target_url: str | None, run_dir: Path, seed: int) -> Target:
     """The target the experiment names; ``target_url`` (the CLI's --target-url) makes it remote."""
     url = target_url or spec.url
     if url:
         return RemoteTarget(spec, url)
     if spec.kind == "builtin":
         return BuiltinStack(spec, run_dir / "stack.log", seed)
+    if spec.kind == "vllm":
+        return VllmServer(spec, run_dir / "vllm.log")
     raise SetupFailed(
         f"target kind {spec.kind!r} needs a URL: set target.url in the experiment or pass --target-url"
     )
