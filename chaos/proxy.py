@@ -178,9 +178,9 @@ class ProxyHandle:
         self.server.stop()
 
 
-def _create_proxy(api: str, name: str, upstream: str) -> str:
+def _create_proxy(api: str, name: str, upstream: str, listen: str) -> str:
     """Create (or re-create) the proxy; return its resolved listen address."""
-    body = {"name": name, "listen": "127.0.0.1:0", "upstream": upstream, "enabled": True}
+    body = {"name": name, "listen": listen, "upstream": upstream, "enabled": True}
     with httpx.Client(base_url=api, timeout=10.0) as client:
         response = client.post("/proxies", json=body)
         if response.status_code == 409:  # left over from a killed run against the same server
@@ -199,13 +199,14 @@ async def start_proxy(experiment: Any, target: TargetInfo, run_dir: Path) -> Pro
     parts = urlsplit(target.base_url)
     upstream = f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
     try:
-        listen = await asyncio.to_thread(_create_proxy, server.url, spec.name, upstream)
+        listen = await asyncio.to_thread(_create_proxy, server.url, spec.name, upstream, spec.listen)
     except BaseException:
         server.stop()
         raise
     host, _, port = listen.rpartition(":")
     if host in ("[::]", "0.0.0.0", ""):
-        host = "127.0.0.1"
+        # listening on every interface (Toxiproxy in its own pod or host): reach it where its API is
+        host = urlsplit(server.url).hostname or "127.0.0.1"
     client_base = f"{parts.scheme}://{host}:{port}{parts.path}"
     info = ProxyInfo(api_url=server.url, proxy_name=spec.name, listen=f"{host}:{port}", upstream=upstream, server=server.kind,
                      supports_buffer=server.kind == "embedded")

@@ -248,6 +248,9 @@ def _proxy(ctx: _Context, raw: object, present: bool) -> ProxySpec:
     url = values.get("url")
     if isinstance(url, str) and not _is_url(url):
         _reject(ctx, values, path, "url", f"expected an http(s) URL such as http://127.0.0.1:8474, found {url!r}")
+    listen = values.get("listen")
+    if isinstance(listen, str) and not re.fullmatch(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]*):\d{1,5}", listen):
+        _reject(ctx, values, path, "listen", f"expected host:port such as 127.0.0.1:0 or 0.0.0.0:8000, found {listen!r}")
     name = values.get("name")
     if isinstance(name, str) and not _PROXY_NAME.fullmatch(name):
         _reject(ctx, values, path, "name", f"expected a name of letters, digits, '_', '.' or '-', found {name!r}")

@@ -84,6 +84,7 @@ class ProxySpec:
     server: str = "auto"  # auto | embedded | binary | docker | external
     url: str | None = None  # Toxiproxy API URL (server external/auto; TOXIPROXY_URL also counts)
     name: str = "streamchaos"
+    listen: str = "127.0.0.1:0"  # host:port; a wildcard host means "reach it at the API URL's host"
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ PROXY = Schema((
     Param("server", "choice", "auto", choices=PROXY_SERVERS, doc="which Toxiproxy server to use"),
     Param("url", "str", None, doc="Toxiproxy API URL for server external (TOXIPROXY_URL also counts)"),
     Param("name", "str", "streamchaos", doc="the proxy's name on the Toxiproxy server"),
+    Param("listen", "str", "127.0.0.1:0", doc="where the proxy listens; 0.0.0.0:PORT for a Toxiproxy in another pod (clients then use the API URL's host)"),
 ))
 
 PROMPTS = Schema((

@@ -1,0 +1,354 @@
+"""The Kubernetes manifests for staging game-days: valid objects, valid experiments, least privilege.
+
+Offline only: kubernetes-validate ships the API schemas in its wheel, so nothing here reaches a
+network or a cluster.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+try:
+    import kubernetes_validate
+except ImportError as exc:  # a collection error that says what to do, not a bare ModuleNotFoundError
+    raise ImportError(
+        "tests/test_manifests.py needs kubernetes-validate (offline Kubernetes schema validation); it is in the"
+        " dev extra: pip install -e '.[dev]'  (or: pip install kubernetes-validate)"
+    ) from exc
+
+import faults  # registers the fault kinds the embedded experiments use
+import sla  # registers the SLA kinds
+from chaos.errors import ExperimentInvalid
+from chaos.experiment import Experiment, parse_experiment
+
+if getattr(faults, "__file__", None) is None or getattr(sla, "__file__", None) is None:
+    # tests/faults and tests/sla have no __init__.py: with tests/ first on sys.path (the bare `pytest`
+    # script and an editable install) they import as empty namespace packages and no kind registers
+    raise ImportError(
+        "the real faults/sla packages are shadowed by tests/faults and tests/sla; run `python -m pytest`"
+        " (puts the repository root first) or set pythonpath = ['.'] in [tool.pytest.ini_options]"
+    )
+
+pytestmark = pytest.mark.timeout(60)
+
+MANIFESTS = Path(__file__).resolve().parents[1] / "manifests"
+# Oldest version we promise (native-sidecar beta, TZ= in schedule rejected) and the current stable one.
+KUBE_VERSIONS = ("1.29", "1.33")
+NOT_KUBERNETES_API = {"Kustomization"}  # kustomize's own file: no API schema, checked separately
+GPU_JOB = "streamchaos-gpu-throttle"
+
+
+def _load() -> list[tuple[str, int, dict[str, Any]]]:
+    found = []
+    for path in sorted(MANIFESTS.glob("*.yaml")):
+        for i, doc in enumerate(yaml.safe_load_all(path.read_text(encoding="utf-8"))):
+            if doc is not None:
+                found.append((path.name, i, doc))
+    return found
+
+
+DOCS = _load()
+OBJECTS = [(f, i, d) for f, i, d in DOCS if d["kind"] not in NOT_KUBERNETES_API]
+
+
+def _id(item: tuple[str, int, dict[str, Any]]) -> str:
+    return f"{item[0]}#{item[1]}:{item[2]['kind']}/{item[2]['metadata']['name']}"
+
+
+def _one(kind: str, name: str) -> dict[str, Any]:
+    (doc,) = [d for _, _, d in OBJECTS if d["kind"] == kind and d["metadata"]["name"] == name]
+    return doc
+
+
+WORKLOAD_KINDS = ("CronJob", "Job", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Pod")
+
+
+def _pod_template(doc: dict[str, Any]) -> dict[str, Any]:
+    """The pod (metadata and spec) a workload runs."""
+    if doc["kind"] == "Pod":
+        return doc
+    if doc["kind"] == "CronJob":
+        return doc["spec"]["jobTemplate"]["spec"]["template"]
+    return doc["spec"]["template"]
+
+
+WORKLOADS = [(f, i, d) for f, i, d in OBJECTS if d["kind"] in WORKLOAD_KINDS]
+
+
+def _experiments() -> dict[str, tuple[str, str]]:
+    """Every experiment embedded in a ConfigMap: {configmap/key: (text, pseudo filename)}."""
+    out = {}
+    for name, _, doc in OBJECTS:
+        if doc["kind"] == "ConfigMap":
+            for key, text in doc.get("data", {}).items():
+                if key.endswith((".yaml", ".yml")):
+                    out[f"{doc['metadata']['name']}/{key}"] = (text, f"manifests/{name}:{key}")
+    return out
+
+
+def _parse(key: str) -> Experiment:
+    text, filename = _experiments()[key]
+    try:
+        return parse_experiment(text, filename=filename)
+    except ExperimentInvalid as exc:
+        pytest.fail(f"{key} is not a valid experiment:\n" + "\n".join(str(p) for p in exc.problems))
+
+
+# -- every object is a valid Kubernetes object --------------------------------------------------------------
+
+
+def test_the_manifests_are_there() -> None:
+    names = {p.name for p in MANIFESTS.glob("*.yaml")}
+    assert {"rbac.yaml", "toxiproxy.yaml", "gameday-configmap.yaml", "cronjob.yaml", "gpu-throttle-job.yaml"} <= names
+    assert (MANIFESTS / "README.md").is_file()
+
+
+@pytest.mark.parametrize("version", KUBE_VERSIONS)
+@pytest.mark.parametrize("item", OBJECTS, ids=_id)
+def test_object_validates_strictly(item: tuple[str, int, dict[str, Any]], version: str) -> None:
+    name, index, doc = item
+    try:
+        kubernetes_validate.validate(doc, version, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        where = ".".join(str(p) for p in exc.path) or "(top level)"
+        pytest.fail(f"{name} document {index} ({doc['kind']}) is invalid for Kubernetes {version} at {where}: {exc.message}")
+
+
+def test_strict_validation_does_catch_a_typo() -> None:
+    """Guards the test above: a validator that silently passed everything would prove nothing."""
+    cronjob = copy.deepcopy(_one("CronJob", "streamchaos-gameday"))
+    cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["securityContex"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(cronjob, KUBE_VERSIONS[0], strict=True)
+
+
+def test_kustomization_lists_the_game_day_but_not_the_privileged_job() -> None:
+    (kustomization,) = [d for _, _, d in DOCS if d["kind"] == "Kustomization"]
+    resources = kustomization["resources"]
+    assert set(resources) == {"rbac.yaml", "toxiproxy.yaml", "gameday-configmap.yaml", "cronjob.yaml"}
+    assert all((MANIFESTS / r).is_file() for r in resources)
+    assert "gpu-throttle-job.yaml" not in resources  # opt-in, applied by hand
+
+
+def test_everything_is_namespace_scoped_and_unpinned() -> None:
+    for name, _, doc in OBJECTS:
+        assert not doc["kind"].startswith("Cluster"), f"{name}: {doc['kind']} is cluster-wide"
+        assert doc["kind"] not in ("Namespace", "PersistentVolume", "StorageClass"), f"{name}: {doc['kind']}"
+        assert "namespace" not in doc["metadata"], f"{name}: {doc['kind']} pins a namespace; kubectl -n / kustomize sets it"
+
+
+# -- the experiments in the ConfigMaps ------------------------------------------------------------------------
+
+
+def test_every_embedded_experiment_parses() -> None:
+    assert set(_experiments()) == {"streamchaos-experiments/gameday.yaml", "streamchaos-gpu-experiment/gpu-throttle.yaml"}
+    for key in _experiments():
+        _parse(key)
+
+
+def test_game_day_experiment() -> None:
+    e = _parse("streamchaos-experiments/gameday.yaml")
+    assert e.target.kind == "openai" and e.target.url == "http://vllm:8000/v1"
+    assert e.proxy.enabled and e.proxy.server == "external" and e.proxy.url == "http://vllm-toxic:8474"
+    assert e.load.concurrency == 16
+    assert [p.name for p in e.phases] == ["baseline", "disconnect-storm", "network-jitter", "recovery"]
+    assert [f.kind for f in e.phase("disconnect-storm").faults] == ["client.disconnect"]
+    assert [f.kind for f in e.phase("network-jitter").faults] == ["network.latency"]
+    assert not e.phase("baseline").faults and not e.phase("recovery").faults
+    assert {"ttft", "itl", "early_close", "kv_cleanup", "errors", "recovery"} <= {s.kind for s in e.sla}
+    assert e.safety.allow_gpu_clock_changes is False
+    # it must end well before the Job's hard stop
+    cronjob = _one("CronJob", "streamchaos-gameday")
+    assert e.safety.max_duration < cronjob["spec"]["jobTemplate"]["spec"]["activeDeadlineSeconds"]
+    assert e.duration + e.safety.drain_timeout + e.safety.cleanup_window <= e.safety.max_duration
+
+
+def test_only_the_gpu_job_may_change_gpu_clocks() -> None:
+    for key in _experiments():
+        e = _parse(key)
+        uses_nvml = any(f.kind.startswith("gpu.") for p in e.phases for f in p.faults)
+        assert e.safety.allow_gpu_clock_changes is (key == "streamchaos-gpu-experiment/gpu-throttle.yaml"), key
+        assert uses_nvml is e.safety.allow_gpu_clock_changes, key
+    e = _parse("streamchaos-gpu-experiment/gpu-throttle.yaml")
+    (fault,) = e.phase("throttle").faults
+    assert fault.kind == "gpu.throttle" and fault.params["backend"] == "nvml"
+    job = _one("Job", GPU_JOB)
+    assert e.safety.max_duration < job["spec"]["activeDeadlineSeconds"]
+
+
+def test_the_pods_run_the_experiments_their_configmaps_hold() -> None:
+    for kind, name, configmap, key, out in (
+        ("CronJob", "streamchaos-gameday", "streamchaos-experiments", "gameday.yaml", "/runs/gameday"),
+        ("Job", GPU_JOB, "streamchaos-gpu-experiment", "gpu-throttle.yaml", "/runs/gpu"),
+    ):
+        pod = _pod_template(_one(kind, name))["spec"]
+        (container,) = pod["containers"]
+        command = " ".join(container.get("command", []) + container.get("args", []))
+        assert f"streamchaos run /experiments/{key} --out {out}" in command or (
+            container["command"] == ["streamchaos"] and container["args"] == ["run", f"/experiments/{key}", "--out", out]
+        ), f"{name}: {command}"
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+        assert mounts["/experiments"]["readOnly"] is True
+        assert volumes[mounts["/experiments"]["name"]]["configMap"]["name"] == configmap
+        assert key in _one("ConfigMap", configmap)["data"]
+        assert "emptyDir" in volumes[mounts["/runs"]["name"]]  # writable, since the root filesystem is not
+        assert pod["restartPolicy"] == "Never"
+    gpu = " ".join(_pod_template(_one("Job", GPU_JOB))["spec"]["containers"][0]["args"])
+    assert "streamchaos rollback /runs/gpu" in gpu and "exit $rc" in gpu  # unconditional, keeps the run's exit code
+
+
+# -- the scheduled game-day ------------------------------------------------------------------------------------
+
+
+def test_cronjob_schedule_and_job_bounds() -> None:
+    cronjob = _one("CronJob", "streamchaos-gameday")
+    spec = cronjob["spec"]
+    assert len(spec["schedule"].split()) == 5 and "TZ" not in spec["schedule"]
+    assert spec["timeZone"] == "Etc/UTC"
+    assert spec["concurrencyPolicy"] == "Forbid"
+    assert spec["startingDeadlineSeconds"] > 0
+    assert spec["successfulJobsHistoryLimit"] >= 1 and spec["failedJobsHistoryLimit"] >= 1
+    job = spec["jobTemplate"]["spec"]
+    assert job["backoffLimit"] == 0 and job["activeDeadlineSeconds"] > 0 and job["ttlSecondsAfterFinished"] > 0
+    (container,) = job["template"]["spec"]["containers"]
+    assert container["image"] == "streamchaos:latest"
+    assert container["resources"]["requests"]["cpu"] and container["resources"]["requests"]["memory"]
+    assert container["resources"]["limits"]["memory"]
+
+
+def test_the_wiring_between_objects_holds() -> None:
+    """Names and labels that must agree across files: a typo here fails only in the cluster."""
+    pod = _pod_template(_one("CronJob", "streamchaos-gameday"))
+    binding = _one("RoleBinding", "streamchaos")
+    assert pod["spec"]["serviceAccountName"] == "streamchaos" == _one("ServiceAccount", "streamchaos")["metadata"]["name"]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "streamchaos"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "streamchaos"}]
+
+    deployment = _one("Deployment", "toxiproxy")
+    toxi_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["replicas"] == 1  # toxics live in one process
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= toxi_labels.items()
+    (toxi,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert toxi["image"] == "ghcr.io/shopify/toxiproxy:2.12.0" and toxi["args"] == ["-host=0.0.0.0"]
+    container_ports = {p["name"]: p["containerPort"] for p in toxi["ports"]}
+
+    service = _one("Service", "vllm-toxic")
+    assert service["spec"]["selector"].items() <= toxi_labels.items()
+    ports = {p["port"]: container_ports[p["targetPort"]] for p in service["spec"]["ports"]}
+    assert ports[8474] == 8474 and 8000 in ports
+
+    e = _parse("streamchaos-experiments/gameday.yaml")
+    api = urlsplit(e.proxy.url)
+    assert (api.hostname, api.port) == ("vllm-toxic", 8474)
+
+    policy = _one("NetworkPolicy", "toxiproxy")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= toxi_labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    api_rules = [r for r in policy["spec"]["ingress"] if any(p["port"] == 8474 for p in r["ports"])]
+    assert api_rules, "the NetworkPolicy must say who may reach the Toxiproxy API"
+    for rule in api_rules:
+        assert rule["from"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "streamchaos"}}}]
+    assert pod["metadata"]["labels"]["app.kubernetes.io/name"] == "streamchaos"  # the runner is admitted
+    gpu_labels = _pod_template(_one("Job", GPU_JOB))["metadata"]["labels"]
+    assert gpu_labels["app.kubernetes.io/name"] != "streamchaos"  # the privileged pod is not
+
+
+# -- least privilege -------------------------------------------------------------------------------------------
+
+
+def test_rbac_is_a_narrow_namespaced_role() -> None:
+    kinds = [d["kind"] for _, _, d in OBJECTS]
+    assert "ClusterRole" not in kinds and "ClusterRoleBinding" not in kinds
+    roles = [d for _, _, d in OBJECTS if d["kind"] == "Role"]
+    assert [r["metadata"]["name"] for r in roles] == ["streamchaos"]
+    granted: set[tuple[str, str, str]] = set()
+    for rule in roles[0]["rules"]:
+        assert set(rule) <= {"apiGroups", "resources", "verbs"}, f"unexpected rule keys: {rule}"  # no resourceNames/nonResourceURLs
+        for field in ("apiGroups", "resources", "verbs"):
+            assert all("*" not in value for value in rule[field]), f"wildcard in {field}: {rule}"
+        assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
+        granted |= {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    assert granted == {
+        ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"), ("", "pods", "delete"),
+        ("", "pods/eviction", "create"),
+        ("apps", "deployments", "get"), ("apps", "deployments", "list"),
+        ("", "services", "get"), ("", "endpoints", "get"),
+    }
+
+
+def test_service_account_tokens_are_mounted_only_where_needed() -> None:
+    assert _one("ServiceAccount", "streamchaos")["automountServiceAccountToken"] is False
+    for name, _, doc in WORKLOADS:
+        spec = _pod_template(doc)["spec"]
+        wants_token = doc["kind"] == "CronJob" and doc["metadata"]["name"] == "streamchaos-gameday"
+        assert spec.get("automountServiceAccountToken") is wants_token, f"{name}: {doc['kind']}/{doc['metadata']['name']}"
+        if not wants_token:
+            assert "serviceAccountName" not in spec, f"{name}: only the game-day runner uses the streamchaos account"
+
+
+def _privileges(doc: dict[str, Any]) -> list[str]:
+    """Everything in a workload's pod that asks for more than the Pod Security 'restricted' profile allows."""
+    spec = _pod_template(doc)["spec"]
+    found = [f"spec.{k}" for k in ("hostNetwork", "hostPID", "hostIPC") if spec.get(k)]
+    found += [f"volume {v['name']}: hostPath" for v in spec.get("volumes", []) if "hostPath" in v]
+    pod_sc = spec.get("securityContext", {})
+    for container in spec.get("initContainers", []) + spec["containers"]:
+        sc = {**pod_sc, **container.get("securityContext", {})}
+        where = container["name"]
+        if sc.get("privileged"):
+            found.append(f"{where}: privileged")
+        if sc.get("runAsUser") == 0 or sc.get("runAsNonRoot") is not True:
+            found.append(f"{where}: may run as root")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            found.append(f"{where}: allowPrivilegeEscalation")
+        caps = sc.get("capabilities", {})
+        if caps.get("drop") != ["ALL"]:
+            found.append(f"{where}: does not drop ALL capabilities")
+        found += [f"{where}: adds {cap}" for cap in caps.get("add", [])]
+        if sc.get("readOnlyRootFilesystem") is not True:
+            found.append(f"{where}: writable root filesystem")
+        if sc.get("seccompProfile", {}).get("type") not in ("RuntimeDefault", "Localhost"):
+            found.append(f"{where}: no seccomp profile")
+        found += [f"{where}: hostPort" for p in container.get("ports", []) if "hostPort" in p]
+    return found
+
+
+@pytest.mark.parametrize("item", WORKLOADS, ids=_id)
+def test_only_the_gpu_job_is_privileged(item: tuple[str, int, dict[str, Any]]) -> None:
+    name, _, doc = item
+    found = _privileges(doc)
+    if doc["metadata"]["name"] == GPU_JOB:
+        # root plus CAP_SYS_ADMIN for NVML clock locks, and nothing else
+        assert sorted(found) == sorted([
+            "gpu-throttle: may run as root", "gpu-throttle: allowPrivilegeEscalation", "gpu-throttle: adds SYS_ADMIN",
+        ])
+        # the API server refuses allowPrivilegeEscalation: false together with SYS_ADMIN
+        assert _pod_template(doc)["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] is True
+    else:
+        assert found == [], f"{name}: {doc['kind']}/{doc['metadata']['name']} asks for {found}"
+
+
+def test_the_game_day_pod_is_restricted() -> None:
+    pod = _pod_template(_one("CronJob", "streamchaos-gameday"))["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 10001
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = pod["containers"][0]["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_the_gpu_job_is_pinned_to_one_node() -> None:
+    spec = _pod_template(_one("Job", GPU_JOB))["spec"]
+    assert "kubernetes.io/hostname" in spec.get("nodeSelector", {}) or spec.get("nodeName")
+    job = _one("Job", GPU_JOB)["spec"]
+    assert job["backoffLimit"] == 0  # a retry would lock the clocks again
+    env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert "nvidia.com/gpu" not in str(spec["containers"][0]["resources"])  # would allocate another GPU than vLLM's
