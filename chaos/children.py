@@ -9,12 +9,15 @@ thread (a pytest plugin run happens in a worker thread and stops its children it
 from __future__ import annotations
 
 import ctypes
+import os
+import selectors
 import signal
 import subprocess
 import threading
+import time
 from typing import Any
 
-__all__ = ["spawn"]
+__all__ = ["first_line", "spawn"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -31,3 +34,28 @@ def spawn(args: list[str], **popen_kwargs: Any) -> subprocess.Popen[Any]:
     if threading.current_thread() is threading.main_thread():
         popen_kwargs.setdefault("preexec_fn", _die_with_parent)
     return subprocess.Popen(args, **popen_kwargs)
+
+
+def first_line(proc: subprocess.Popen[Any], timeout: float) -> str:
+    """The first line the child writes to its stdout pipe, waiting at most ``timeout`` seconds.
+
+    Returns what arrived ("" when nothing did, or the child exited first). Reads the raw file
+    descriptor through a selector, so a silent child can never block the caller past the deadline.
+    """
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    buffer = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while b"\n" not in buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            if sel.select(min(left, 0.2)):
+                chunk = os.read(proc.stdout.fileno(), 4096)
+                if not chunk:
+                    break
+                buffer += chunk
+            elif proc.poll() is not None:
+                break
+    return buffer.split(b"\n", 1)[0].decode(errors="replace").strip()

@@ -30,6 +30,7 @@ __all__ = [
     "PhaseWindow",
     "StreamRecord",
     "from_json",
+    "iter_journal",
     "read_jsonl",
     "to_json",
     "write_jsonl",
@@ -204,6 +205,21 @@ def from_json(line: str | dict[str, Any]) -> Record:
     return cls(**kwargs)  # type: ignore[no-any-return]
 
 
+def iter_journal(path: str | Path) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a journal file, skipping a line a killed writer left half-written."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                body = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(body, dict):
+                yield body
+
+
 def write_jsonl(records: Iterable[Record], out: IO[str]) -> None:
     for record in records:
         out.write(to_json(record) + "\n")
@@ -274,20 +290,15 @@ class Observations:
 
     @classmethod
     def load(cls, path: str | Path) -> Observations:
-        """Read a run journal (``journal.jsonl``)."""
+        """Read a run journal (``journal.jsonl``), also one cut short by a killed run."""
         obs = cls()
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                line = line.strip()
-                if not line:
-                    continue
-                body = json.loads(line)
-                if body.get("type") == "run":
-                    obs.experiment = body.get("experiment", obs.experiment)
-                    obs.wall_t0 = body.get("wall_t0", obs.wall_t0)
-                    obs.t0 = body.get("t0", obs.t0)
-                elif body.get("type") in _TYPES:
-                    obs.add(from_json(body))
+        for body in iter_journal(path):
+            if body.get("type") == "run":
+                obs.experiment = body.get("experiment", obs.experiment)
+                obs.wall_t0 = body.get("wall_t0", obs.wall_t0)
+                obs.t0 = body.get("t0", obs.t0)
+            elif body.get("type") in _TYPES:
+                obs.add(from_json(body))
         return obs
 
     def dump(self, path: str | Path) -> None:

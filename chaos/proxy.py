@@ -22,13 +22,14 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from chaos.children import spawn
+from chaos.children import first_line, spawn
 from chaos.errors import SetupFailed
 from faults.base import ProxyInfo, TargetInfo
 
 __all__ = ["ProxyHandle", "resolve_server", "start_proxy"]
 
 EMBEDDED_READY = "toxiproxy listening on "
+EMBEDDED_START_TIMEOUT_S = 15.0
 DOCKER_IMAGE = "ghcr.io/shopify/toxiproxy:2.12.0"
 
 
@@ -87,8 +88,13 @@ def _start_binary(binary: str) -> ToxiproxyServer:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     process = spawn([binary, "-host", "127.0.0.1", "-port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
-    _wait_for(url, process, 10.0)
-    return ToxiproxyServer(url, "binary", f"toxiproxy-server binary {binary}", process=process)
+    server = ToxiproxyServer(url, "binary", f"toxiproxy-server binary {binary}", process=process)
+    try:
+        _wait_for(url, process, 10.0)
+    except SetupFailed:
+        server.stop()  # never leave a half-started server behind
+        raise
+    return server
 
 
 def _start_docker() -> ToxiproxyServer | None:
@@ -100,10 +106,13 @@ def _start_docker() -> ToxiproxyServer | None:
     except Exception:  # noqa: BLE001 - no SDK, no daemon, no permission: try the next option
         return None
     port = _free_port()
-    container = client.containers.run(
-        DOCKER_IMAGE, ["-host=127.0.0.1", f"-port={port}"], detach=True, network_mode="host", remove=False,
-        labels={"streamchaos": "toxiproxy"},
-    )
+    try:
+        container = client.containers.run(
+            DOCKER_IMAGE, ["-host=127.0.0.1", f"-port={port}"], detach=True, network_mode="host", remove=False,
+            labels={"streamchaos": "toxiproxy"},
+        )
+    except Exception:  # noqa: BLE001 - no image and no registry, a daemon refusing: the next option
+        return None
     url = f"http://127.0.0.1:{port}"
     server = ToxiproxyServer(url, "docker", f"container {DOCKER_IMAGE} through the Docker SDK", container=container)
     try:
@@ -118,19 +127,15 @@ def _start_embedded(seed: int, log: Path) -> ToxiproxyServer:
     with open(log, "ab") as err:
         process = spawn(
             [sys.executable, "-m", "faults.toxiproxy_server", "--host", "127.0.0.1", "--port", "0", "--seed", str(seed)],
-            stdout=subprocess.PIPE, stderr=err, text=True,
+            stdout=subprocess.PIPE, stderr=err,
         )
-    assert process.stdout is not None
-    deadline = time.monotonic() + 15.0
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if line.startswith(EMBEDDED_READY):
-            url = line[len(EMBEDDED_READY):].strip()
-            return ToxiproxyServer(url, "embedded", "no external Toxiproxy, binary or Docker daemon: the embedded server", process=process)
-        if not line and process.poll() is not None:
-            break
+    line = first_line(process, EMBEDDED_START_TIMEOUT_S)
+    if line.startswith(EMBEDDED_READY):
+        url = line[len(EMBEDDED_READY):].strip()
+        return ToxiproxyServer(url, "embedded", "no external Toxiproxy, binary or Docker daemon: the embedded server", process=process)
     process.kill()
-    raise SetupFailed(f"the embedded Toxiproxy server did not start; see {log}")
+    process.wait(timeout=5)
+    raise SetupFailed(f"the embedded Toxiproxy server did not start within {EMBEDDED_START_TIMEOUT_S:g}s; see {log}")
 
 
 def resolve_server(choice: str, url: str | None, seed: int, log: Path) -> ToxiproxyServer:

@@ -63,6 +63,48 @@ def _in_thread(fn: Callable[[], Any]) -> Any:
     return box.get("value")
 
 
+def _run_blocking(experiment: Any, *, out_dir: Path, target_url: str | None = None, seed: int | None = None) -> Any:
+    """Run an experiment in its own thread and loop; Ctrl-C here interrupts it and still reverts.
+
+    pytest owns SIGINT (KeyboardInterrupt in this thread), so the run cannot install its own
+    handlers: on KeyboardInterrupt we mark the runner interrupted and cancel its task from here,
+    wait for its `finally` to revert every fault and stop the stack, then re-raise.
+    """
+    from dataclasses import replace
+
+    from chaos.runner import Runner
+
+    if seed is not None:
+        experiment = replace(experiment, seed=seed)
+    runner = Runner(experiment, target_url=target_url, out_dir=out_dir, handle_signals=False)
+    box: dict[str, Any] = {}
+
+    async def main() -> Any:
+        box["loop"], box["task"] = asyncio.get_running_loop(), asyncio.current_task()
+        return await runner.run()
+
+    def target() -> None:
+        try:
+            box["value"] = asyncio.run(main())
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="streamchaos-run")
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(0.2)
+    except KeyboardInterrupt:
+        if "task" in box:
+            runner.interrupted = "KeyboardInterrupt"
+            box["loop"].call_soon_threadsafe(box["task"].cancel)
+        thread.join(120)
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 @dataclass(frozen=True)
 class StackHandle:
     url: str  # http://127.0.0.1:PORT
@@ -103,8 +145,6 @@ def _resolve(experiment: Any) -> Any:
 @pytest.fixture
 def chaos_run(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., Any]:
     """``chaos_run(experiment=None, *, target_url=None, check=False, seed=None) -> Result``."""
-    from chaos.runner import run
-
     marker = request.node.get_closest_marker("chaos_experiment")
     counter = iter(range(1_000_000))
 
@@ -115,7 +155,7 @@ def chaos_run(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., A
             experiment = marker.args[0]
         exp = _resolve(experiment)
         out = tmp_path / f"run{next(counter)}-{exp.name}"
-        result = _in_thread(lambda: run(exp, target_url=target_url, out_dir=out, seed=seed, handle_signals=False))
+        result = _run_blocking(exp, out_dir=out, target_url=target_url, seed=seed)
         if check and not result.ok:
             raise AssertionError(failure_message(result))
         return result
@@ -142,11 +182,10 @@ class ExperimentItem(pytest.Item):
 
     def runtest(self) -> None:
         from chaos.experiment import load_experiment
-        from chaos.runner import run
 
         exp = load_experiment(self.path)
         out = self.config._tmp_path_factory.mktemp(f"exp-{self.path.stem}")  # type: ignore[attr-defined]
-        result = _in_thread(lambda: run(exp, out_dir=out, handle_signals=False))
+        result = _run_blocking(exp, out_dir=out)
         self.user_properties.extend((f"{v.name or v.sla}[{v.phase or 'run'}]", v.status) for v in result.verdicts)
         if not result.ok:
             raise ExperimentFailed(failure_message(result))

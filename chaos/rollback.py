@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.errors import ChaosError, SetupFailed
+from chaos.observations import iter_journal
 
 __all__ = ["outstanding", "rollback_run"]
 
@@ -40,20 +41,6 @@ def outstanding(journal_lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [open_plans[n] for n in order]
 
 
-def _read(journal: Path) -> list[dict[str, Any]]:
-    lines = []
-    with open(journal, encoding="utf-8") as f:
-        for raw in f:
-            raw = raw.strip()
-            if not raw:
-                continue
-            try:
-                lines.append(json.loads(raw))
-            except json.JSONDecodeError:
-                continue  # the last line of a killed run may be cut short
-    return lines
-
-
 def rollback_run(run_dir: str | Path) -> list[dict[str, Any]]:
     """Undo every outstanding fault of a run; return what was done (one entry per fault)."""
     import faults  # noqa: F401 - registers every fault kind
@@ -63,7 +50,7 @@ def rollback_run(run_dir: str | Path) -> list[dict[str, Any]]:
     if not journal.is_file():
         raise SetupFailed(f"{run_dir} holds no journal.jsonl: is it a streamchaos run directory?")
     done = []
-    pending = outstanding(_read(journal))
+    pending = outstanding(list(iter_journal(journal)))
     with open(journal, "a", encoding="utf-8") as out:
         for item in reversed(pending):
             cls = REGISTRY.get(item["kind"])

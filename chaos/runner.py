@@ -18,12 +18,13 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from chaos.errors import ChaosError, FaultError, FaultRevertFailed, SetupFailed
+from chaos.errors import ChaosError, FaultError, FaultRevertFailed
 from chaos.journal import Journal
+from chaos.load import make_load
 from chaos.observations import FaultEvent, Note, Observations, PhaseWindow
 from chaos.scraper import MetricScraper
 from chaos.targets import start_target
@@ -62,7 +63,7 @@ class Result:
 
 
 def default_out_dir(name: str) -> Path:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in name) or "run"
     return Path("runs") / f"{stamp}-{safe}-{os.getpid()}"
 
@@ -85,6 +86,7 @@ class Runner:
         self.progress = progress or (lambda message: None)
         self.handle_signals = handle_signals
         self.interrupted: str | None = None
+        self.cleaning = False
         self.active: list[tuple[Fault, str]] = []  # injected and not yet reverted, in order
         self.env: FaultEnv | None = None
         self.journal: Journal | None = None
@@ -98,6 +100,7 @@ class Runner:
         self.journal = journal = Journal(self.out_dir / "journal.jsonl", exp.name, t0, wall_t0)
         started = time.time()
         status, error, exit_code = "completed", None, 0
+        run_deadline: asyncio.Timeout | None = None
         target = proxy = scraper = generator = watchdog = None
         lease_task: asyncio.Task[None] | None = None
         telemetry_task: asyncio.Task[None] | None = None
@@ -105,7 +108,7 @@ class Runner:
         assert main_task is not None
         installed = self._install_signal_handlers(main_task)
         try:
-            async with asyncio.timeout(exp.safety.max_duration + exp.target.startup_timeout):
+            async with asyncio.timeout(exp.safety.max_duration + exp.target.startup_timeout) as run_deadline:
                 self.progress(f"starting target ({exp.target.kind})")
                 target = start_target(exp.target, target_url=self.target_url, run_dir=self.out_dir, seed=exp.seed)
                 info = await target.start()
@@ -132,6 +135,9 @@ class Runner:
                     journal.append(Note(topic="target", t=time.monotonic_ns(), data={"restarted": True, **_target_facts(target.info)}))
 
                 env.restart_target = restart_target
+                generator = make_load(exp.load, base_url=load_url, model=exp.load.model or info.model, seed=exp.seed,
+                                      policy=policy, sink=self._sink, api_key=exp.target.api_key)
+                env.background = generator  # before the checks: kv.pressure hog needs it
                 for phase in exp.phases:
                     for fault in phase.faults:
                         fault.check(env)
@@ -144,10 +150,8 @@ class Runner:
                 telemetry_task = await _start_gpu_telemetry(self._sink)
                 await asyncio.sleep(max(0.5, 3 * exp.safety.scrape_interval))  # the pre-load baseline
 
-                generator = _make_generator(exp, load_url, info, policy, self._sink)
                 if hasattr(generator, "ready"):  # worker processes take about a second to start
                     await generator.ready()
-                env.background = generator
                 deadline = time.monotonic_ns() + int(exp.duration * 1e9)
                 load_task = asyncio.create_task(generator.run(deadline), name="load")
                 try:
@@ -169,8 +173,12 @@ class Runner:
             if self.interrupted is None:
                 raise
             status, error, exit_code = "interrupted", f"interrupted by {self.interrupted}", 4
-        except TimeoutError:
-            status, error, exit_code = "failed", f"the run exceeded safety.max_duration ({exp.safety.max_duration:g}s)", 4
+        except TimeoutError as exc:
+            if run_deadline.expired():
+                error = f"the run exceeded safety.max_duration ({exp.safety.max_duration:g}s) plus the target's startup_timeout"
+            else:
+                error = f"a step of the run timed out: {exc!r}"
+            status, exit_code = "failed", 4
         except ChaosError as exc:
             status, error, exit_code = "failed", str(exc), exc.exit_code
             journal.append(Note(topic="run_error", t=time.monotonic_ns(), data={"error": str(exc), "type": type(exc).__name__}))
@@ -181,6 +189,7 @@ class Runner:
             status, error, exit_code = "failed", f"internal error {type(exc).__name__}: {exc} (traceback in runner-error.txt)", 4
             journal.append(Note(topic="run_error", t=time.monotonic_ns(), data={"error": error, "type": type(exc).__name__}))
         finally:
+            self.cleaning = True  # from here a signal is noted, not acted on: every step below is bounded
             revert_errors = await self._revert_all()
             if generator is not None:
                 with contextlib.suppress(Exception):
@@ -248,8 +257,18 @@ class Runner:
         undo = fault.plan(env)
         self.journal.append(FaultEvent(fault.name, fault.kind, "plan", time.monotonic_ns(), phase, undo=undo), durable=True)
         self.active.append((fault, phase))
+        injecting = asyncio.ensure_future(fault.inject(env))
         try:
-            evidence = await fault.inject(env)
+            evidence = await asyncio.shield(injecting)
+        except asyncio.CancelledError:
+            # Interrupted mid-inject: let the inject finish (a clock lock in a worker thread would
+            # otherwise land after its revert), journal what it did, then go on unwinding.
+            await asyncio.wait({injecting}, timeout=REVERT_TIMEOUT_S)
+            if injecting.done() and not injecting.cancelled() and injecting.exception() is None:
+                late = injecting.result()
+                late_undo = late.pop("undo", {}) if isinstance(late, dict) else {}
+                self.journal.append(FaultEvent(fault.name, fault.kind, "inject", time.monotonic_ns(), phase, evidence=late, undo=late_undo), durable=True)
+            raise
         except (ChaosError, OSError) as exc:
             self.journal.append(FaultEvent(fault.name, fault.kind, "error", time.monotonic_ns(), phase, message=f"inject: {exc}"), durable=True)
             if isinstance(exc, ChaosError):
@@ -294,6 +313,9 @@ class Runner:
         return installed
 
     def _on_signal(self, sig: int, task: asyncio.Task[Any]) -> None:
+        if self.cleaning:
+            self.progress(f"{signal.Signals(sig).name}: already reverting and stopping")
+            return
         if self.interrupted is None:
             self.interrupted = signal.Signals(sig).name
             self.progress(f"{self.interrupted}: reverting faults and stopping")
@@ -312,14 +334,6 @@ def exit_code_for(verdicts: list[Verdict]) -> int:
     if any(v.status == "inconclusive" for v in verdicts):
         return 3
     return 0
-
-
-def _make_generator(exp: Any, base_url: str, info: TargetInfo, policy: ClientPolicy, sink: Callable[[Any], None]) -> Any:
-    from chaos.load import LoadGenerator, WorkerPool
-
-    model = exp.load.model or info.model
-    cls = WorkerPool if exp.load.workers > 1 else LoadGenerator
-    return cls(exp.load, base_url=base_url, model=model, seed=exp.seed, policy=policy, sink=sink, api_key=exp.target.api_key)
 
 
 def _target_facts(info: TargetInfo) -> dict[str, Any]:
@@ -345,7 +359,7 @@ def _start_watchdog(run_dir: Path, max_duration: float) -> subprocess.Popen[byte
     return subprocess.Popen(
         [sys.executable, "-m", "chaos.watchdog", str(run_dir), "--pid", str(os.getpid()), "--max-seconds", str(int(max_duration + 600))],
         start_new_session=True,  # it must outlive us if we are killed
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(run_dir / "watchdog.log", "ab"),  # noqa: SIM115
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(run_dir / "watchdog.log", "ab"),
     )
 
 

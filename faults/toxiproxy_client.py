@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
+import requests
+import toxiproxy.api
 from toxiproxy import Toxiproxy
 from toxiproxy.api import APIConsumer
 from toxiproxy.exceptions import InvalidToxic, NotFound, ProxyExists
@@ -26,6 +28,29 @@ __all__ = ["ToxiproxyAPI"]
 T = TypeVar("T")
 _LOCK = threading.Lock()
 CALL_TIMEOUT_S = 30.0  # Toxiproxy's own handler timeout is 25 s
+
+
+class _RequestsWithTimeout:
+    """What toxiproxy-python sees as its ``requests`` module: the same calls, each with a timeout.
+
+    Without it a hung Toxiproxy would block its worker thread forever (holding the lock above)
+    and, at exit, asyncio's executor shutdown with it.
+    """
+
+    @staticmethod
+    def get(url: str, **kwargs: Any) -> requests.Response:
+        return requests.get(url, timeout=CALL_TIMEOUT_S - 1, **kwargs)
+
+    @staticmethod
+    def post(url: str, **kwargs: Any) -> requests.Response:
+        return requests.post(url, timeout=CALL_TIMEOUT_S - 1, **kwargs)
+
+    @staticmethod
+    def delete(url: str, **kwargs: Any) -> requests.Response:
+        return requests.delete(url, timeout=CALL_TIMEOUT_S - 1, **kwargs)
+
+
+toxiproxy.api.requests = _RequestsWithTimeout  # type: ignore[assignment]
 
 
 class ToxiproxyAPI:

@@ -1,10 +1,14 @@
 """`ttft`: a quantile of the time from request sent to first non-empty content, against a budget.
 
 What counts: every judged stream that produced content, including streams a client fault hung up
-on *after* their first content (that first content was really seen). Excluded from the sample
-but counted in the evidence: streams hung up on before any content (the client left on purpose)
-and streams that produced no content at all (an error, an empty completion, a cut stream) —
-their time to first content does not exist; `errors` and `early_close` judge them.
+on *after* their first content (that first content was really seen). Streams that waited for
+content and never got it — a read timeout, a client that gave up after a time, a stream still
+waiting when the run ended — are right-censored: their TTFT is known to exceed how long they
+waited. When that wait already exceeds the budget they count as over budget (at the wait, a lower
+bound), so a server that never answers cannot pass; when it does not, their TTFT is unknown and
+they are left out. Other streams without content (HTTP or connect errors, an empty completion,
+a client that left while queued) are excluded and counted in the evidence; `errors` and
+`early_close` judge them.
 Time to first byte is reported beside the figure: a TTFB far below TTFT points at a server or a
 proxy that holds content back (a buffering proxy shows TTFT equal to end-to-end latency).
 """
@@ -58,6 +62,9 @@ def ttft(obs: Observations, params: Mapping[str, Any], phase: str | None) -> Ver
     population = obs.population(phase)
     values_ns, hung_up, no_content = ttft_samples(population)
     with_content = [st for st in population if st.ttft_ns is not None]
+    waited = [w for w in (_censored_wait_ns(st) for st in hung_up + no_content) if w is not None]
+    over_budget = [w for w in waited if w >= budget * 1e9]
+    values_ns = values_ns + over_budget
 
     status, figure, _, _, evidence = judge_quantile([v / 1e9 for v in values_ns], q, budget, confidence)
     label = quantile_label(q)
@@ -67,6 +74,8 @@ def ttft(obs: Observations, params: Mapping[str, Any], phase: str | None) -> Ver
     evidence["ttfb"] = summary_s(ttfb_ns, shown)  # first byte, beside first content
     evidence[f"ttfb_{label}"] = evidence["ttfb"][label]
     evidence["ttft_over_e2e_p50"] = _buffering_ratio(with_content)
+    evidence["censored_over_budget"] = len(over_budget)  # waited past the budget for content that never came
+    evidence["censored_unknown"] = len(waited) - len(over_budget)
     evidence["hung_up_before_content"] = len(hung_up)
     evidence["no_content"] = len(no_content)
     evidence["no_content_by_reason"] = dict(Counter(content_less_reason(st) for st in no_content))
@@ -83,6 +92,20 @@ def ttft(obs: Observations, params: Mapping[str, Any], phase: str | None) -> Ver
         samples=len(values_ns),
         evidence=evidence,
     )
+
+
+_WAITING_ERRORS = frozenset({"timeout", "read", "cancelled"})
+_WAITING_HANGUPS = frozenset({"after_time", "read_timeout"})
+
+
+def _censored_wait_ns(stream: StreamRecord) -> int | None:
+    """How long a stream waited for content it never got, when it was really waiting for it."""
+    if stream.t_sent is None or stream.t_end is None or stream.t_first_content is not None:
+        return None
+    waiting = (stream.hangup is not None and stream.hangup.reason in _WAITING_HANGUPS) or (
+        stream.hangup is None and stream.error is not None and stream.error.kind in _WAITING_ERRORS
+    )
+    return stream.t_end - stream.t_sent if waiting else None
 
 
 def _buffering_ratio(streams: list[StreamRecord]) -> float | None:

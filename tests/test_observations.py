@@ -81,3 +81,13 @@ def test_single_record_json_shape() -> None:
     line = to_json(FaultEvent("f", "network.latency", "inject", 1, evidence={"toxic": {"latency": 100}}))
     assert '"type":"fault"' in line
     assert from_json(line) == FaultEvent("f", "network.latency", "inject", 1, evidence={"toxic": {"latency": 100}})
+
+
+def test_a_journal_cut_short_by_a_kill_still_loads(tmp_path) -> None:
+    path = tmp_path / "journal.jsonl"
+    obs = Observations(experiment="x")
+    obs.add(PhaseWindow("a", 1))
+    obs.dump(path)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write('{"type":"stream","id":"cut-mid-wri')  # the runner was SIGKILLed mid-write
+    assert Observations.load(path).phases == [PhaseWindow("a", 1)]

@@ -257,6 +257,9 @@ def _proxy(ctx: _Context, raw: object, present: bool) -> ProxySpec:
     return ProxySpec(**_fields(values, ProxySpec))
 
 
+BASELINE_S = 1.0  # the runner scrapes at least 0.5s of pre-load baseline; keep slack for warm-up
+
+
 def _prompts(ctx: _Context, raw: object) -> PromptSpec:
     path: KeyPath = ("load", "prompts")
     data = _mapping(ctx, raw, path, "the prompts section")
@@ -570,12 +573,17 @@ def _assemble(ctx: _Context, data: object) -> Experiment:
         source=None if ctx.file.startswith("<") else ctx.file,
     )
     safety_raw = top.get("safety")
-    if isinstance(safety_raw, Mapping) and "max_duration" in safety_raw and experiment.duration > safety.max_duration:
-        ctx.add(("safety", "max_duration"), f"the phases last {format_duration(experiment.duration)}, longer than "
-                f"max_duration {format_duration(safety.max_duration)}; raise max_duration or shorten the phases")
-    elif experiment.duration > safety.max_duration:
-        ctx.add(("phases",), f"the phases last {format_duration(experiment.duration)}, longer than safety.max_duration "
-                f"{format_duration(safety.max_duration)}; raise safety.max_duration or shorten the phases")
+    # The hard stop covers the whole run after start-up: the pre-load baseline, the phases, the drain
+    # and the cleanup window. A run that cannot fit would always end in a timeout.
+    needed = BASELINE_S + experiment.duration + safety.drain_timeout + safety.cleanup_window
+    if needed > safety.max_duration:
+        what = (f"the run needs {format_duration(needed)} (phases {format_duration(experiment.duration)} + drain_timeout "
+                f"{format_duration(safety.drain_timeout)} + cleanup_window {format_duration(safety.cleanup_window)} + "
+                f"{format_duration(BASELINE_S)} baseline), more than max_duration {format_duration(safety.max_duration)}")
+        if isinstance(safety_raw, Mapping) and "max_duration" in safety_raw:
+            ctx.add(("safety", "max_duration"), f"{what}; raise max_duration or shorten the phases")
+        else:
+            ctx.add(("phases",), f"{what}; raise safety.max_duration or shorten the phases")
 
     # Cross-section checks each fault makes against the assembled experiment (e.g. "needs the proxy").
     for entry in entries:

@@ -24,6 +24,13 @@ __all__ = ["make_http_client", "stream_request"]
 
 _BODY_LIMIT = 64 * 1024  # how much of an error body to read
 _RATE_SLICE_S = 0.05  # a rate-capped reader consumes this much time's worth of bytes per step
+# httpcore trace events that mark the request leaving this process: a TCP connect begins (a new
+# connection) or the request line and headers begin to be written (a kept-alive one)
+_SENT_EVENTS = frozenset({
+    "connection.connect_tcp.started", "connection.connect_unix_socket.started",
+    "http11.send_request_headers.started", "http2.send_request_headers.started",
+})
+_HEADERS_EVENTS = frozenset({"http11.receive_response_headers.complete", "http2.receive_response_headers.complete"})
 
 
 def make_http_client(connections: int, *, api_key: str | None = None, connect_timeout: float = 10.0) -> httpx.AsyncClient:
@@ -211,17 +218,34 @@ async def stream_request(
     plan = plan or ClientPlan()
     fault = plan.faults[0] if plan.faults else ""
     state = _Stream(record)
-    request = http.build_request("POST", url, json=dict(body), headers=dict(headers or {}))
+    sent_at_network = False
+    headers_at: int | None = None
+
+    async def trace(event: str, info: Mapping[str, Any]) -> None:
+        # Re-stamp t_sent where the request actually leaves: between the stamp below and the first
+        # socket operation, httpx/httpcore pass several awaits (pool hand-out, connection and state
+        # locks), and with many streams on the loop each of them waits behind other streams' reads;
+        # that client-side wait (milliseconds at concurrency 16) is not the server's TTFT.
+        # Likewise t_headers is the moment httpcore has parsed the status line and headers, not after
+        # httpx's own response processing and the awaits on the way back up.
+        nonlocal sent_at_network, headers_at
+        if not sent_at_network and event in _SENT_EVENTS:
+            sent_at_network = True
+            record.t_sent = time.monotonic_ns()
+        elif headers_at is None and event in _HEADERS_EVENTS:
+            headers_at = time.monotonic_ns()
+
+    request = http.build_request("POST", url, json=dict(body), headers=dict(headers or {}), extensions={"trace": trace})
     hang_after = plan.hangup_after_s
     if plan.hangup_while_queued:
         hang_after = queued_grace_s if hang_after is None else min(hang_after, queued_grace_s)
     response: httpx.Response | None = None
-    record.t_sent = time.monotonic_ns()
+    record.t_sent = time.monotonic_ns()  # provisional: kept if the request never reaches a connection
     try:
         async with asyncio.timeout(hang_after) as hang_cm, asyncio.timeout(request_timeout) as req_cm:
             try:
                 response = await http.send(request, stream=True)
-                record.t_headers = time.monotonic_ns()
+                record.t_headers = headers_at or time.monotonic_ns()
                 record.status = response.status_code
                 if plan.hangup_while_queued:
                     raise _Hangup("while_queued")

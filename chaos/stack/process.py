@@ -7,16 +7,14 @@ that does not print its ready line in time is killed and ``SetupFailed`` carries
 from __future__ import annotations
 
 import os
-import selectors
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import IO, Self
 
-from chaos.children import spawn
+from chaos.children import first_line, spawn
 from chaos.errors import SetupFailed
 from chaos.stack.serve import READY_PREFIX
 
@@ -68,21 +66,7 @@ class StackProcess:
     def wait_ready(self, timeout: float = 30.0) -> str:
         """Block until the ready line (then return the URL); ``SetupFailed`` with the stderr tail if none comes."""
         proc = self.proc
-        assert proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        buffer = b""
-        with selectors.DefaultSelector() as sel:
-            sel.register(proc.stdout, selectors.EVENT_READ)
-            while b"\n" not in buffer:
-                left = deadline - time.monotonic()
-                if left <= 0 or proc.poll() is not None:
-                    break
-                if sel.select(min(left, 0.2)):
-                    chunk = os.read(proc.stdout.fileno(), 4096)
-                    if not chunk:
-                        break
-                    buffer += chunk
-        line = buffer.split(b"\n", 1)[0].decode(errors="replace").strip()
+        line = first_line(proc, timeout)
         if not line.startswith(READY_PREFIX):
             code = proc.poll()
             if code is None:

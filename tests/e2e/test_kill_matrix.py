@@ -21,11 +21,11 @@ import httpx
 import pytest
 import yaml
 
+from chaos.stack.process import StackProcess
 from faults.burner import find_burners
 from faults.toxiproxy_server import ToxiproxyThread
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "nvml"))
-from conftest import start_stack  # noqa: E402  (tests/e2e/conftest.py)
 from fakenvml import build_fake_nvml, gcc, read_state  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -47,7 +47,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         pytest.skip("gcc is needed to build the fake NVML library")
     tmp = tmp_path_factory.mktemp("kill-matrix")
     lib = build_fake_nvml(tmp)
-    stack = start_stack([sys.executable, "-m", "chaos.stack", "--port", "0", "--kv-blocks", "256"])
+    stack = StackProcess.start("--port", "0", "--kv-blocks", "256")
     tpx = ToxiproxyThread()
     tpx.start()
     try:

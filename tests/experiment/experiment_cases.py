@@ -287,7 +287,7 @@ safety:
   scrape_interval: 50ms
   max_duration: 1m
 """, ((4, 20, "safety.scrape_interval", "must lie between 100ms and 1s, found 50ms"),
-      (5, 17, "safety.max_duration", "the phases last 90s, longer than max_duration 60s")))
+      (5, 17, "safety.max_duration", "the run needs 103s (phases 90s + drain_timeout 10s + cleanup_window 2s + 1s baseline), more than max_duration 60s")))
 
 TARGET = Bad("target-kind-and-url", """\
 name: x

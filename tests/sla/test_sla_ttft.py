@@ -52,7 +52,10 @@ def test_streams_without_content_are_left_out_and_counted(synth: Any, err: dict[
     late_hangup = [synth.stream("h-late", ttft=0.06, tokens=10, hangup_after=0.1)]  # saw content, then left
     verdict = sla.judge(synth.obs(fast + hung_up + failed + late_hangup), "ttft", {"quantile": "p50", "budget": "1s"})
     assert verdict.status == "pass"
-    assert verdict.samples == 31  # the late hang-up's first content was really seen
+    # the late hang-up's first content was really seen; the three that gave up after waiting 1s for
+    # content are censored at 1s >= budget, so they count as over budget (a lower bound)
+    assert verdict.samples == 34
+    assert verdict.evidence["censored_over_budget"] == 3
     assert verdict.evidence["hung_up_before_content"] == 3
     assert verdict.evidence["no_content"] == 2
     assert verdict.evidence["no_content_by_reason"] == {"http": 2}
@@ -79,3 +82,32 @@ def test_quantile_accepts_numbers_and_percentile_names(synth: Any, raw: object, 
 def test_quantile_out_of_range_is_an_experiment_error(raw: object) -> None:
     with pytest.raises(ExperimentInvalid, match="quantile"):
         sla.judge(Observations(), "ttft", {"quantile": raw, "budget": "1s"})
+
+
+def test_sla_ttft_server_that_never_answers_cannot_pass(synth: Any) -> None:
+    """Half the streams time out after 5s without content: censored over budget, so p50 fails."""
+    from chaos.observations import ErrorInfo, Observations, StreamRecord
+
+    from sla.ttft import ttft
+
+    streams = []
+    for i in range(60):
+        if i % 2:
+            streams.append(StreamRecord(id=f"s{i}", phase="p", t_sent=0, t_end=5_000_000_000, error=ErrorInfo("timeout", "read timeout")))
+        else:
+            streams.append(StreamRecord(id=f"s{i}", phase="p", t_sent=0, t_first_content=50_000_000, t_content=[50_000_000]))
+    verdict = ttft(Observations(streams=streams), {"quantile": 0.9, "budget": 0.5, "confidence": 0.95}, None)
+    assert verdict.status == "fail"
+    assert verdict.evidence["censored_over_budget"] == 30
+
+
+def test_sla_ttft_early_give_ups_stay_unknown(synth: Any) -> None:
+    """A client that gave up after 10ms tells nothing about a 500ms budget: left out, not a fail."""
+    from chaos.observations import Hangup, Observations, StreamRecord
+
+    from sla.ttft import ttft
+
+    streams = [StreamRecord(id=f"s{i}", phase="p", t_sent=0, t_first_content=20_000_000, t_content=[20_000_000]) for i in range(40)]
+    streams += [StreamRecord(id=f"h{i}", phase="p", t_sent=0, t_end=10_000_000, hangup=Hangup("f", "read_timeout", 10_000_000)) for i in range(40)]
+    verdict = ttft(Observations(streams=streams), {"quantile": 0.5, "budget": 0.5, "confidence": 0.95}, None)
+    assert verdict.status == "pass" and verdict.evidence["censored_unknown"] == 40
