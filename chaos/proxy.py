@@ -20,11 +20,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
-
 from chaos.children import first_line, spawn
-from chaos.errors import SetupFailed
+from chaos.errors import FaultError, SetupFailed
 from faults.base import ProxyInfo, TargetInfo
+from faults.toxiproxy_client import ToxiproxyAPI
 
 __all__ = ["ProxyHandle", "resolve_server", "start_proxy"]
 
@@ -67,10 +66,7 @@ def _free_port() -> int:
 
 
 def _answers(url: str, timeout: float = 2.0) -> bool:
-    try:
-        return httpx.get(url.rstrip("/") + "/version", timeout=timeout).status_code == 200
-    except httpx.HTTPError:
-        return False
+    return ToxiproxyAPI(url).answers(timeout)
 
 
 def _wait_for(url: str, process: subprocess.Popen[str] | None, timeout: float) -> None:
@@ -176,24 +172,8 @@ class ProxyHandle:
         await asyncio.to_thread(self._stop)
 
     def _stop(self) -> None:
-        try:
-            httpx.delete(f"{self.server.url}/proxies/{self.info.proxy_name}", timeout=5.0)
-        except httpx.HTTPError:
-            pass
+        ToxiproxyAPI(self.server.url).delete_proxy_sync(self.info.proxy_name)
         self.server.stop()
-
-
-def _create_proxy(api: str, name: str, upstream: str, listen: str) -> str:
-    """Create (or re-create) the proxy; return its resolved listen address."""
-    body = {"name": name, "listen": listen, "upstream": upstream, "enabled": True}
-    with httpx.Client(base_url=api, timeout=10.0) as client:
-        response = client.post("/proxies", json=body)
-        if response.status_code == 409:  # left over from a killed run against the same server
-            client.delete(f"/proxies/{name}")
-            response = client.post("/proxies", json=body)
-        if response.status_code != 201:
-            raise SetupFailed(f"Toxiproxy at {api} refused to create proxy {name!r}: HTTP {response.status_code} {response.text.strip()}")
-        return str(response.json()["listen"])
 
 
 async def start_proxy(experiment: Any, target: TargetInfo, run_dir: Path) -> ProxyHandle:
@@ -204,7 +184,10 @@ async def start_proxy(experiment: Any, target: TargetInfo, run_dir: Path) -> Pro
     parts = urlsplit(target.base_url)
     upstream = f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
     try:
-        listen = await asyncio.to_thread(_create_proxy, server.url, spec.name, upstream, spec.listen)
+        listen = await asyncio.to_thread(ToxiproxyAPI(server.url).create_proxy_sync, spec.name, upstream, spec.listen)
+    except FaultError as exc:
+        server.stop()
+        raise SetupFailed(str(exc)) from exc
     except BaseException:
         server.stop()
         raise

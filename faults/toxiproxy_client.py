@@ -117,7 +117,33 @@ class ToxiproxyAPI:
 
         return await self.call(toggle)
 
-    # Offline rollback runs in a fresh process with no event loop: plain HTTP, short timeouts.
+    # Set-up, teardown and offline rollback (a fresh process with no event loop): plain HTTP with
+    # short timeouts, where toxiproxy-python has no call (update a proxy, recreate after a crash).
+    def answers(self, timeout: float = 2.0) -> bool:
+        try:
+            return httpx.get(f"{self.api_url}/version", timeout=timeout).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def create_proxy_sync(self, name: str, upstream: str, listen: str) -> str:
+        """Create the proxy (replacing one a killed run left behind); return its resolved listen address."""
+        body = {"name": name, "listen": listen, "upstream": upstream, "enabled": True}
+        with httpx.Client(base_url=self.api_url, timeout=10.0) as client:
+            response = client.post("/proxies", json=body)
+            if response.status_code == 409:
+                client.delete(f"/proxies/{name}")
+                response = client.post("/proxies", json=body)
+        if response.status_code != 201:
+            raise FaultError(f"Toxiproxy at {self.api_url} refused to create proxy {name!r}: HTTP {response.status_code} {response.text.strip()}")
+        return str(response.json()["listen"])
+
+    def delete_proxy_sync(self, name: str) -> str:
+        try:
+            response = httpx.delete(f"{self.api_url}/proxies/{name}", timeout=5.0)
+        except httpx.HTTPError:
+            return "server gone"
+        return {204: "deleted", 404: "already gone"}.get(response.status_code, f"HTTP {response.status_code}")
+
     def remove_toxic_sync(self, proxy: str, name: str) -> str:
         try:
             response = httpx.delete(f"{self.api_url}/proxies/{proxy}/toxics/{name}", timeout=5.0)
