@@ -84,7 +84,10 @@ class MetricScraper:
         while True:
             await self.scrape_once()
             next_t += self.interval
-            await asyncio.sleep(max(0.0, next_t - time.monotonic()))
+            now = time.monotonic()
+            if next_t < now:  # a slow scrape or a stalled loop: skip the missed slots, no burst
+                next_t += self.interval * ((now - next_t) // self.interval + 1)
+            await asyncio.sleep(next_t - now)
 
     def start(self) -> None:
         if self.url and self._task is None:
