@@ -174,7 +174,7 @@ class Runner:
                 raise
             status, error, exit_code = "interrupted", f"interrupted by {self.interrupted}", 4
         except TimeoutError as exc:
-            if run_deadline.expired():
+            if run_deadline is not None and run_deadline.expired():
                 error = f"the run exceeded safety.max_duration ({exp.safety.max_duration:g}s) plus the target's startup_timeout"
             else:
                 error = f"a step of the run timed out: {exc!r}"
@@ -303,7 +303,7 @@ class Runner:
         if not self.handle_signals:
             return []
         loop = asyncio.get_running_loop()
-        installed = []
+        installed: list[int] = []
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 loop.add_signal_handler(sig, self._on_signal, sig, task)

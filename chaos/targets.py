@@ -26,7 +26,12 @@ __all__ = ["BuiltinStack", "RemoteTarget", "Target", "VllmServer", "start_target
 
 
 class Target:
+    """The system under test as the runner drives it: start, stop, and (where possible) restart."""
+
     info: TargetInfo
+
+    async def start(self) -> TargetInfo:  # pragma: no cover - interface
+        raise NotImplementedError
 
     async def stop(self) -> None:  # pragma: no cover - interface
         raise NotImplementedError
