@@ -162,5 +162,9 @@ def render_summary(result: Any) -> str:
 
 def write_reports(result: Any) -> None:
     out = Path(result.out_dir)
-    (out / "report.json").write_text(json.dumps(report_dict(result), indent=2, default=str), encoding="utf-8")
+    report = report_dict(result)
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
+    from chaos.html_report import render_html
+
+    (out / "report.html").write_text(render_html(report, result.observations), encoding="utf-8")
     _junit(result).write(out / "junit.xml", encoding="utf-8", xml_declaration=True)

@@ -112,6 +112,22 @@ def check_engine_crash(result: Any) -> None:
     assert crash
 
 
+def check_html_report(result: Any) -> None:
+    """report.html: a well-formed timeline with a dot per request's TTFT and a bar per fault."""
+    import re
+    import xml.etree.ElementTree as ET
+
+    page = (result.out_dir / "report.html").read_text(encoding="utf-8")
+    svg = ET.fromstring(re.search(r"<svg.*?</svg>", page, re.S).group(0))  # type: ignore[union-attr]
+    classes = [el.get("class") for el in svg.iter()]
+    with_ttft = [s for s in result.observations.population() if s.ttft_ns is not None]
+    assert classes.count("ttft") == len(with_ttft)
+    assert classes.count("fault") == len({e.fault for e in result.observations.faults if e.action == "inject"})
+    assert classes.count("phase") == len(result.experiment.phases)
+    for verdict in result.verdicts:
+        assert (verdict.name or verdict.sla) in page
+
+
 EXTRA: dict[str, Callable[[Any], None]] = {
     "event-loop-stall": check_event_loop_stall,
     "kv-pressure": check_kv_pressure,
@@ -131,4 +147,5 @@ def test_shipped_experiment_runs_green(chaos_run: Callable[..., Any], path: Path
     result = chaos_run(path, check=True)
     assert result.status == "completed" and result.exit_code == 0
     assert (result.out_dir / "report.json").is_file() and (result.out_dir / "junit.xml").is_file()
+    check_html_report(result)
     EXTRA.get(path.stem, lambda r: None)(result)
