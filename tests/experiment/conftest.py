@@ -78,7 +78,7 @@ TEST_FAULTS: dict[str, type[Fault]] = {LatencyFault.kind: LatencyFault, HangupFa
 
 
 @pytest.fixture(scope="module", autouse=True)
-def test_kinds() -> Iterator[None]:
+def registered_test_kinds() -> Iterator[None]:
     """Register the test kinds for each module; remove them (and only them) afterwards.
 
     Module scope, not package: this directory is no package, and a "package" fixture here would
