@@ -151,3 +151,48 @@ def test_interrupted_run_leaves_nothing_changed(world: dict[str, Any], sig: sign
         assert planned and planned <= reverted, f"planned {planned}, reverted {reverted}"
         assert json.loads((run_dir / "report.json").read_text())["status"] == "interrupted"
     assert_nothing_left(world, run_dir, state_file)
+
+
+def _watchdog_pids(run_dir: Path) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"chaos.watchdog" in cmdline and str(run_dir).encode() in cmdline:
+                pids.append(int(entry.name))
+    return pids
+
+
+def test_rollback_restores_a_killed_gpu_throttle_run(world: dict[str, Any], tmp_path: Path) -> None:
+    """Runner and watchdog both SIGKILLed with the fake GPU's clocks locked: `streamchaos rollback`
+    alone unlocks them, from the journal."""
+    import os
+
+    exp, run_dir, state_file = tmp_path / "exp.yaml", tmp_path / "run", tmp_path / "nvml.state"
+    exp.write_text(yaml.safe_dump({
+        "name": "gpu-killed", "target": {"kind": "builtin", "url": world["stack"]},
+        "load": {"concurrency": 1, "max_tokens": 8},
+        "phases": [{"name": "throttle", "duration": "30s", "faults": [{"kind": "gpu.throttle", "backend": "nvml", "sm_clock_mhz": 900}]}],
+        "safety": {"max_duration": "60s", "allow_gpu_clock_changes": True},
+    }), encoding="utf-8")
+    env = {**os.environ, "STREAMCHAOS_NVML_LIB": str(world["lib"]), "FAKE_NVML_STATE": str(state_file)}
+    runner = subprocess.Popen([sys.executable, "-m", "chaos", "run", str(exp), "--out", str(run_dir), "--quiet"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: fault_events(run_dir, "inject") and _watchdog_pids(run_dir), 60, "the clock lock and its watchdog")
+        for pid in _watchdog_pids(run_dir):
+            os.kill(pid, signal.SIGKILL)  # the dead-man's switch is gone too: only the journal is left
+        runner.kill()
+        runner.wait(timeout=10)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    locked = read_state(state_file)
+    assert locked.get("dev0.locked_max", 0) > 0, locked  # the killed run left the GPU throttled
+    rollback = subprocess.run([sys.executable, "-m", "chaos", "rollback", str(run_dir)], env=env, capture_output=True, text=True, timeout=60)
+    assert rollback.returncode == 0 and "rolled back" in rollback.stdout, rollback.stdout + rollback.stderr
+    assert read_state(state_file).get("dev0.locked_max", 0) == 0
+    assert [e["action"] for e in journal(run_dir) if e.get("type") == "fault"][-1] == "rollback"
