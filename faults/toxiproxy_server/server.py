@@ -134,7 +134,7 @@ class ToxiproxyThread:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m faults.toxiproxy_server [--host H] [--port P] [--seed N] [--config FILE]``."""
-    ap = argparse.ArgumentParser(prog="toxiproxy", description="Embedded API-compatible Toxiproxy (2.12.0)")
+    ap = argparse.ArgumentParser(prog="streamchaos toxiproxy serve", description="Embedded API-compatible Toxiproxy (2.12.0)")
     ap.add_argument("--host", "-host", default="127.0.0.1")
     ap.add_argument("--port", "-port", type=int, default=8474)
     ap.add_argument("--seed", "-seed", type=int, default=None)
