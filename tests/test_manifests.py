@@ -114,10 +114,11 @@ def test_the_manifests_are_there() -> None:
 def test_object_validates_strictly(item: tuple[str, int, dict[str, Any]], version: str) -> None:
     name, index, doc = item
     try:
-        kubernetes_validate.validate(doc, version, strict=True)
+        used = kubernetes_validate.validate(doc, version, strict=True)
     except kubernetes_validate.ValidationError as exc:
         where = ".".join(str(p) for p in exc.path) or "(top level)"
         pytest.fail(f"{name} document {index} ({doc['kind']}) is invalid for Kubernetes {version} at {where}: {exc.message}")
+    assert used.startswith(version), f"validated against schema {used}, not {version}"
 
 
 def test_strict_validation_does_catch_a_typo() -> None:
