@@ -152,16 +152,16 @@ class Runner:
 
                 if hasattr(generator, "ready"):  # worker processes take about a second to start
                     await generator.ready()
-                deadline = time.monotonic_ns() + int(exp.duration * 1e9)
-                load_task = asyncio.create_task(generator.run(deadline), name="load")
+                loads: list[asyncio.Task[None]] = []  # the load starts once the first phase's faults are in force
                 try:
-                    await self._timeline(exp, env, generator)
-                    await load_task
+                    await self._timeline(exp, env, generator, loads)
+                    await asyncio.gather(*loads)
                 finally:
-                    if not load_task.done():
-                        load_task.cancel()
-                        with contextlib.suppress(asyncio.CancelledError, Exception):
-                            await load_task
+                    for load_task in loads:
+                        if not load_task.done():
+                            load_task.cancel()
+                            with contextlib.suppress(asyncio.CancelledError, Exception):
+                                await load_task
                 self.progress("draining in-flight streams")
                 cancelled = await generator.drain(exp.safety.drain_timeout)
                 if cancelled:
@@ -235,17 +235,23 @@ class Runner:
         write_reports(result)
         return result
 
-    async def _timeline(self, exp: Any, env: FaultEnv, generator: Any) -> None:
+    async def _timeline(self, exp: Any, env: FaultEnv, generator: Any, loads: list[asyncio.Task[None]]) -> None:
+        """Phases in order: inject, hold, revert. A phase's streams are those sent once its faults
+        are in force (the generator switches phase after the injects), and the load itself starts
+        only after the first phase's injects, so no stream of a fault phase runs without its fault."""
         assert self.journal is not None
+        t_first = time.monotonic_ns()
         for phase in exp.phases:
             t_start = time.monotonic_ns()
             end = t_start + int(phase.duration * 1e9)
             env.phase = phase.name
-            generator.phase = phase.name
             self.journal.append(PhaseWindow(phase.name, t_start))
             self.progress(f"phase {phase.name} ({phase.duration:g}s, {len(phase.faults)} fault(s))")
             for fault in phase.faults:
                 await self._inject(fault, phase.name, env)
+            generator.phase = phase.name
+            if not loads:
+                loads.append(asyncio.create_task(generator.run(t_first + int(exp.duration * 1e9)), name="load"))
             await asyncio.sleep(max(0.0, (end - time.monotonic_ns()) / 1e9))
             errors = await self._revert_all()
             self.journal.append(PhaseWindow(phase.name, t_start, time.monotonic_ns()))

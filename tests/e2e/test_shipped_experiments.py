@@ -38,8 +38,13 @@ def check_network_jitter(result: Any) -> None:
     obs = result.observations
     shift = statistics.median(ttfts(obs, "jitter")) - statistics.median(ttfts(obs, "baseline"))
     assert 50 <= shift <= 300, f"TTFT median shift {shift:.1f}ms, injected 100ms ± 50ms"
-    widening = p99(gaps(obs, "jitter")) - p99(gaps(obs, "baseline"))
-    assert 20 <= widening <= 300, f"inter-token gap p99 widened by {widening:.1f}ms under ±50ms jitter"
+    # Each chunk gets its own delay in [50ms, 150ms) and order is kept, so within a stream some gaps
+    # widen by up to the jitter's range. The gap p99 over all streams is dominated by rare stalls
+    # of the 2-core VM (baseline p99 ranged 12-41ms over runs); each stream's longest gap is not.
+    longest = {phase: statistics.median(max(s.gaps_ns) / 1e6 for s in obs.population(phase) if len(s.gaps_ns) > 1)
+               for phase in ("baseline", "jitter")}
+    widening = longest["jitter"] - longest["baseline"]
+    assert 10 <= widening <= 150 and longest["jitter"] >= 2 * longest["baseline"], f"longest gap per stream (median): {longest}"
 
 
 def check_tiny_packets(result: Any) -> None:
