@@ -236,20 +236,21 @@ class Runner:
         return result
 
     async def _timeline(self, exp: Any, env: FaultEnv, generator: Any, loads: list[asyncio.Task[None]]) -> None:
-        """Phases in order: inject, hold, revert. A phase's streams are those sent once its faults
-        are in force (the generator switches phase after the injects), and the load itself starts
-        only after the first phase's injects, so no stream of a fault phase runs without its fault."""
+        """Phases in order: inject, hold, revert. Streams join a phase as it begins, before its
+        injects, so a stream the new phase's faults may touch is never counted in the phase before
+        (a fault phase may hold a few streams sent while its faults were going in). The load itself
+        starts only after the first phase's injects."""
         assert self.journal is not None
         t_first = time.monotonic_ns()
         for phase in exp.phases:
             t_start = time.monotonic_ns()
             end = t_start + int(phase.duration * 1e9)
             env.phase = phase.name
+            generator.phase = phase.name
             self.journal.append(PhaseWindow(phase.name, t_start))
             self.progress(f"phase {phase.name} ({phase.duration:g}s, {len(phase.faults)} fault(s))")
             for fault in phase.faults:
                 await self._inject(fault, phase.name, env)
-            generator.phase = phase.name
             if not loads:
                 loads.append(asyncio.create_task(generator.run(t_first + int(exp.duration * 1e9)), name="load"))
             await asyncio.sleep(max(0.0, (end - time.monotonic_ns()) / 1e9))
