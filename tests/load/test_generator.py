@@ -41,7 +41,12 @@ async def test_closed_loop_keeps_concurrency_in_flight_until_the_deadline(
     assert len(records) >= 8 and all(r.complete for r in records)
     assert len({r.id for r in records}) == len(records) and all(r.id.startswith("0-") for r in records)
     assert all(r.phase == "baseline" and r.t_scheduled is None for r in records)
-    assert max(r.t_sent for r in records) < start + int(0.5 * S)  # type: ignore[type-var]
+    # no slot claims a stream after the deadline; a stream claimed just before it may stamp t_sent
+    # (taken when the request bytes go out) a moment after it, so at most one per slot, shortly after
+    deadline = start + int(0.5 * S)
+    late = [r for r in records if r.t_sent is not None and r.t_sent >= deadline]
+    assert len(late) <= 4, [r.t_sent - deadline for r in late]  # type: ignore[operator]
+    assert all(r.t_sent - deadline < int(0.25 * S) for r in late)  # type: ignore[operator]
 
 
 async def test_closed_loop_stops_at_max_requests(mock_server: ThreadedMockServer, make_spec: Callable[..., LoadSettings]) -> None:
