@@ -52,8 +52,8 @@ def _timeline(obs: Observations, report: dict[str, Any]) -> str:
         x0, x1 = x_of(fault["injected_at"]), x_of(fault["reverted_at"] if fault["reverted_at"] is not None else end)
         y = HEIGHT - PAD + 8 + 10 * row
         out.append(f'<rect class="fault" x="{x0:.1f}" y="{y}" width="{max(1.0, x1 - x0):.1f}" height="7" fill="#cf222e" opacity="0.7"><title>{_esc(fault["name"])} ({_esc(fault["kind"])})</title></rect>')
-    for x, y in points:  # each request's TTFT at its send time
-        out.append(f'<circle class="ttft" cx="{x_of(x):.1f}" cy="{y_of(y, ttft_max):.1f}" r="1.8" fill="#0969da" opacity="0.6"/>')
+    for sent_s, ttft_s in points:  # each request's TTFT at its send time
+        out.append(f'<circle class="ttft" cx="{x_of(sent_s):.1f}" cy="{y_of(ttft_s, ttft_max):.1f}" r="1.8" fill="#0969da" opacity="0.6"/>')
     for values, colour, name in ((kv, "#8250df", kv_name), (running, "#bf8700", run_name)):
         if values:
             top = max(v for _, v in values) or 1.0

@@ -22,9 +22,11 @@ def _within_client_lag(verdict: Verdict, client_lag: dict[str, Any]) -> bool:
     """
     if verdict.sla not in TIMING_SLAS:
         return False
+    lag_s = float(client_lag.get("p99_ms") or 0.0) / 1000.0
+    if isinstance(verdict.evidence.get("excess_s"), (int, float)):
+        return float(verdict.evidence["excess_s"]) <= lag_s  # a ratio verdict that says its excess in seconds
     if verdict.unit != "s" or verdict.figure is None or verdict.budget is None:
         return True  # rates and ratios cannot be compared with a lag: be cautious
-    lag_s = float(client_lag.get("p99_ms") or 0.0) / 1000.0
     return verdict.figure - verdict.budget <= lag_s
 
 

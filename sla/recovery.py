@@ -81,4 +81,8 @@ def recovery(obs: Observations, params: Mapping[str, Any], phase: str | None) ->
         significant=test.significant,
     )
     status: Status = "fail" if test.significant and ratio > max_ratio else "pass"
+    if status == "fail":
+        # how much later the judged median is than the ratio allows, in seconds: what a saturated
+        # client's own lag would have to explain for this failure not to be the server's
+        evidence["excess_s"] = after_median - base_median * max_ratio
     return Verdict("recovery", phase, status, ratio, max_ratio, "ratio", min(len(base_ns), len(after_ns)), evidence)
