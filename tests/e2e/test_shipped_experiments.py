@@ -68,8 +68,11 @@ def check_buffering_proxy(result: Any) -> None:
     held = [s for s in result.observations.population() if s.t_end is not None and s.t_end < reverted]
     assert held
     for s in held:  # streams that ended while the buffer was in force
-        assert s.t_first_content is not None and s.t_content
-        assert s.t_content[-1] - s.t_first_content < 20_000_000  # every token in one burst
+        assert s.t_first_content is not None and s.t_content and s.t_sent is not None
+        # every token in one burst: parsing it took 7-43 ms against waits of 520-770 ms on a loaded box;
+        # streamed unbuffered, the first token comes early and the rest span many times that wait
+        burst, wait = s.t_content[-1] - s.t_first_content, s.t_first_content - s.t_sent
+        assert burst < 0.25 * wait, (burst, wait)
 
 
 def check_disconnect_storm(result: Any) -> None:
