@@ -27,6 +27,7 @@ from faults.server import require_admin
 __all__ = ["KvPressure"]
 
 TOPUP_INTERVAL_S = 0.02  # how often a short reservation tries again to take freed blocks
+TOPUP_STOP_TIMEOUT_S = 2.0  # a reserve call answers in ms; a hung one is cancelled (the release count still tells)
 
 _STATE_KEYS = ("kv_blocks_used", "kv_blocks_total", "kv_blocks_reserved", "num_running", "num_waiting", "num_preemptions")
 
@@ -52,6 +53,7 @@ class KvPressure(Fault):
     def __init__(self, name: str, params: Mapping[str, Any]) -> None:
         super().__init__(name, params)
         self._topup: asyncio.Task[None] | None = None
+        self._topup_stop = asyncio.Event()
         self._held = 0  # blocks this fault has reserved so far
 
     def problems(self, experiment: Any) -> list[tuple[str, str]]:
@@ -99,28 +101,36 @@ class KvPressure(Fault):
         if self._held < wanted:
             # Live requests hold the rest; take them as they come free, for as long as we are injected.
             evidence["note"] = f"only {self._held} of {wanted} blocks were free; topping up as blocks come free"
+            self._topup_stop = asyncio.Event()
             self._topup = asyncio.create_task(self._top_up(admin_url, env.target.admin_token, wanted))
         return evidence
 
     async def _top_up(self, admin_url: str, token: str | None, wanted: int) -> None:
         async with AdminClient(admin_url, token) as admin:
-            while self._held < wanted:
-                await asyncio.sleep(TOPUP_INTERVAL_S)
-                self._held += await admin.reserve(wanted - self._held)
+            while self._held < wanted and not self._topup_stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._topup_stop.wait(), TOPUP_INTERVAL_S)
+                if not self._topup_stop.is_set():
+                    self._held += await admin.reserve(wanted - self._held)
 
     async def revert(self, env: FaultEnv) -> dict[str, Any]:
         if self._method == "reserve":
             topup, self._topup = self._topup, None
             if topup is not None:
-                topup.cancel()
+                # stop it between requests rather than cancel it mid-request: a cancelled reserve call
+                # could take blocks on the engine and never add them to our tally
+                self._topup_stop.set()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await topup  # a failed top-up must not stop the release below
+                    await asyncio.wait_for(topup, TOPUP_STOP_TIMEOUT_S)  # a failed top-up must not stop the release
             admin_url = require_admin(self.kind, env, "kv.pressure with method: hog")
             async with AdminClient(admin_url, env.target.admin_token) as admin:
                 released = await admin.release()
                 after = await admin.state()
             held, self._held = self._held, 0
-            return {"method": "reserve", "reserved_at_revert": held, "released": released, "engine": _pick(after)}
+            result: dict[str, Any] = {"method": "reserve", "reserved_at_revert": held, "released": released, "engine": _pick(after)}
+            if released != held:
+                result["note"] = f"the engine released {released} blocks; this fault had counted {held}"
+            return result
         assert env.background is not None
         stopped = await env.background.stop(self.name)
         return {"method": "hog", "streams_stopped": stopped}
