@@ -191,3 +191,44 @@ def test_reserve_under_load_tops_up_as_blocks_come_free(stack: StackProcess, tmp
     assert out["reverted"]["reserved_at_revert"] == 56 and out["reverted"]["released"] == 56
     state = _idle(stack)
     assert (state["kv_blocks_reserved"], state["kv_blocks_held"]) == (0, 0)
+
+
+def test_revert_during_a_top_up_call_counts_the_blocks_it_took(
+    stack: StackProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reserve call whose reply is still on its way when revert comes: the engine has taken the
+    blocks, so the fault's tally must include them (a cancelled call used to drop them)."""
+    from chaos.stack.admin_client import AdminClient
+
+    real_reserve = AdminClient.reserve
+    reply_pending = asyncio.Event()
+
+    async def slow_reply(self: AdminClient, blocks: int) -> int:
+        taken = await real_reserve(self, blocks)
+        if taken and fault._topup is not None and asyncio.current_task() is fault._topup:
+            reply_pending.set()
+            await asyncio.sleep(0.3)  # the engine holds the blocks; our reply is late
+        return taken
+
+    monkeypatch.setattr(AdminClient, "reserve", slow_reply)
+    env = _env(stack, tmp_path)
+    fault = _fault({"blocks": 56})
+
+    async def go() -> dict[str, Any]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            body = {"model": "tiny", "prompt": "busy " * 8, "max_tokens": 300, "ignore_eos": True, "temperature": 0}
+            tasks = [asyncio.create_task(client.post(stack.base_url + "/completions", json=body)) for _ in range(3)]
+            while (await client.get(stack.admin_url + "/state")).json()["kv_blocks_held"] < 20:
+                await asyncio.sleep(0.01)
+            evidence = await fault.inject(env)
+            await asyncio.wait_for(reply_pending.wait(), 30)  # a top-up took blocks; its reply is pending
+            reverted = await fault.revert(env)
+            await asyncio.gather(*tasks)
+            return {"evidence": evidence, "reverted": reverted}
+
+    out = asyncio.run(go())
+    assert "topping up" in out["evidence"]["note"]
+    assert out["reverted"]["released"] > out["evidence"]["reserved"]  # the top-up's blocks were released too
+    assert out["reverted"]["reserved_at_revert"] == out["reverted"]["released"], out["reverted"]
+    assert "note" not in out["reverted"]
+    assert _idle(stack)["kv_blocks_reserved"] == 0

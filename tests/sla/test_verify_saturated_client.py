@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from chaos.experiment.loader import parse_experiment
+from chaos.observations import ErrorInfo
 from chaos.verify import judge_all
 
 pytestmark = pytest.mark.timeout(30)
@@ -73,8 +74,6 @@ def test_a_healthy_client_never_downgrades_a_failure(synth: Any) -> None:
 
 
 def test_non_timing_failures_are_never_excused(synth: Any) -> None:
-    from chaos.observations import ErrorInfo
-
     obs = observations(synth, 0.05, 0.05)
     obs.streams[3].error = ErrorInfo("http", "server error", 500)
     verdicts = by_name(judge_all(parse_experiment(EXPERIMENT), obs, client_lag=lag(500.0)))
