@@ -127,7 +127,7 @@ def test_seeded_jitter_replays(upstreams) -> None:
             c.post("/proxies/j/toxics", json={"type": "latency", "attributes": {"latency": 60, "jitter": 50}})
             s = connect(port_of(p))
             out = []
-            for _ in range(10):
+            for _ in range(20):
                 t0 = time.monotonic()
                 s.sendall(b"j")
                 recv_exact(s, 1)
@@ -136,9 +136,11 @@ def test_seeded_jitter_replays(upstreams) -> None:
             return out
 
     a, b = sample(11), sample(11)
-    # same seed, same draws: each pair within scheduling noise of each other. Unseeded draws from
-    # 60ms±50ms would put all ten pairs within 25ms of each other with probability 0.44^10 < 0.03%.
-    assert all(abs(x - y) < 0.025 for x, y in zip(a, b)), (a, b)
+    # Same seed, same draws: pairs agree within scheduling noise. A busy 2-core box can stall one
+    # sample by tens of ms, so up to 4 of 20 pairs may disagree. Unseeded draws from 60ms±50ms put a
+    # pair within 25ms with probability 0.44, so 16 of 20 agreeing by chance has probability 0.11%.
+    agreeing = sum(abs(x - y) < 0.025 for x, y in zip(a, b))
+    assert agreeing >= 16, (agreeing, a, b)
 
 
 def test_clamped_values_never_crash(embedded_server, upstreams) -> None:
