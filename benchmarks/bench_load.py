@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from chaos.load.workers import WorkerPool, make_load  # noqa: E402
 from chaos.load.workload import LoadSettings, PromptSettings  # noqa: E402
 from chaos.observations import StreamRecord  # noqa: E402
-from faults.base import ClientPolicy  # noqa: E402
+from chaos.context import ClientPolicy  # noqa: E402
 
 
 async def one(base_url: str, streams: int, workers: int, seconds: float, tokens: int) -> dict[str, float]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,17 +19,13 @@ __all__ = ["main"]
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from chaos.experiment import load_experiment
+    from chaos.progress import ConsoleProgress
     from chaos.report import render_summary
     from chaos.runner import run
 
     experiment = load_experiment(args.experiment)
-    started = time.monotonic()
-
-    def progress(message: str) -> None:
-        if not args.quiet:
-            print(f"[{time.monotonic() - started:6.1f}s] {message}", file=sys.stderr, flush=True)
-
-    result = run(experiment, target_url=args.target_url, out_dir=args.out, seed=args.seed, progress=progress)
+    listeners = [] if args.quiet else [ConsoleProgress()]
+    result = run(experiment, target_url=args.target_url, out_dir=args.out, seed=args.seed, listeners=listeners)
     print(render_summary(result))
     return result.exit_code
 
@@ -70,34 +65,24 @@ def _load_sla_override(experiment_file: Path, sla_file: Path) -> Any:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     from chaos.experiment import load_experiment
-    from chaos.observations import Observations
-    from chaos.report import render_summary, report_dict
-    from chaos.runner import Result, exit_code_for
-    from chaos.verify import judge_all
+    from chaos.verify import replay
 
     run_dir = Path(args.run_dir)
     journal, stored = run_dir / "journal.jsonl", run_dir / "experiment.yaml"
     if not journal.is_file() or not stored.is_file():
         raise ChaosError(f"{run_dir} is not a finished run directory (needs journal.jsonl and experiment.yaml)")
     experiment = _load_sla_override(stored, Path(args.sla)) if args.sla else load_experiment(stored)
-    obs = Observations.load(journal)
-    lag = next((n.data for n in reversed(obs.notes) if n.topic == "client_lag"), {})
-    verdicts = judge_all(experiment, obs, client_lag=lag)
-    previous = json.loads((run_dir / "report.json").read_text()) if (run_dir / "report.json").is_file() else {}
-    result = Result(
-        experiment=experiment, verdicts=verdicts, observations=obs, out_dir=run_dir, status=previous.get("status", "completed"),
-        exit_code=exit_code_for(verdicts), started=previous.get("start", obs.wall_t0), ended=previous.get("end", obs.wall_t0),
-        client_lag=lag,
-    )
-    (run_dir / "verify.json").write_text(json.dumps(report_dict(result), indent=2, default=str), encoding="utf-8")
-    print(render_summary(result).replace("report.json", "verify.json"))
+    result = replay(experiment, run_dir)
+    from chaos.report import render_summary
+
+    print(render_summary(result, report_name="verify.json"))
     return result.exit_code
 
 
 def _cmd_rollback(args: argparse.Namespace) -> int:
     from chaos.rollback import rollback_run
 
-    done = rollback_run(args.run_dir)
+    done = rollback_run(args.run_dir, allowed_urls=[u for u in (args.target_url, args.toxiproxy_url) if u])
     if not done:
         print(f"{args.run_dir}: nothing to roll back")
         return 0
@@ -112,6 +97,8 @@ def _cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    from chaos.render import from_report, verdict_table
+
     path = Path(args.run_dir) / "report.json"
     if not path.is_file():
         raise ChaosError(f"{path} does not exist: run `streamchaos run` with --out {args.run_dir} first")
@@ -119,8 +106,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     print(f"{report['experiment']}: {report['status']} (exit {report['exit_code']}), {report['load']['streams']} streams")
     for fault in report["faults"]:
         print(f"  fault {fault['name']} ({fault['kind']}): injected {fault['injected_at']}s, reverted {fault['reverted_at']}s")
-    for v in report["verdicts"]:
-        print(f"  {v['name'] or v['sla']:<16} {v['phase'] or 'run':<12} {v['status']:<13} figure={v['figure']} budget={v['budget']} {v['unit']} n={v['samples']}")
+    for line in verdict_table(from_report(report["verdicts"])):
+        print("  " + line)
     return int(report["exit_code"])
 
 
@@ -146,6 +133,8 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=_cmd_verify)
     p = sub.add_parser("rollback", help="undo what a killed run left behind (idempotent)")
     p.add_argument("run_dir")
+    p.add_argument("--target-url", help="the run's target (its admin API may be contacted); the journal alone is not trusted")
+    p.add_argument("--toxiproxy-url", help="the run's Toxiproxy API (also TOXIPROXY_URL); the journal alone is not trusted")
     p.set_defaults(fn=_cmd_rollback)
     p = sub.add_parser("report", help="print a finished run's report")
     p.add_argument("run_dir")

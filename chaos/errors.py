@@ -28,6 +28,7 @@ __all__ = [
     "Problem",
     "SetupFailed",
     "TargetUnreachable",
+    "UsageError",
     "VerificationInconclusive",
 ]
 
@@ -66,6 +67,12 @@ class ExperimentInvalid(ChaosError):
             problems = [Problem(file="<experiment>", line=0, column=0, path="", message=problems)]
         self.problems = sorted(problems, key=lambda p: (p.file, p.line, p.column))
         super().__init__("\n".join(str(p) for p in self.problems))
+
+
+class UsageError(ChaosError):
+    """The command was used wrongly (e.g. a run directory that is not fresh); nothing was changed."""
+
+    exit_code = 2
 
 
 class SetupFailed(ChaosError):

@@ -8,6 +8,7 @@ import html
 from typing import Any
 
 from chaos.observations import Observations
+from chaos.render import format_value
 
 __all__ = ["render_html"]
 
@@ -79,8 +80,8 @@ def render_html(report: dict[str, Any], obs: Observations) -> str:
         expect = "" if v["expect"] == "pass" else f" (expect {_esc(v['expect'])})"
         rows.append(
             f'<tr><td>{"✔" if v["ok"] else "✘"}</td><td>{_esc(v["name"] or v["sla"])}</td><td>{_esc(v["phase"] or "run")}</td>'
-            f'<td style="color:{colour}">{_esc(v["status"])}{expect}</td><td>{_esc(v["figure"])}</td><td>{_esc(v["budget"])}</td>'
-            f'<td>{_esc(v["unit"])}</td><td>{_esc(v["samples"])}</td></tr>'
+            f'<td style="color:{colour}">{_esc(v["status"])}{expect}</td><td>{_esc(format_value(v["figure"], v["unit"]))}</td>'
+            f'<td>{_esc(format_value(v["budget"], v["unit"]))}</td><td>{_esc(v["samples"])}</td></tr>'
         )
     faults = "".join(
         f"<li><b>{_esc(f['name'])}</b> ({_esc(f['kind'])}): injected {_esc(f['injected_at'])}s, reverted {_esc(f['reverted_at'])}s"
@@ -98,7 +99,7 @@ td,th{{padding:3px 10px;border-bottom:1px solid #d0d7de;text-align:left}}.legend
 {_esc(load['streams'])} streams ({_esc(load['complete'])} complete, {_esc(load['hung_up_on_purpose'])} hung up by client faults)
 {'; error: ' + _esc(report['error']) if report.get('error') else ''}</p>
 <h2>Verdicts</h2>
-<table><tr><th></th><th>SLA</th><th>phase</th><th>status</th><th>figure</th><th>budget</th><th>unit</th><th>n</th></tr>
+<table><tr><th></th><th>SLA</th><th>phase</th><th>status</th><th>figure</th><th>budget</th><th>n</th></tr>
 {''.join(rows)}</table>
 <h2>Timeline</h2>
 {_timeline(obs, report)}

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any, ClassVar, Literal
 
 __all__ = [
+    "RECORD_TYPES",
     "ErrorInfo",
     "FaultEvent",
     "Hangup",
@@ -178,6 +179,7 @@ class Note:
 
 Record = StreamRecord | MetricSample | FaultEvent | PhaseWindow | Note
 _TYPES: dict[str, type] = {cls.type: cls for cls in (StreamRecord, MetricSample, FaultEvent, PhaseWindow, Note)}
+RECORD_TYPES = frozenset(_TYPES)  # the "type" values of journal lines that are observation records
 _NESTED: dict[str, type] = {"error": ErrorInfo, "hangup": Hangup}
 
 

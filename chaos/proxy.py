@@ -9,23 +9,28 @@ API-compatible server of this project, started as a child process. ``proxy.serve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from chaos.children import first_line, spawn
+from chaos.context import ProxyInfo, TargetInfo
 from chaos.errors import FaultError, SetupFailed
-from faults.base import ProxyInfo, TargetInfo
 from faults.toxiproxy_client import ToxiproxyAPI
 
-__all__ = ["ProxyHandle", "resolve_server", "start_proxy"]
+if TYPE_CHECKING:
+    from chaos.experiment.model import Experiment
+
+__all__ = ["ProxyHandle", "resolve_server", "running_proxy", "start_proxy"]
 
 EMBEDDED_READY = "toxiproxy listening on "
 EMBEDDED_START_TIMEOUT_S = 15.0
@@ -176,7 +181,18 @@ class ProxyHandle:
         self.server.stop()
 
 
-async def start_proxy(experiment: Any, target: TargetInfo, run_dir: Path) -> ProxyHandle:
+@contextlib.asynccontextmanager
+async def running_proxy(experiment: Experiment, target: TargetInfo, run_dir: Path) -> AsyncIterator[ProxyHandle]:
+    """The proxy between load and target while entered; deleted (and its server stopped) on exit."""
+    handle = await start_proxy(experiment, target, run_dir)
+    try:
+        yield handle
+    finally:
+        with contextlib.suppress(Exception):  # a server already gone has nothing left to stop
+            await handle.stop()
+
+
+async def start_proxy(experiment: Experiment, target: TargetInfo, run_dir: Path) -> ProxyHandle:
     """Start (or find) Toxiproxy and route the target's traffic through a proxy on it."""
     spec = experiment.proxy
     # resolved in the loop's thread: a server we spawn must die with us (chaos.children)

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["StackHandle", "failure_message"]
+__all__ = ["RunLog", "StackHandle", "failure_message"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -33,16 +32,33 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def failure_message(result: Any) -> str:
     """Why a run is not OK: its status and every verdict that was not as expected, with evidence."""
+    from chaos.render import verdict_line
+
     lines = [f"experiment {result.experiment.name!r}: {result.status}, exit {result.exit_code} ({result.out_dir})"]
     if result.error:
         lines.append(f"  error: {result.error}")
-    for v in result.failing():
-        evidence = json.dumps(v.evidence, default=str)[:600]
-        lines.append(
-            f"  {v.name or v.sla} [{v.phase or 'run'}]: {v.status} (expected {v.expect}); "
-            f"figure={v.figure} budget={v.budget} {v.unit}, n={v.samples}; evidence: {evidence}"
-        )
+    lines.extend("  " + verdict_line(v) for v in result.failing())
     return "\n".join(lines)
+
+
+class RunLog:
+    """Run listener: the run's progress lines, kept for the test report (shown when a test fails)."""
+
+    def __init__(self) -> None:
+        from chaos.progress import describe
+
+        self._describe = describe
+        self.lines: list[str] = []
+        self._t0: int | None = None
+
+    def on_event(self, event: Any) -> None:
+        import time
+
+        line = self._describe(event)
+        if line is not None:
+            now = time.monotonic_ns()
+            self._t0 = self._t0 or now
+            self.lines.append(f"[{(now - self._t0) / 1e9:6.1f}s] {line}")
 
 
 def _in_thread(fn: Callable[[], Any]) -> Any:
@@ -63,7 +79,8 @@ def _in_thread(fn: Callable[[], Any]) -> Any:
     return box.get("value")
 
 
-def _run_blocking(experiment: Any, *, out_dir: Path, target_url: str | None = None, seed: int | None = None) -> Any:
+def _run_blocking(experiment: Any, *, out_dir: Path, target_url: str | None = None, seed: int | None = None,
+                  log: RunLog | None = None) -> Any:
     """Run an experiment in its own thread and loop; Ctrl-C here interrupts it and still reverts.
 
     pytest owns SIGINT (KeyboardInterrupt in this thread), so the run cannot install its own
@@ -76,7 +93,7 @@ def _run_blocking(experiment: Any, *, out_dir: Path, target_url: str | None = No
 
     if seed is not None:
         experiment = replace(experiment, seed=seed)
-    runner = Runner(experiment, target_url=target_url, out_dir=out_dir, handle_signals=False)
+    runner = Runner(experiment, target_url=target_url, out_dir=out_dir, handle_signals=False, listeners=[log] if log else [])
     box: dict[str, Any] = {}
 
     async def main() -> Any:
@@ -155,7 +172,11 @@ def chaos_run(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., A
             experiment = marker.args[0]
         exp = _resolve(experiment)
         out = tmp_path / f"run{next(counter)}-{exp.name}"
-        result = _run_blocking(exp, out_dir=out, target_url=target_url, seed=seed)
+        log = RunLog()
+        try:
+            result = _run_blocking(exp, out_dir=out, target_url=target_url, seed=seed, log=log)
+        finally:
+            request.node.add_report_section("call", f"streamchaos run {exp.name}", "\n".join(log.lines))
         if check and not result.ok:
             raise AssertionError(failure_message(result))
         return result
@@ -185,7 +206,11 @@ class ExperimentItem(pytest.Item):
 
         exp = load_experiment(self.path)
         out = self.config._tmp_path_factory.mktemp(f"exp-{self.path.stem}")  # type: ignore[attr-defined]
-        result = _run_blocking(exp, out_dir=out)
+        log = RunLog()
+        try:
+            result = _run_blocking(exp, out_dir=out, log=log)
+        finally:
+            self.add_report_section("call", f"streamchaos run {exp.name}", "\n".join(log.lines))
         self.user_properties.extend((f"{v.name or v.sla}[{v.phase or 'run'}]", v.status) for v in result.verdicts)
         if not result.ok:
             raise ExperimentFailed(failure_message(result))

@@ -1,4 +1,8 @@
-"""Reports of a finished run: report.json (the contract), junit.xml, and the terminal summary."""
+"""Reports of a finished run: report.json (the contract), junit.xml, report.html, the terminal summary.
+
+``ReportWriter`` is the run listener that writes them when the run finishes; ``streamchaos verify``
+uses the same writer under other file names. Verdicts read the same everywhere (``chaos.render``).
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,16 @@ import json
 import math
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from chaos.events import RunEvent, RunFinished
 from chaos.observations import Observations
+from chaos.render import verdict_label, verdict_line, verdict_table
 
-__all__ = ["fault_timeline", "render_summary", "report_dict", "write_reports"]
+if TYPE_CHECKING:
+    from chaos.runner import Result
+
+__all__ = ["ReportWriter", "fault_timeline", "render_summary", "report_dict", "write_reports"]
 
 
 def fault_timeline(obs: Observations) -> list[dict[str, Any]]:
@@ -65,7 +74,7 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def report_dict(result: Any) -> dict[str, Any]:
+def report_dict(result: Result) -> dict[str, Any]:
     obs: Observations = result.observations
     population = obs.population()
     target = result.target
@@ -105,17 +114,17 @@ def report_dict(result: Any) -> dict[str, Any]:
     })
 
 
-def _junit(result: Any) -> ET.ElementTree:
+def _junit(result: Result) -> ET.ElementTree:
     suite = ET.Element("testsuite", name=f"streamchaos.{result.experiment.name}", tests=str(len(result.verdicts)))
     failures = errors = 0
     for v in result.verdicts:
-        case = ET.SubElement(suite, "testcase", classname=f"streamchaos.{result.experiment.name}", name=f"{v.name or v.sla}[{v.phase or 'run'}]")
+        case = ET.SubElement(suite, "testcase", classname=f"streamchaos.{result.experiment.name}", name=verdict_label(v))
         detail = json.dumps(_clean({"figure": v.figure, "budget": v.budget, "unit": v.unit, "samples": v.samples, "evidence": v.evidence}), indent=1, default=str)
         if v.status == "inconclusive":
-            ET.SubElement(case, "skipped", message="inconclusive").text = detail
+            ET.SubElement(case, "skipped", message=verdict_line(v, evidence=False)).text = detail
         elif not v.ok:
             failures += 1
-            ET.SubElement(case, "failure", message=f"{v.sla} {v.status} (expected {v.expect})").text = detail
+            ET.SubElement(case, "failure", message=verdict_line(v, evidence=False)).text = detail
     if result.status != "completed":
         errors += 1
         case = ET.SubElement(suite, "testcase", classname=f"streamchaos.{result.experiment.name}", name="run")
@@ -125,26 +134,9 @@ def _junit(result: Any) -> ET.ElementTree:
     return ET.ElementTree(suite)
 
 
-def _fmt(value: float | None, unit: str) -> str:
-    if value is None:
-        return "-"
-    if unit == "s":
-        return f"{value * 1000:.1f}ms"
-    if unit == "fraction":
-        return f"{value * 100:.2f}%"
-    return f"{value:.4g} {unit}".strip()
-
-
-def render_summary(result: Any) -> str:
+def render_summary(result: Result, *, report_name: str = "report.json") -> str:
     """The terminal table: one row per verdict, then the outcome."""
-    rows = [("SLA", "PHASE", "STATUS", "FIGURE", "BUDGET", "N")]
-    for v in result.verdicts:
-        status = v.status.upper() + ("" if v.expect == "pass" else f" (expect {v.expect})")
-        mark = "ok " if v.ok else "!! "
-        rows.append((mark + (v.name or v.sla), v.phase or "run", status, _fmt(v.figure, v.unit), _fmt(v.budget, v.unit), str(v.samples)))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = verdict_table(result.verdicts)
     report = report_dict(result)
     load = report["load"]
     lag = load.get("client_lag") or {}
@@ -156,15 +148,29 @@ def render_summary(result: Any) -> str:
     )
     if result.error:
         lines.append(f"error: {result.error}")
-    lines.append(f"report: {Path(result.out_dir) / 'report.json'}")
+    lines.append(f"report: {Path(result.out_dir) / report_name}")
     return "\n".join(lines)
 
 
-def write_reports(result: Any) -> None:
+def write_reports(result: Result, *, json_name: str = "report.json", html_name: str | None = "report.html",
+                  junit_name: str | None = "junit.xml") -> None:
     out = Path(result.out_dir)
     report = report_dict(result)
-    (out / "report.json").write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
-    from chaos.html_report import render_html
+    (out / json_name).write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
+    if html_name:
+        from chaos.html_report import render_html
 
-    (out / "report.html").write_text(render_html(report, result.observations), encoding="utf-8")
-    _junit(result).write(out / "junit.xml", encoding="utf-8", xml_declaration=True)
+        (out / html_name).write_text(render_html(report, result.observations), encoding="utf-8")
+    if junit_name:
+        _junit(result).write(out / junit_name, encoding="utf-8", xml_declaration=True)
+
+
+class ReportWriter:
+    """Run listener: writes the run's report files when it finishes."""
+
+    def __init__(self, *, json_name: str = "report.json", html_name: str | None = "report.html", junit_name: str | None = "junit.xml") -> None:
+        self.json_name, self.html_name, self.junit_name = json_name, html_name, junit_name
+
+    def on_event(self, event: RunEvent) -> None:
+        if isinstance(event, RunFinished):
+            write_reports(event.result, json_name=self.json_name, html_name=self.html_name, junit_name=self.junit_name)

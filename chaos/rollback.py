@@ -1,26 +1,37 @@
-"""Undoing what a killed run left behind, from its journal alone (`streamchaos rollback RUN_DIR`).
+"""Undoing what a killed run left behind, from its journal (`streamchaos rollback RUN_DIR`).
 
 A fault is outstanding when the journal has its ``plan`` but neither a ``revert`` nor a
 ``rollback`` after it. Each outstanding fault is undone by its kind's ``Fault.rollback(undo)``
 (newest first) and a ``rollback`` event is appended, so running this twice does nothing the
 second time.
+
+The journal is data, never authority. Rollback reads only a journal this user owns that nobody
+else can write; it contacts only the URLs configuration allows (``--target-url``,
+``--toxiproxy-url``, ``TOXIPROXY_URL``, or those the runner handed its watchdog), never one the
+journal alone names; credentials come from the environment; an NVML library only from
+``STREAMCHAOS_NVML_LIB``. Each kind's rollback then checks the live state is still this run's
+change (a process with the recorded start time, a clock or power limit still at the value the run
+set, helpers with the run's exact tag) and leaves anything else alone.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import stat
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from chaos.errors import ChaosError, SetupFailed
-from chaos.observations import iter_journal
+from chaos.journal import JOURNAL_NAME, JournalFile
+from chaos.observations import FaultEvent, iter_journal, to_json
 
-__all__ = ["outstanding", "rollback_run"]
+__all__ = ["origin", "outstanding", "rollback_run", "trusted_journal"]
 
 
-def outstanding(journal_lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def outstanding(journal_lines: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Plans not yet undone, oldest first, each with the undo data of its plan and inject merged. Pure."""
     open_plans: dict[str, dict[str, Any]] = {}
     order: list[str] = []
@@ -41,35 +52,70 @@ def outstanding(journal_lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [open_plans[n] for n in order]
 
 
-def rollback_run(run_dir: str | Path) -> list[dict[str, Any]]:
+def origin(url: str) -> str:
+    """``scheme://host:port`` of a URL (the port made explicit), for comparing where requests go."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{parts.scheme}://{(parts.hostname or '').lower()}:{port}"
+
+
+def trusted_journal(path: Path) -> None:
+    """Refuse a journal another user owns or may write: rollback acts on what it says."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise SetupFailed(f"{path.parent} holds no readable {JOURNAL_NAME}: is it a streamchaos run directory? ({exc})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise SetupFailed(f"{path} is not a regular file")
+    if st.st_uid != os.getuid():
+        raise SetupFailed(f"{path} belongs to uid {st.st_uid}, not to you (uid {os.getuid()}): rollback acts only on journals it wrote")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise SetupFailed(f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):o}): it may have been altered; rollback refuses it")
+
+
+def _foreign_urls(undo: dict[str, Any], allowed: set[str]) -> list[str]:
+    """URLs in a plan record that configuration does not allow."""
+    return [str(v) for k, v in undo.items() if k.endswith("_url") and v and origin(str(v)) not in allowed]
+
+
+def rollback_run(run_dir: str | Path, *, allowed_urls: Iterable[str] = ()) -> list[dict[str, Any]]:
     """Undo every outstanding fault of a run; return what was done (one entry per fault)."""
     import faults  # noqa: F401 - registers every fault kind
     from faults.base import REGISTRY
 
-    journal = Path(run_dir) / "journal.jsonl"
-    if not journal.is_file():
-        raise SetupFailed(f"{run_dir} holds no journal.jsonl: is it a streamchaos run directory?")
+    journal = Path(run_dir) / JOURNAL_NAME
+    trusted_journal(journal)
+    allowed = {origin(u) for u in allowed_urls if u}
+    if os.environ.get("TOXIPROXY_URL"):
+        allowed.add(origin(os.environ["TOXIPROXY_URL"]))
     done = []
-    pending = outstanding(list(iter_journal(journal)))
-    with open(journal, "a", encoding="utf-8") as out:
+    pending = outstanding(iter_journal(journal))
+    out = JournalFile(journal)
+    try:
         for item in reversed(pending):
             cls = REGISTRY.get(item["kind"])
             entry: dict[str, Any] = {"fault": item["fault"], "kind": item["kind"]}
+            foreign = _foreign_urls(item["undo"], allowed)
+            action: Literal["rollback", "error"] = "rollback"
             try:
                 if cls is None:
                     raise ChaosError(f"unknown fault kind {item['kind']!r}; cannot roll it back")
+                if foreign:
+                    raise ChaosError(
+                        f"the journal names {', '.join(foreign)}, which configuration does not allow; nothing was sent there."
+                        " If that is your target or Toxiproxy, pass --target-url or --toxiproxy-url"
+                    )
                 entry["evidence"] = cls.rollback(item["undo"])
-                action = "rollback"
             except Exception as exc:  # keep going: one stuck fault must not block the others
                 entry["error"] = f"{type(exc).__name__}: {exc}"
                 action = "error"
-            event = {
-                "type": "fault", "fault": item["fault"], "kind": item["kind"], "action": action, "t": time.monotonic_ns(),
-                "phase": item["phase"], "evidence": entry.get("evidence", {}), "undo": item["undo"],
-                "message": entry.get("error", "rolled back by streamchaos rollback"),
-            }
-            out.write(json.dumps(event, default=str) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
+            event = FaultEvent(
+                fault=item["fault"], kind=item["kind"], action=action, t=time.monotonic_ns(), phase=item["phase"],
+                evidence=entry.get("evidence", {}), undo=item["undo"],
+                message=entry.get("error", "rolled back by streamchaos rollback"),
+            )
+            out.write(to_json(event), durable=True)
             done.append(entry)
+    finally:
+        out.close()
     return done

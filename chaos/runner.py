@@ -1,9 +1,13 @@
-"""The experiment runner: target → proxy → scraper → load, faults on the phase timeline, verdicts.
+"""The experiment runner: target → proxy → load → scraper, faults on the phase timeline, verdicts.
 
-Revert is guaranteed: every injected fault is reverted at its phase's end, and from ``finally`` on
-exceptions, on SIGINT and on SIGTERM (the signal handlers cancel the run, the ``finally`` reverts).
-Each plan, inject and revert is appended to the journal, plans and reverts fsync'd, before and
-after the change, so ``streamchaos rollback RUN_DIR`` can undo what a killed run left behind.
+A run is a stack of resources, each an async context manager that undoes itself on every exit
+path — normal end, exception, SIGINT/SIGTERM, timeout — newest first: target, proxy, load driver,
+watchdog (when a fault outlives the process), metric scraper, GPU telemetry; inside them each
+phase is ``async with`` its faults, so a phase's faults are reverted when the phase ends however it
+ends. Everything that happens is a run event (``chaos.events``); the journal, the console, the
+report writer and the pytest plugin are listeners. Each plan, inject and revert is journaled (plans
+and reverts fsync'd) before and after the change, so ``streamchaos rollback RUN_DIR`` can undo what
+a killed run left behind.
 """
 
 from __future__ import annotations
@@ -11,37 +15,41 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable
+import traceback
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from chaos.context import ClientPolicy, ProxyInfo, RunContext, TargetInfo
 from chaos.errors import ChaosError, FaultError, FaultRevertFailed
-from chaos.journal import Journal
-from chaos.load import make_load
+from chaos.events import EventBus, RunFinished, RunListener, RunStarted, Stage, VerdictsReady
+from chaos.experiment.model import Experiment, PhaseSpec
+from chaos.journal import JOURNAL_NAME, Journal, prepare_run_dir
+from chaos.load import LoadDriver, running_load
 from chaos.observations import FaultEvent, Note, Observations, PhaseWindow
+from chaos.report import ReportWriter
 from chaos.scraper import MetricScraper
-from chaos.targets import start_target
-from faults.base import ClientPolicy, Fault, FaultEnv, ProxyInfo, TargetInfo
+from chaos.targets import Target, running_target, target_facts
+from chaos.telemetry import gpu_telemetry
+from chaos.watchdog import WatchdogHandle, watchdog
+from faults.base import Injection
 from sla.base import Verdict
 
-__all__ = ["Result", "Runner", "run", "run_async"]
+__all__ = ["Result", "Runner", "exit_code_for", "run", "run_async"]
 
 REVERT_TIMEOUT_S = 20.0  # one revert may not hold the run hostage
-LEASE_PERIOD_S = 1.0  # how often the runner renews the watchdog's lease
+BASELINE_MIN_S = 0.5  # metrics scraped before the load starts
 
 
 @dataclass
 class Result:
     """What one run produced: verdicts, observations, where the files are, the exit code."""
 
-    experiment: Any
+    experiment: Experiment
     verdicts: list[Verdict]
     observations: Observations
     out_dir: Path
@@ -62,6 +70,13 @@ class Result:
         return [v for v in self.verdicts if not v.ok]
 
 
+@dataclass
+class _Outcome:
+    status: str = "completed"
+    exit_code: int = 0
+    error: str | None = None
+
+
 def default_out_dir(name: str) -> Path:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in name) or "run"
@@ -73,265 +88,314 @@ class Runner:
 
     def __init__(
         self,
-        experiment: Any,
+        experiment: Experiment,
         *,
         target_url: str | None = None,
         out_dir: str | Path | None = None,
-        progress: Callable[[str], None] | None = None,
+        listeners: Sequence[RunListener] = (),
         handle_signals: bool = True,
     ) -> None:
         self.experiment = experiment
         self.target_url = target_url
         self.out_dir = Path(out_dir) if out_dir else default_out_dir(experiment.name)
-        self.progress = progress or (lambda message: None)
+        self.listeners = list(listeners)
         self.handle_signals = handle_signals
-        self.interrupted: str | None = None
-        self.cleaning = False
-        self.active: list[tuple[Fault, str]] = []  # injected and not yet reverted, in order
-        self.env: FaultEnv | None = None
+        self.interrupted: str | None = None  # the signal that interrupted the run (set by the pytest plugin too)
+        self.cleaning = False  # past the work: a signal is noted, not acted on
+        self.revert_errors: list[str] = []
+        self.events = EventBus()
+        self.target: Target | None = None
+        self.proxy: ProxyInfo | None = None
+        self.load: LoadDriver | None = None
         self.journal: Journal | None = None
+        self.injections: dict[str, Injection] = {}
+        self.watchdogs: list[WatchdogHandle] = []
+        self._deadline: asyncio.Timeout | None = None
 
     # -- the run -----------------------------------------------------------------------------
     async def run(self) -> Result:
         exp = self.experiment
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        _save_experiment(exp, self.out_dir)
-        t0, wall_t0 = time.monotonic_ns(), time.time()
-        self.journal = journal = Journal(self.out_dir / "journal.jsonl", exp.name, t0, wall_t0)
-        started = time.time()
-        status, error, exit_code = "completed", None, 0
-        run_deadline: asyncio.Timeout | None = None
-        target = proxy = scraper = generator = watchdog = None
-        lease_task: asyncio.Task[None] | None = None
-        telemetry_task: asyncio.Task[None] | None = None
+        prepare_run_dir(self.out_dir)
+        save_experiment(exp, self.out_dir)
+        t0, started = time.monotonic_ns(), time.time()
+        journal = self.journal = Journal(self.out_dir / JOURNAL_NAME, exp.name, t0, started)
+        self.events = EventBus([journal, *self.listeners, ReportWriter()])
+        self.events.emit(RunStarted(exp.name, str(self.out_dir), t0, started, tuple((p.name, p.duration) for p in exp.phases)))
+        outcome = await self._attempt()
+        lag = self.load.lag_stats() if self.load is not None else {}
+        if lag:
+            self._note("client_lag", lag)
+        verdicts: list[Verdict] = []
+        if outcome.status == "completed":
+            from chaos.verify import judge_all
+
+            verdicts = judge_all(exp, journal.observations, client_lag=lag)
+            outcome.exit_code = exit_code_for(verdicts)
+        self.events.emit(VerdictsReady(tuple(verdicts)))
+        journal.close(outcome.status)
+        for handle in self.watchdogs:
+            handle.wait_stood_down()
+        result = Result(
+            experiment=exp, verdicts=verdicts, observations=journal.observations, out_dir=self.out_dir,
+            status=outcome.status, exit_code=outcome.exit_code, started=started, ended=time.time(),
+            target=self.target.info if self.target else None, proxy=self.proxy, client_lag=lag, error=outcome.error,
+        )
+        self.events.emit(RunFinished(result))
+        return result
+
+    async def _attempt(self) -> _Outcome:
+        """Carry the run out and classify how it ended; every resource is released by then."""
+        exp = self.experiment
         main_task = asyncio.current_task()
         assert main_task is not None
-        installed = self._install_signal_handlers(main_task)
+        outcome = _Outcome()
         try:
-            async with asyncio.timeout(exp.safety.max_duration + exp.target.startup_timeout) as run_deadline:
-                self.progress(f"starting target ({exp.target.kind})")
-                target = start_target(exp.target, target_url=self.target_url, run_dir=self.out_dir, seed=exp.seed)
-                info = await target.start()
-                journal.append(Note(topic="target", t=time.monotonic_ns(), data=_target_facts(info)))
-                journal.append(Note(topic="warmup", t=time.monotonic_ns(), data=await _warm_up(info, exp.target.api_key)))
-                load_url = info.base_url
-                if exp.proxy.enabled:
-                    from chaos.proxy import start_proxy  # network faults only; keeps plain runs light
-
-                    proxy = await start_proxy(exp, info, self.out_dir)
-                    journal.append(Note(topic="proxy", t=time.monotonic_ns(), data=proxy.facts()))
-                    load_url = proxy.client_base_url
-                policy = ClientPolicy()
-                self.env = env = FaultEnv(
-                    seed=exp.seed, target=info, run_dir=self.out_dir, clients=policy,
-                    proxy=proxy.info if proxy else None,
-                    extras={"allow_gpu_clock_changes": exp.safety.allow_gpu_clock_changes, "experiment": exp},
-                )
-
-                async def restart_target() -> None:
-                    assert target is not None
-                    await target.restart()
-                    env.target = target.info
-                    journal.append(Note(topic="target", t=time.monotonic_ns(), data={"restarted": True, **_target_facts(target.info)}))
-
-                env.restart_target = restart_target
-                generator = make_load(exp.load, base_url=load_url, model=exp.load.model or info.model, seed=exp.seed,
-                                      policy=policy, sink=self._sink, api_key=exp.target.api_key)
-                env.background = generator  # before the checks: kv.pressure hog needs it
-                for phase in exp.phases:
-                    for fault in phase.faults:
-                        fault.check(env)
-                if any(getattr(f, "outlives_runner", False) for p in exp.phases for f in p.faults):
-                    watchdog = _start_watchdog(self.out_dir, exp.safety.max_duration)
-                    lease_task = asyncio.create_task(_renew_lease(self.out_dir), name="lease")
-
-                scraper = MetricScraper(info.metrics_url, exp.safety.scrape_interval, self._sink)
-                scraper.start()
-                telemetry_task = await _start_gpu_telemetry(self._sink)
-                await asyncio.sleep(max(0.5, 3 * exp.safety.scrape_interval))  # the pre-load baseline
-
-                if hasattr(generator, "ready"):  # worker processes take about a second to start
-                    await generator.ready()
-                loads: list[asyncio.Task[None]] = []  # the load starts once the first phase's faults are in force
-                try:
-                    await self._timeline(exp, env, generator, loads)
-                    await asyncio.gather(*loads)
-                finally:
-                    for load_task in loads:
-                        if not load_task.done():
-                            load_task.cancel()
-                            with contextlib.suppress(asyncio.CancelledError, Exception):
-                                await load_task
-                self.progress("draining in-flight streams")
-                cancelled = await generator.drain(exp.safety.drain_timeout)
-                if cancelled:
-                    journal.append(Note(topic="drain", t=time.monotonic_ns(), data={"cancelled_streams": cancelled}))
-                self.progress(f"cleanup window {exp.safety.cleanup_window:g}s")
-                await asyncio.sleep(exp.safety.cleanup_window)
+            with self._signals(main_task):
+                await self._execute()
         except asyncio.CancelledError:
-            main_task.uncancel()
             if self.interrupted is None:
                 raise
-            status, error, exit_code = "interrupted", f"interrupted by {self.interrupted}", 4
+            outcome = _Outcome("interrupted", 4, f"interrupted by {self.interrupted}")
         except TimeoutError as exc:
-            if run_deadline is not None and run_deadline.expired():
+            if self._deadline is not None and self._deadline.expired():
                 error = f"the run exceeded safety.max_duration ({exp.safety.max_duration:g}s) plus the target's startup_timeout"
             else:
                 error = f"a step of the run timed out: {exc!r}"
-            status, exit_code = "failed", 4
+            outcome = _Outcome("failed", 4, error)
         except ChaosError as exc:
-            status, error, exit_code = "failed", str(exc), exc.exit_code
-            journal.append(Note(topic="run_error", t=time.monotonic_ns(), data={"error": str(exc), "type": type(exc).__name__}))
-        except Exception as exc:  # a bug of ours or of a library: still revert, record and report it
-            import traceback
-
+            outcome = _Outcome("failed", exc.exit_code, str(exc))
+            self._note("run_error", {"error": str(exc), "type": type(exc).__name__})
+        except Exception as exc:  # a bug of ours or of a library: still reverted, recorded and reported
             (self.out_dir / "runner-error.txt").write_text(traceback.format_exc(), encoding="utf-8")
-            status, error, exit_code = "failed", f"internal error {type(exc).__name__}: {exc} (traceback in runner-error.txt)", 4
-            journal.append(Note(topic="run_error", t=time.monotonic_ns(), data={"error": error, "type": type(exc).__name__}))
-        finally:
-            self.cleaning = True  # from here a signal is noted, not acted on: every step below is bounded
-            revert_errors = await self._revert_all()
-            if generator is not None:
-                with contextlib.suppress(Exception):
-                    await generator.drain(0.0)
-                with contextlib.suppress(Exception):
-                    await generator.aclose()
-            if scraper is not None:
-                await scraper.stop()
-            if proxy is not None:
-                with contextlib.suppress(Exception):
-                    await proxy.stop()
-            if target is not None:
-                with contextlib.suppress(Exception):
-                    await target.stop()
-            for task in (lease_task, telemetry_task):
-                if task is not None:
-                    task.cancel()
-            self._restore_signal_handlers(installed)
-        if revert_errors and exit_code == 0:
-            status, exit_code = "failed", 4
-            error = "; ".join(revert_errors)
-        lag = generator.lag_stats() if generator is not None else {}
-        obs = journal.observations
-        if lag:
-            journal.append(Note(topic="client_lag", t=time.monotonic_ns(), data=lag))
-        verdicts: list[Verdict] = []
-        if status == "completed":
-            from chaos.verify import judge_all
+            outcome = _Outcome("failed", 4, f"internal error {type(exc).__name__}: {exc} (traceback in runner-error.txt)")
+            self._note("run_error", {"error": outcome.error, "type": type(exc).__name__})
+        if self.interrupted is not None:
+            while main_task.cancelling():  # the interrupt was ours to deliver, and it is handled
+                main_task.uncancel()
+            if outcome.status != "interrupted":
+                outcome = _Outcome("interrupted", 4, f"interrupted by {self.interrupted}; then: {outcome.error}")
+        if self.revert_errors and outcome.exit_code == 0:
+            outcome = _Outcome("failed", 4, "; ".join(self.revert_errors))
+        return outcome
 
-            verdicts = judge_all(exp, obs, client_lag=lag)
-            exit_code = exit_code_for(verdicts)
-        journal.close(status)
-        if watchdog is not None:
-            with contextlib.suppress(Exception):
-                watchdog.wait(timeout=5)
-        result = Result(
-            experiment=exp, verdicts=verdicts, observations=obs, out_dir=self.out_dir, status=status,
-            exit_code=exit_code, started=started, ended=time.time(), target=target.info if target else None,
-            proxy=proxy.info if proxy else None, client_lag=lag, error=error,
-        )
-        from chaos.report import write_reports
+    async def _execute(self) -> None:
+        """The resources, nested; teardown (outside the deadline) is their exits, newest first."""
+        exp = self.experiment
+        async with contextlib.AsyncExitStack() as resources:
+            try:
+                async with asyncio.timeout(exp.safety.max_duration + exp.target.startup_timeout) as self._deadline:
+                    ctx = await self._bring_up(resources)
+                    await self._drive(ctx)
+            finally:
+                self.cleaning = True
+                self._stage("teardown", "stopping load, proxy and target")
 
-        write_reports(result)
-        return result
+    async def _bring_up(self, resources: contextlib.AsyncExitStack) -> RunContext:
+        """Target, proxy, load, watchdog, scraper, telemetry; the faults activated (checked) against them."""
+        exp, emit = self.experiment, self.events.emit
+        self._stage("target", f"starting target ({'remote' if self.target_url or exp.target.url else exp.target.kind})")
+        target = self.target = await resources.enter_async_context(
+            running_target(exp.target, target_url=self.target_url, run_dir=self.out_dir, seed=exp.seed))
+        self._note("target", target_facts(target.info))
+        self._note("warmup", await warm_up(target.info, exp.target.api_key))
+        load_url = target.info.base_url
+        if exp.proxy.enabled:
+            from chaos.proxy import running_proxy  # network faults only; keeps plain runs light
 
-    async def _timeline(self, exp: Any, env: FaultEnv, generator: Any, loads: list[asyncio.Task[None]]) -> None:
-        """Phases in order: inject, hold, revert. Streams join a phase as it begins, before its
-        injects, so a stream the new phase's faults may touch is never counted in the phase before
-        (a fault phase may hold a few streams sent while its faults were going in). The load itself
-        starts only after the first phase's injects."""
-        assert self.journal is not None
+            self._stage("proxy", "starting Toxiproxy")
+            handle = await resources.enter_async_context(running_proxy(exp, target.info, self.out_dir))
+            self.proxy = handle.info
+            self._note("proxy", handle.facts())
+            load_url = handle.client_base_url
+        ctx = RunContext(seed=exp.seed, target=target.info, run_dir=self.out_dir, safety=exp.safety,
+                         clients=ClientPolicy(), proxy=self.proxy)
+        ctx.restart_target = self._restarter(target, ctx)
+        load = self.load = await resources.enter_async_context(running_load(
+            exp.load, base_url=load_url, model=exp.load.model or target.info.model, seed=exp.seed,
+            policy=ctx.clients, sink=emit, api_key=exp.target.api_key))
+        ctx.background = load  # kv.pressure hog sends its own streams through it
+        self.injections = {fault.name: fault.activate(ctx) for _, fault in exp.faults()}
+        if any(injection.outlives_runner for injection in self.injections.values()):
+            self.watchdogs.append(await resources.enter_async_context(watchdog(
+                self.out_dir, self._run_id(), exp.safety.max_duration, self._contacted_urls(target.info))))
+        await resources.enter_async_context(MetricScraper(target.info.metrics_url, exp.safety.scrape_interval, emit))
+        await resources.enter_async_context(gpu_telemetry(emit))
+        return ctx
+
+    async def _drive(self, ctx: RunContext) -> None:
+        """Baseline scrape, the timeline with the load, drain, cleanup window."""
+        exp = self.experiment
+        assert self.load is not None
+        await asyncio.sleep(max(BASELINE_MIN_S, 3 * exp.safety.scrape_interval))  # the pre-load baseline
+        await self.load.ready()
+        await self._timeline(ctx, self.load)
+        self._stage("drain", "draining in-flight streams")
+        cancelled = await self.load.drain(exp.safety.drain_timeout)
+        if cancelled:
+            self._note("drain", {"cancelled_streams": cancelled})
+        self._stage("cleanup", f"cleanup window {exp.safety.cleanup_window:g}s")
+        await asyncio.sleep(exp.safety.cleanup_window)
+
+    async def _timeline(self, ctx: RunContext, load: LoadDriver) -> None:
+        """Phases in order, each ``async with`` its faults. Streams join a phase as it begins, before
+        its injects, so a stream the new phase's faults may touch is never counted in the phase
+        before; the load itself starts once the first phase's faults are in force."""
         t_first = time.monotonic_ns()
-        for phase in exp.phases:
-            t_start = time.monotonic_ns()
-            end = t_start + int(phase.duration * 1e9)
-            env.phase = phase.name
-            generator.phase = phase.name
-            self.journal.append(PhaseWindow(phase.name, t_start))
-            self.progress(f"phase {phase.name} ({phase.duration:g}s, {len(phase.faults)} fault(s))")
-            for fault in phase.faults:
-                await self._inject(fault, phase.name, env)
-            if not loads:
-                loads.append(asyncio.create_task(generator.run(t_first + int(exp.duration * 1e9)), name="load"))
-            await asyncio.sleep(max(0.0, (end - time.monotonic_ns()) / 1e9))
-            errors = await self._revert_all()
-            self.journal.append(PhaseWindow(phase.name, t_start, time.monotonic_ns()))
-            if errors:
-                raise FaultRevertFailed("; ".join(errors))
-
-    async def _inject(self, fault: Fault, phase: str, env: FaultEnv) -> None:
-        assert self.journal is not None
-        undo = fault.plan(env)
-        self.journal.append(FaultEvent(fault.name, fault.kind, "plan", time.monotonic_ns(), phase, undo=undo), durable=True)
-        self.active.append((fault, phase))
-        injecting = asyncio.ensure_future(fault.inject(env))
+        load_task: asyncio.Task[None] | None = None
         try:
-            evidence = await asyncio.shield(injecting)
-        except asyncio.CancelledError:
-            # Interrupted mid-inject: let the inject finish (a clock lock in a worker thread would
-            # otherwise land after its revert), journal what it did, then go on unwinding.
-            await asyncio.wait({injecting}, timeout=REVERT_TIMEOUT_S)
-            if injecting.done() and not injecting.cancelled() and injecting.exception() is None:
-                late = injecting.result()
-                late_undo = late.pop("undo", {}) if isinstance(late, dict) else {}
-                self.journal.append(FaultEvent(fault.name, fault.kind, "inject", time.monotonic_ns(), phase, evidence=late, undo=late_undo), durable=True)
-            raise
+            for phase in self.experiment.phases:
+                t_start = time.monotonic_ns()
+                ctx.phase, ctx.phase_duration_s, load.phase = phase.name, phase.duration, phase.name
+                self.events.emit(PhaseWindow(phase.name, t_start))
+                self._stage("phase", f"phase {phase.name} ({phase.duration:g}s, {len(phase.faults)} fault(s))")
+                async with self._phase_faults(phase):
+                    if load_task is None:
+                        load_task = asyncio.create_task(load.run(t_first + int(self.experiment.duration * 1e9)), name="load")
+                    await asyncio.sleep(max(0.0, (t_start + int(phase.duration * 1e9) - time.monotonic_ns()) / 1e9))
+                self.events.emit(PhaseWindow(phase.name, t_start, time.monotonic_ns()))
+            if load_task is not None:
+                await load_task
+        finally:
+            if load_task is not None and not load_task.done():
+                load_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await load_task
+
+    @contextlib.asynccontextmanager
+    async def _phase_faults(self, phase: PhaseSpec) -> AsyncIterator[None]:
+        """Each of the phase's faults injected in order, reverted newest first however the phase ends."""
+        async with contextlib.AsyncExitStack() as injected:
+            for fault in phase.faults:
+                await injected.enter_async_context(self._injected(self.injections[fault.name], phase.name))
+            yield
+        if self.revert_errors:
+            raise FaultRevertFailed("; ".join(self.revert_errors))
+
+    @contextlib.asynccontextmanager
+    async def _injected(self, injection: Injection, phase: str) -> AsyncIterator[None]:
+        """Plan (journaled first), inject, and on exit revert — the revert always runs to its end."""
+        name, kind, emit = injection.name, injection.kind, self.events.emit
+        emit(FaultEvent(name, kind, "plan", time.monotonic_ns(), phase, undo=injection.plan()))
+        try:
+            done, interrupted = await _finish(injection.inject(), REVERT_TIMEOUT_S)
+            evidence = done.result()
         except (ChaosError, OSError) as exc:
-            self.journal.append(FaultEvent(fault.name, fault.kind, "error", time.monotonic_ns(), phase, message=f"inject: {exc}"), durable=True)
+            emit(FaultEvent(name, kind, "error", time.monotonic_ns(), phase, message=f"inject: {exc}"))
+            await self._revert(injection, phase)  # it may have changed something before failing
             if isinstance(exc, ChaosError):
                 raise
-            raise FaultError(f"fault {fault.name} ({fault.kind}) could not be injected: {exc}") from exc
-        extra_undo = evidence.pop("undo", {}) if isinstance(evidence, dict) else {}
-        self.journal.append(FaultEvent(fault.name, fault.kind, "inject", time.monotonic_ns(), phase, evidence=evidence, undo=extra_undo), durable=True)
+            raise FaultError(f"fault {name} ({kind}) could not be injected: {exc}") from exc
+        except BaseException:
+            await self._revert(injection, phase)
+            raise
+        undo = evidence.pop("undo", {}) if isinstance(evidence, dict) else {}
+        emit(FaultEvent(name, kind, "inject", time.monotonic_ns(), phase, evidence=evidence, undo=undo))
+        try:
+            if interrupted:  # the inject finished and is journaled; now unwind (and revert)
+                raise asyncio.CancelledError
+            yield
+        finally:
+            await self._revert(injection, phase)
 
-    async def _revert_all(self) -> list[str]:
-        """Revert every active fault, newest first; never raises; returns the failures."""
-        errors: list[str] = []
-        while self.active:
-            fault, phase = self.active.pop()
-            assert self.env is not None and self.journal is not None
-            try:
-                async with asyncio.timeout(REVERT_TIMEOUT_S):
-                    evidence = await asyncio.shield(fault.revert(self.env))
-            except (Exception, asyncio.CancelledError) as exc:  # a revert must not stop the others
-                message = f"revert of {fault.name} ({fault.kind}) failed: {exc!r}; run `streamchaos rollback {self.out_dir}`"
-                errors.append(message)
-                self.journal.append(FaultEvent(fault.name, fault.kind, "error", time.monotonic_ns(), phase, message=message), durable=True)
-                continue
-            self.journal.append(FaultEvent(fault.name, fault.kind, "revert", time.monotonic_ns(), phase, evidence=evidence), durable=True)
-        return errors
+    async def _revert(self, injection: Injection, phase: str) -> None:
+        """Revert one fault; never raises (a failed revert must not stop the others): failures are kept."""
+        name, kind = injection.name, injection.kind
+        interrupted = False
+        try:
+            done, interrupted = await _finish(injection.revert(), REVERT_TIMEOUT_S)
+            evidence = done.result()
+        except Exception as exc:
+            message = f"revert of {name} ({kind}) failed: {exc!r}; run `streamchaos rollback {self.out_dir}`"
+            self.revert_errors.append(message)
+            self.events.emit(FaultEvent(name, kind, "error", time.monotonic_ns(), phase, message=message))
+        else:
+            self.events.emit(FaultEvent(name, kind, "revert", time.monotonic_ns(), phase, evidence=evidence))
+        if interrupted:
+            raise asyncio.CancelledError
 
-    def _sink(self, record: Any) -> None:
+    # -- small helpers ---------------------------------------------------------------------------
+    def _restarter(self, target: Target, ctx: RunContext) -> Any:
+        async def restart_target() -> None:
+            await target.restart()
+            ctx.target = target.info
+            self._note("target", {"restarted": True, **target_facts(target.info)})
+
+        return restart_target
+
+    def _contacted_urls(self, target: TargetInfo) -> list[str]:
+        """The URLs this run's faults talk to, as configuration (not the journal) knows them."""
+        urls = [target.base_url, target.admin_url or ""]
+        if self.proxy is not None:
+            urls.append(self.proxy.api_url)
+        return [u for u in urls if u]
+
+    def _run_id(self) -> str:
         assert self.journal is not None
-        self.journal.append(record)
+        return self.journal.run_id
+
+    def _note(self, topic: str, data: dict[str, Any]) -> None:
+        self.events.emit(Note(topic=topic, t=time.monotonic_ns(), data=data))
+
+    def _stage(self, what: str, detail: str) -> None:
+        self.events.emit(Stage(what, detail, time.monotonic_ns()))
 
     # -- signals --------------------------------------------------------------------------------
-    def _install_signal_handlers(self, task: asyncio.Task[Any]) -> list[int]:
+    @contextlib.contextmanager
+    def _signals(self, task: asyncio.Task[Any]) -> Iterator[None]:
+        """SIGINT/SIGTERM cancel the run once (it then unwinds and reverts); later ones are noted."""
         if not self.handle_signals:
-            return []
+            yield
+            return
         loop = asyncio.get_running_loop()
-        installed: list[int] = []
+        installed: list[signal.Signals] = []
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 loop.add_signal_handler(sig, self._on_signal, sig, task)
                 installed.append(sig)
             except (ValueError, RuntimeError, NotImplementedError):  # not the main thread
                 pass
-        return installed
+        try:
+            yield
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
 
     def _on_signal(self, sig: int, task: asyncio.Task[Any]) -> None:
-        if self.cleaning:
-            self.progress(f"{signal.Signals(sig).name}: already reverting and stopping")
+        name = signal.Signals(sig).name
+        if self.cleaning or self.interrupted is not None:
+            self._stage("signal", f"{name}: already reverting and stopping")
             return
-        if self.interrupted is None:
-            self.interrupted = signal.Signals(sig).name
-            self.progress(f"{self.interrupted}: reverting faults and stopping")
-            task.cancel()
+        self.interrupted = name
+        self._stage("signal", f"{name}: reverting faults and stopping")
+        task.cancel()
 
-    def _restore_signal_handlers(self, installed: list[int]) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in installed:
-            loop.remove_signal_handler(sig)
+
+async def _finish(work: Any, timeout: float) -> tuple[asyncio.Future[Any], bool]:
+    """Await ``work`` to its end even if this task is cancelled meanwhile; ``(done, was_cancelled)``.
+
+    A fault half-applied is worse than a late stop: an inject or revert is never abandoned midway
+    (a clock lock in a worker thread would otherwise land after its revert). The caller reads the
+    outcome from ``done`` and re-raises the cancellation itself. ``timeout`` bounds the wait: past
+    it the work is cancelled and ``done.result()`` raises ``TimeoutError``.
+    """
+    task = asyncio.ensure_future(work)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    cancelled = False
+    while not task.done():
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            failed: asyncio.Future[Any] = loop.create_future()
+            failed.set_exception(TimeoutError(f"did not finish within {timeout:g}s"))
+            return failed, cancelled
+        try:
+            await asyncio.wait({task}, timeout=remaining)
+        except asyncio.CancelledError:
+            cancelled = True
+    return task, cancelled
 
 
 def exit_code_for(verdicts: list[Verdict]) -> int:
@@ -343,34 +407,23 @@ def exit_code_for(verdicts: list[Verdict]) -> int:
     return 0
 
 
-def _target_facts(info: TargetInfo) -> dict[str, Any]:
-    return {
-        "kind": info.kind, "base_url": info.base_url, "metrics_url": info.metrics_url, "admin_url": info.admin_url,
-        "pid": info.pid, "device": info.device, "model": info.model, "metrics": bool(info.metrics_url),
-    }
-
-
-def _save_experiment(exp: Any, out_dir: Path) -> None:
-    """Keep the experiment beside its journal so `verify` can re-judge the run later."""
+def save_experiment(exp: Experiment, out_dir: Path) -> None:
+    """Keep the experiment beside its journal (0600: it may hold credentials) so `verify` can re-judge it."""
+    dest = out_dir / "experiment.yaml"
     if exp.source and Path(exp.source).is_file():
-        shutil.copyfile(exp.source, out_dir / "experiment.yaml")
-    raw = getattr(exp, "raw", None)
-    if raw is not None and not (out_dir / "experiment.yaml").exists():
+        text = Path(exp.source).read_text(encoding="utf-8")
+    else:
+        raw = getattr(exp, "raw", None)
+        if raw is None:
+            return
         import yaml
 
-        (out_dir / "experiment.yaml").write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+        text = yaml.safe_dump(raw, sort_keys=False)
+    with os.fdopen(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
+        f.write(text)
 
 
-def _start_watchdog(run_dir: Path, max_duration: float) -> subprocess.Popen[bytes]:
-    (run_dir / "lease").touch()
-    return subprocess.Popen(
-        [sys.executable, "-m", "chaos.watchdog", str(run_dir), "--pid", str(os.getpid()), "--max-seconds", str(int(max_duration + 600))],
-        start_new_session=True,  # it must outlive us if we are killed
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(run_dir / "watchdog.log", "ab"),
-    )
-
-
-async def _warm_up(info: TargetInfo, api_key: str | None) -> dict[str, Any]:
+async def warm_up(info: TargetInfo, api_key: str | None) -> dict[str, Any]:
     """One small request before measuring, so first-request costs (lazy init, first kernels) do
     not land in the baseline phase as a fake stall."""
     import httpx
@@ -385,44 +438,9 @@ async def _warm_up(info: TargetInfo, api_key: str | None) -> dict[str, Any]:
         return {"error": repr(exc), "seconds": round(time.monotonic() - started, 4)}
 
 
-GPU_TELEMETRY_PERIOD_S = 1.0
-
-
-async def _start_gpu_telemetry(sink: Callable[[Any], None]) -> asyncio.Task[None] | None:
-    """Sample SM clock, clock-event reasons, memory and power once a second when NVML answers."""
-    from faults.gpu import GpuTelemetry
-
-    telemetry = GpuTelemetry()
-    if not await asyncio.to_thread(telemetry.available):
-        return None
-
-    async def poll() -> None:
-        try:
-            while True:
-                try:
-                    for sample in await asyncio.to_thread(telemetry.sample):
-                        sink(sample)
-                except ChaosError as exc:
-                    sink(Note(topic="gpu_telemetry_error", t=time.monotonic_ns(), data={"error": str(exc)}))
-                    return
-                await asyncio.sleep(GPU_TELEMETRY_PERIOD_S)
-        finally:
-            telemetry.close()
-
-    return asyncio.create_task(poll(), name="gpu-telemetry")
-
-
-async def _renew_lease(run_dir: Path) -> None:
-    lease = run_dir / "lease"
-    while True:
-        with contextlib.suppress(OSError):
-            os.utime(lease)
-        await asyncio.sleep(LEASE_PERIOD_S)
-
-
 async def run_async(
-    experiment: Any, *, target_url: str | None = None, out_dir: str | Path | None = None,
-    seed: int | None = None, progress: Callable[[str], None] | None = None, handle_signals: bool = True,
+    experiment: Experiment | str | Path, *, target_url: str | None = None, out_dir: str | Path | None = None,
+    seed: int | None = None, listeners: Sequence[RunListener] = (), handle_signals: bool = True,
 ) -> Result:
     """Run an experiment (an ``Experiment`` or a path to its YAML) and return the ``Result``."""
     if isinstance(experiment, (str, Path)):
@@ -431,9 +449,9 @@ async def run_async(
         experiment = load_experiment(experiment)
     if seed is not None:
         experiment = replace(experiment, seed=seed)
-    return await Runner(experiment, target_url=target_url, out_dir=out_dir, progress=progress, handle_signals=handle_signals).run()
+    return await Runner(experiment, target_url=target_url, out_dir=out_dir, listeners=listeners, handle_signals=handle_signals).run()
 
 
-def run(experiment: Any, **kwargs: Any) -> Result:
+def run(experiment: Experiment | str | Path, **kwargs: Any) -> Result:
     """Synchronous twin of ``run_async``."""
     return asyncio.run(run_async(experiment, **kwargs))

@@ -50,7 +50,7 @@ def parse_exposition(text: str, t: int, keep: Iterable[str] = KEPT_PREFIXES) -> 
 
 
 class MetricScraper:
-    """Polls ``url`` every ``interval`` seconds until stopped; each sample goes to ``sink``."""
+    """Polls ``url`` every ``interval`` seconds until stopped (or while entered); each sample goes to ``sink``."""
 
     def __init__(self, url: str | None, interval: float, sink: Callable[[MetricSample | Note], None]) -> None:
         self.url = url
@@ -88,6 +88,13 @@ class MetricScraper:
             if next_t < now:  # a slow scrape or a stalled loop: skip the missed slots, no burst
                 next_t += self.interval * ((now - next_t) // self.interval + 1)
             await asyncio.sleep(next_t - now)
+
+    async def __aenter__(self) -> MetricScraper:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
 
     def start(self) -> None:
         if self.url and self._task is None:

@@ -1,28 +1,33 @@
 """Bringing up the system under test: the builtin stack as a child process, or a remote server.
 
-``start_target`` returns a ``Target`` whose ``info`` (a ``faults.base.TargetInfo``) tells faults and
+``start_target`` returns a ``Target`` whose ``info`` (a ``chaos.context.TargetInfo``) tells faults and
 the load generator where everything is; ``stop()`` leaves nothing running.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import socket
 import subprocess
 import time
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from chaos.children import spawn
+from chaos.context import TargetInfo
 from chaos.errors import SetupFailed, TargetUnreachable
 from chaos.stack.process import StackProcess
-from faults.base import TargetInfo
 
-__all__ = ["BuiltinStack", "RemoteTarget", "Target", "VllmServer", "start_target"]
+if TYPE_CHECKING:
+    from chaos.experiment.model import TargetSpec
+
+__all__ = ["BuiltinStack", "RemoteTarget", "Target", "VllmServer", "running_target", "start_target", "target_facts"]
 
 
 class Target:
@@ -43,7 +48,7 @@ class Target:
 class BuiltinStack(Target):
     """`streamchaos stack serve` as a child process on an ephemeral loopback port."""
 
-    def __init__(self, spec: Any, log_path: Path, seed: int) -> None:
+    def __init__(self, spec: TargetSpec, log_path: Path, seed: int) -> None:
         self.spec = spec
         self.log_path = log_path
         self.seed = seed
@@ -98,7 +103,7 @@ class BuiltinStack(Target):
 class RemoteTarget(Target):
     """An OpenAI-compatible server that is already running (vLLM, SGLang, TGI, a gateway)."""
 
-    def __init__(self, spec: Any, url: str) -> None:
+    def __init__(self, spec: TargetSpec, url: str) -> None:
         base = url.rstrip("/")
         if not base.endswith("/v1"):
             base += "/v1"
@@ -145,7 +150,7 @@ class RemoteTarget(Target):
 class VllmServer(RemoteTarget):
     """`vllm serve MODEL` started as a child process on a free loopback port (GPU hosts with vLLM)."""
 
-    def __init__(self, spec: Any, log_path: Path) -> None:
+    def __init__(self, spec: TargetSpec, log_path: Path) -> None:
         binary = shutil.which("vllm")
         if binary is None:
             raise SetupFailed("target kind vllm: no `vllm` command here; install vLLM, or run it yourself and set target.url")
@@ -183,7 +188,27 @@ class VllmServer(RemoteTarget):
                 proc.kill()
 
 
-def start_target(spec: Any, *, target_url: str | None, run_dir: Path, seed: int) -> Target:
+def target_facts(info: TargetInfo) -> dict[str, Any]:
+    """What the journal keeps about a target (never its credentials)."""
+    return {
+        "kind": info.kind, "base_url": info.base_url, "metrics_url": info.metrics_url, "admin_url": info.admin_url,
+        "pid": info.pid, "device": info.device, "model": info.model, "metrics": bool(info.metrics_url),
+    }
+
+
+@contextlib.asynccontextmanager
+async def running_target(spec: TargetSpec, *, target_url: str | None, run_dir: Path, seed: int) -> AsyncIterator[Target]:
+    """The system under test while entered: started (or reached), and stopped on every exit path."""
+    target = start_target(spec, target_url=target_url, run_dir=run_dir, seed=seed)
+    try:
+        await target.start()
+        yield target
+    finally:
+        with contextlib.suppress(Exception):  # a target that died meanwhile has nothing left to stop
+            await target.stop()
+
+
+def start_target(spec: TargetSpec, *, target_url: str | None, run_dir: Path, seed: int) -> Target:
     """The target the experiment names; ``target_url`` (the CLI's --target-url) makes it remote."""
     url = target_url or spec.url
     if url:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from chaos.observations import Observations
-from sla.base import REGISTRY, Verdict
+from chaos.observations import RECORD_TYPES, Observations, from_json, iter_journal
+from sla.base import Verdict
 
-__all__ = ["TIMING_SLAS", "judge_all"]
+if TYPE_CHECKING:
+    from chaos.experiment.model import Experiment
+    from chaos.runner import Result
+
+__all__ = ["TIMING_SLAS", "judge_all", "replay"]
 
 # Verdicts a saturated load generator can falsify: its own lag inflates every measured time.
 TIMING_SLAS = frozenset({"ttft", "itl", "throughput", "recovery"})
@@ -30,16 +36,15 @@ def _within_client_lag(verdict: Verdict, client_lag: dict[str, Any]) -> bool:
     return verdict.figure - verdict.budget <= lag_s
 
 
-def judge_all(experiment: Any, obs: Observations, *, client_lag: dict[str, Any] | None = None) -> list[Verdict]:
+def judge_all(experiment: Experiment, obs: Observations, *, client_lag: dict[str, Any] | None = None) -> list[Verdict]:
     """One verdict per SLA entry and scoped phase, with ``expect`` and the entry's name applied."""
-    import sla  # noqa: F401 - registers every verifier
+    from sla import judge
 
     saturated = bool(client_lag and client_lag.get("saturated"))
     verdicts: list[Verdict] = []
     for entry in experiment.sla:
-        spec = REGISTRY[entry.kind]
         for phase in entry.phases or (None,):
-            verdict = spec.fn(obs, entry.params, phase)
+            verdict = judge(obs, entry.kind, entry.params, phase, parsed=True)
             verdict = replace(verdict, expect=entry.expect, name=entry.name)
             if saturated and verdict.status == "fail" and _within_client_lag(verdict, client_lag or {}):
                 # a slow client is never mistaken for a slow server
@@ -47,3 +52,48 @@ def judge_all(experiment: Any, obs: Observations, *, client_lag: dict[str, Any] 
                 verdict = replace(verdict, status="inconclusive", evidence=evidence)
             verdicts.append(verdict)
     return verdicts
+
+
+def replay(experiment: Experiment, run_dir: Path) -> Result:
+    """Re-judge a finished run: its journal replayed through a run-event bus to the report writer.
+
+    The same events a live run emits, the same verdict code, the same report code; the files are
+    ``verify.json``/``verify.html`` so the run's own report stays as it was.
+    """
+    from chaos.events import EventBus, RunFinished, RunStarted, VerdictsReady
+    from chaos.report import ReportWriter
+    from chaos.runner import Result, exit_code_for
+
+    journal = run_dir / "journal.jsonl"
+    header = next((b for b in iter_journal(journal) if b.get("type") == "run"), {})
+    obs = Observations(experiment=str(header.get("experiment", experiment.name)), t0=int(header.get("t0", 0)),
+                       wall_t0=float(header.get("wall_t0", 0.0)))
+    bus = EventBus([_Collector(obs), ReportWriter(json_name="verify.json", html_name="verify.html", junit_name=None)])
+    bus.emit(RunStarted(obs.experiment, str(run_dir), obs.t0, obs.wall_t0, tuple((p.name, p.duration) for p in experiment.phases)))
+    for body in iter_journal(journal):
+        if body.get("type") in RECORD_TYPES:
+            bus.emit(from_json(body))
+    lag = next((n.data for n in reversed(obs.notes) if n.topic == "client_lag"), {})
+    verdicts = judge_all(experiment, obs, client_lag=lag)
+    bus.emit(VerdictsReady(tuple(verdicts)))
+    previous = json.loads((run_dir / "report.json").read_text()) if (run_dir / "report.json").is_file() else {}
+    result = Result(
+        experiment=experiment, verdicts=verdicts, observations=obs, out_dir=run_dir, status=previous.get("status", "completed"),
+        exit_code=exit_code_for(verdicts), started=previous.get("start", obs.wall_t0), ended=previous.get("end", obs.wall_t0),
+        client_lag=lag,
+    )
+    bus.emit(RunFinished(result))
+    return result
+
+
+class _Collector:
+    """Run listener that gathers the replayed records into ``Observations``."""
+
+    def __init__(self, obs: Observations) -> None:
+        self.obs = obs
+
+    def on_event(self, event: object) -> None:
+        from chaos.events import is_record
+
+        if is_record(event):
+            self.obs.add(event)  # type: ignore[arg-type]

@@ -1,37 +1,31 @@
 """A dead-man's switch for faults that outlive a process (GPU clocks, power caps, stopped processes).
 
-Started by the runner in its own session when an experiment has such faults. It stands down when
-the journal says the run ended; it rolls the run back when the runner's process is gone or has not
-renewed its lease (``RUN_DIR/lease`` mtime) for ``--lease`` seconds. It never runs longer than
-``--max-seconds``.
+Started by the runner in its own session while such a fault may be active. It stands down when
+the journal says *its* run ended (the ``end`` record carrying the run id it was given); it rolls
+the run back when the runner's process is gone or has not renewed its lease (``RUN_DIR/lease``
+mtime) for ``--lease`` seconds. It never runs longer than ``--max-seconds``. The URLs rollback may
+contact are the ones the runner passed on its command line (``--allow-url``), not the journal's.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
-__all__ = ["main"]
+__all__ = ["WatchdogHandle", "main", "watchdog"]
+
+LEASE_PERIOD_S = 1.0  # how often the runner renews the lease
+LEASE_TIMEOUT_S = 10.0  # a lease this stale means the runner is stuck: roll back
 
 
-def _process_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        return state not in ("Z", "X")
-    except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)
-            return True
-        except OSError:
-            return False
-
-
-def _run_ended(journal: Path) -> bool:
+def _run_ended(journal: Path, run_id: str) -> bool:
     try:
         with open(journal, "rb") as f:
             f.seek(max(0, os.path.getsize(journal) - 4096))
@@ -40,10 +34,11 @@ def _run_ended(journal: Path) -> bool:
         return False
     for line in reversed(tail):
         try:
-            if json.loads(line).get("type") == "end":
-                return True
+            body = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(body, dict) and body.get("type") == "end" and body.get("run_id") == run_id:
+            return True
     return False
 
 
@@ -51,32 +46,83 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m chaos.watchdog")
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--pid", type=int, required=True, help="the runner's process id")
-    parser.add_argument("--lease", type=float, default=10.0, help="seconds without a lease renewal before acting")
+    parser.add_argument("--run-id", required=True, help="the run id of the journal's first record")
+    parser.add_argument("--allow-url", action="append", default=[], help="a URL rollback may contact (repeatable)")
+    parser.add_argument("--lease", type=float, default=LEASE_TIMEOUT_S, help="seconds without a lease renewal before acting")
     parser.add_argument("--max-seconds", type=float, default=3600.0)
     parser.add_argument("--poll", type=float, default=0.25)
     args = parser.parse_args(argv)
+    from chaos.procs import alive
+
     journal, lease = args.run_dir / "journal.jsonl", args.run_dir / "lease"
     deadline = time.monotonic() + args.max_seconds
     while time.monotonic() < deadline:
-        if _run_ended(journal):
+        if _run_ended(journal, args.run_id):
             return 0
-        runner_gone = not _process_alive(args.pid)
+        runner_gone = not alive(args.pid)
         try:
             stale = time.time() - lease.stat().st_mtime > args.lease
         except OSError:
             stale = True
         if runner_gone or stale:
             time.sleep(args.poll)  # the runner may just have written its end record
-            if _run_ended(journal):
+            if _run_ended(journal, args.run_id):
                 return 0
             from chaos.rollback import rollback_run
 
             why = "runner process gone" if runner_gone else "lease expired"
-            done = rollback_run(args.run_dir)
+            done = rollback_run(args.run_dir, allowed_urls=args.allow_url)
             print(f"watchdog: {why}; rolled back {len(done)} fault(s): {done}", file=sys.stderr)
             return 0
         time.sleep(args.poll)
     return 0
+
+
+class WatchdogHandle:
+    """The watchdog of one run: the runner waits for it to stand down after writing the end record."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self.process = process
+
+    def wait_stood_down(self, timeout: float = 5.0) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=timeout)
+
+
+@contextlib.asynccontextmanager
+async def watchdog(run_dir: Path, run_id: str, max_duration: float, allowed_urls: Iterable[str]) -> AsyncIterator[WatchdogHandle]:
+    """While entered: a watchdog process in its own session, and a task renewing its lease.
+
+    On exit the lease renewal stops; the watchdog itself stands down when the journal's ``end``
+    record appears (the runner writes it after every revert), or rolls back if it never does.
+    """
+    import asyncio
+
+    lease = run_dir / "lease"
+    lease.touch()
+    command = [sys.executable, "-m", "chaos.watchdog", str(run_dir), "--pid", str(os.getpid()), "--run-id", run_id,
+               "--max-seconds", str(int(max_duration + 600))]
+    for url in allowed_urls:
+        command += ["--allow-url", url]
+    with open(run_dir / "watchdog.log", "ab") as log:
+        process = subprocess.Popen(
+            command, start_new_session=True,  # it must outlive us if we are killed
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+        )
+
+    async def renew() -> None:
+        while True:
+            with contextlib.suppress(OSError):
+                os.utime(lease)
+            await asyncio.sleep(LEASE_PERIOD_S)
+
+    task = asyncio.create_task(renew(), name="watchdog-lease")
+    try:
+        yield WatchdogHandle(process)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 if __name__ == "__main__":

@@ -1,12 +1,16 @@
-"""What every fault is: a kind with a parameter schema, a symmetric inject/revert, an offline rollback.
+"""What every fault is: a frozen spec with typed parameters, activated once per run into an Injection.
 
 A fault family is one module that defines ``Fault`` subclasses and decorates each with
-``@register``; nothing else changes when a fault is added. The runner drives each fault as
+``@register``; nothing else changes when a fault is added. A ``Fault`` is the experiment's entry
+as data: a frozen, keyword-only dataclass whose fields are the kind's parameters (parsed by its
+``schema``, in base units), so an ``Experiment`` holding it can be run any number of times, even
+concurrently. Everything that belongs to one run lives in the ``Injection`` that
+``Fault.activate(ctx)`` returns. The runner drives it as
 
-    fault.check(env)                      before the run: can it act here? (FaultUnsupported otherwise)
-    undo = fault.plan(env)                journal: what will change and how to undo it (fsync'd)
-    evidence = await fault.inject(env)    journal: proof that it took effect
-    evidence = await fault.revert(env)    journal: what was undone (idempotent)
+    injection = fault.activate(ctx)        before the run: can it act here? (FaultUnsupported otherwise)
+    undo = injection.plan()                journal: what will change and how to undo it (fsync'd)
+    evidence = await injection.inject()    journal: proof that it took effect
+    evidence = await injection.revert()    journal: what was undone (idempotent)
 
 and ``Fault.rollback(undo)`` (a classmethod, synchronous, idempotent) undoes a ``plan`` record in
 another process after the runner was killed: ``streamchaos rollback RUN_DIR`` calls it for every
@@ -15,179 +19,56 @@ plan without a matching revert.
 
 from __future__ import annotations
 
-import random
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
 
+from chaos.context import RunContext
+from chaos.errors import ExperimentInvalid
 from chaos.params import Schema
 
-__all__ = [
-    "REGISTRY",
-    "BackgroundLoad",
-    "ClientPlan",
-    "ClientPolicy",
-    "ClientRule",
-    "Fault",
-    "FaultEnv",
-    "ProxyInfo",
-    "TargetInfo",
-    "register",
-]
+if TYPE_CHECKING:
+    from chaos.experiment.model import Experiment
+
+__all__ = ["REGISTRY", "Fault", "Injection", "register"]
 
 
-@dataclass(frozen=True)
-class TargetInfo:
-    """The system under test as the runner brought it up."""
-
-    kind: str  # builtin | openai | vllm | docker | kubernetes
-    base_url: str  # OpenAI API root the load generator uses *without* the proxy, e.g. http://127.0.0.1:P/v1
-    metrics_url: str | None = None
-    admin_url: str | None = None  # builtin stack only
-    admin_token: str | None = None
-    pid: int | None = None  # the serving process, when the runner started it
-    device: str = "cpu"  # where the engine runs: cpu | cuda:N
-    model: str = ""
-
-
-@dataclass(frozen=True)
-class ProxyInfo:
-    """The Toxiproxy proxy between load and target."""
-
-    api_url: str  # e.g. http://127.0.0.1:8474
-    proxy_name: str
-    listen: str  # host:port the load generator connects to
-    upstream: str  # host:port of the target
-    server: str  # embedded | binary | docker | external
-    supports_buffer: bool = False  # the non-standard `buffer` toxic (embedded server only)
-
-
-@dataclass(frozen=True)
-class ClientPlan:
-    """How one client behaves for one request (client faults shape it)."""
-
-    hangup_after_tokens: int | None = None
-    hangup_after_s: float | None = None
-    hangup_while_queued: bool = False  # hang up before the first byte arrives
-    read_delay_s: float = 0.0  # pause before each network read
-    read_rate_bps: float | None = None  # cap the client's read rate, bytes/s
-    read_timeout_s: float | None = None  # asyncio read timeout per read
-    faults: tuple[str, ...] = ()  # names of the faults that shaped this plan
-
-    def merged(self, other: ClientPlan) -> ClientPlan:
-        """Fields already set here win; ``other`` fills the rest."""
-        updates: dict[str, Any] = {}
-        default = ClientPlan()
-        for f in fields(self):
-            if f.name == "faults":
-                continue
-            if getattr(self, f.name) == getattr(default, f.name):
-                updates[f.name] = getattr(other, f.name)
-        return replace(self, **updates, faults=self.faults + other.faults)
-
-
-class ClientRule(ABC):
-    """A picklable rule a client fault installs while injected; drawn once per request."""
-
-    fault: str
-
-    @abstractmethod
-    def draw(self, rng: random.Random) -> ClientPlan | None:
-        """This request's plan, or None when the rule does not pick it (e.g. outside ``fraction``)."""
-
-
-@dataclass
-class ClientPolicy:
-    """The client rules in force; the load generator asks it for each new request's plan."""
-
-    rules: dict[str, ClientRule] = field(default_factory=dict)
-    on_change: list[Callable[[dict[str, ClientRule]], None]] = field(default_factory=list)
-
-    def install(self, rule: ClientRule) -> None:
-        self.rules[rule.fault] = rule
-        self._changed()
-
-    def remove(self, fault: str) -> bool:
-        removed = self.rules.pop(fault, None) is not None
-        self._changed()
-        return removed
-
-    def plan(self, rng: random.Random) -> ClientPlan:
-        plan = ClientPlan()
-        for name in sorted(self.rules):
-            drawn = self.rules[name].draw(rng)
-            if drawn is not None:
-                plan = plan.merged(drawn)
-        return plan
-
-    def _changed(self) -> None:
-        for callback in self.on_change:
-            callback(dict(self.rules))
-
-
-class BackgroundLoad(Protocol):
-    """Streams a fault sends on its own (kv.pressure hog), kept outside the SLA population."""
-
-    async def start(self, fault: str, streams: int, prompt_chars: int, max_tokens: int) -> None: ...
-
-    async def stop(self, fault: str) -> int:
-        """Abort the fault's background streams; return how many were running."""
-        ...
-
-
-@dataclass
-class FaultEnv:
-    """What a fault may act on, handed to it by the runner."""
-
-    seed: int
-    target: TargetInfo
-    run_dir: Path
-    clients: ClientPolicy = field(default_factory=ClientPolicy)
-    proxy: ProxyInfo | None = None
-    background: BackgroundLoad | None = None
-    phase: str = ""
-    restart_target: Callable[[], Awaitable[None]] | None = None  # process.kill with restart
-    extras: dict[str, Any] = field(default_factory=dict)
-
-    def rng(self, fault_name: str) -> random.Random:
-        """A generator seeded from the run's seed and the fault's name, so a run replays."""
-        return random.Random(f"{self.seed}:{fault_name}")
-
-
+@dataclass(frozen=True, kw_only=True)
 class Fault(ABC):
-    """One fault entry of an experiment, parsed and ready to act."""
+    """One fault entry of an experiment: its name and its parsed parameters, nothing of any run."""
 
     kind: ClassVar[str]
     summary: ClassVar[str]
     schema: ClassVar[Schema] = Schema()
 
-    def __init__(self, name: str, params: Mapping[str, Any]) -> None:
-        self.name = name
-        self.params = dict(params)
+    name: str
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.name!r}, {self.params!r})"
+    @classmethod
+    def from_params(cls, name: str, params: Mapping[str, Any]) -> Self:
+        """The spec from values its schema already parsed (every parameter present, defaults filled)."""
+        return cls(name=name, **{k: tuple(v) if isinstance(v, list) else v for k, v in params.items()})
 
-    def problems(self, experiment: Any) -> list[tuple[str, str]]:
+    @classmethod
+    def parse(cls, name: str, raw: Mapping[str, Any]) -> Self:
+        """The spec from raw YAML values (``latency: 100ms``); ``ExperimentInvalid`` when they are wrong."""
+        values, problems = cls.schema.parse(raw)
+        if problems:
+            raise ExperimentInvalid("; ".join(f"{cls.kind}{'.' + key if key else ''}: {message}" for key, message in problems))
+        return cls.from_params(name, values)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The parameters as a mapping (for reports and messages)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "name"}
+
+    def problems(self, experiment: Experiment) -> list[tuple[str, str]]:
         """Cross-section checks at load time, as ``(key, message)``; ``experiment`` is the parsed one."""
         return []
 
-    def check(self, env: FaultEnv) -> None:
-        """Raise ``FaultUnsupported``/``FaultPermissionDenied`` when it cannot act in ``env``."""
-
-    def plan(self, env: FaultEnv) -> dict[str, Any]:
-        """What ``inject`` will change and how to undo it, as JSON data for ``rollback``."""
-        return {}
-
     @abstractmethod
-    async def inject(self, env: FaultEnv) -> dict[str, Any]:
-        """Apply the fault; return evidence that it took effect."""
-
-    @abstractmethod
-    async def revert(self, env: FaultEnv) -> dict[str, Any]:
-        """Undo the fault; idempotent; return what was undone."""
+    def activate(self, ctx: RunContext) -> Injection:
+        """This fault for one run; raise ``FaultUnsupported``/``FaultPermissionDenied`` when it cannot act in ``ctx``."""
 
     @classmethod
     def rollback(cls, undo: Mapping[str, Any]) -> dict[str, Any]:
@@ -195,10 +76,45 @@ class Fault(ABC):
         return {"skipped": "nothing outlives the run for this kind"}
 
 
+class Injection(ABC):
+    """One fault acting in one run: owns that run's state and knows how to undo it.
+
+    ``outlives_runner``: what it changes survives the runner's death (GPU clocks, a stopped
+    process), so the runner keeps a watchdog while it is active.
+    """
+
+    outlives_runner: ClassVar[bool] = False
+
+    def __init__(self, fault: Fault, ctx: RunContext) -> None:
+        self.fault = fault
+        self.ctx = ctx
+
+    @property
+    def name(self) -> str:
+        return self.fault.name
+
+    @property
+    def kind(self) -> str:
+        return self.fault.kind
+
+    def plan(self) -> dict[str, Any]:
+        """What ``inject`` will change and how to undo it, as JSON data for ``rollback``."""
+        return {}
+
+    @abstractmethod
+    async def inject(self) -> dict[str, Any]:
+        """Apply the fault; return evidence that it took effect (an ``undo`` key adds to the plan's)."""
+
+    @abstractmethod
+    async def revert(self) -> dict[str, Any]:
+        """Undo the fault; idempotent; return what was undone."""
+
+
 REGISTRY: dict[str, type[Fault]] = {}
+_FaultType = TypeVar("_FaultType", bound=type[Fault])
 
 
-def register(cls: type[Fault]) -> type[Fault]:
+def register(cls: _FaultType) -> _FaultType:
     """Class decorator: make a fault kind known to experiments, `streamchaos list` and rollback."""
     if cls.kind in REGISTRY and REGISTRY[cls.kind] is not cls:
         raise AssertionError(f"fault kind {cls.kind!r} registered twice")

@@ -21,13 +21,17 @@ import argparse
 import ctypes
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from chaos.procs import exit_status, proc_state, start_time
 
 __all__ = [
     "HARD_CAP_S",
@@ -37,9 +41,11 @@ __all__ = [
     "is_burner",
     "kill_verified",
     "main",
+    "new_tag",
     "proc_state",
     "spawn",
     "start_time",
+    "valid_tag",
 ]
 
 HARD_CAP_S = 3600.0
@@ -47,40 +53,23 @@ SCRIPT = str(Path(__file__).resolve())
 _PR_SET_PDEATHSIG = 1
 
 
-# ---- /proc helpers (pure reads; used on both sides) ---------------------------------------------
+_TAG = re.compile(r"streamchaos-[0-9a-f]{16}")
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """Fields of /proc/PID/stat after the command name (field 3 is index 0), or None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
+def new_tag() -> str:
+    """A tag unique to one inject: its helpers, and only they, carry it."""
+    return f"streamchaos-{uuid.uuid4().hex[:16]}"
 
 
-def proc_state(pid: int) -> str | None:
-    """The process state letter (R, S, D, T, t, Z, ...), or None when there is no such process."""
-    fields = _stat_fields(pid)
-    return fields[0] if fields else None
-
-
-def start_time(pid: int) -> int | None:
-    """The process start time in clock ticks since boot (stat field 22): with the pid, an identity."""
-    fields = _stat_fields(pid)
-    return int(fields[19]) if fields and len(fields) > 19 else None
-
-
-def exit_status(pid: int) -> int | None:
-    """The wait status of a zombie (stat field 52), None when it is not a zombie or already reaped."""
-    fields = _stat_fields(pid)
-    if not fields or fields[0] != "Z" or len(fields) < 50:
-        return None
-    return int(fields[49])
+def valid_tag(tag: str) -> bool:
+    """Whether ``tag`` has the shape ``new_tag`` makes (a journal may be crafted: never trust it blindly)."""
+    return _TAG.fullmatch(tag) is not None
 
 
 def is_burner(pid: int, tag: str) -> bool:
-    """True when ``pid`` is a live ``faults.burner`` helper started with ``--tag tag``."""
+    """True when ``pid`` is a live ``faults.burner`` helper whose ``--tag`` argument is exactly ``tag``."""
+    if not valid_tag(tag):
+        return False
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = f.read().split(b"\0")
@@ -88,7 +77,8 @@ def is_burner(pid: int, tag: str) -> bool:
         return False
     # A zombie has an empty cmdline: nothing left to kill.
     script = any(a.endswith(b"faults/burner.py") for a in argv[1:2]) or b"faults.burner" in argv
-    return script and tag.encode() in argv and proc_state(pid) not in (None, "Z", "X")
+    tagged = any(flag == b"--tag" and value == tag.encode() for flag, value in zip(argv, argv[1:]))
+    return script and tagged and proc_state(pid) not in (None, "Z", "X")
 
 
 def find_burners(tag: str) -> list[int]:

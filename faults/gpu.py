@@ -5,7 +5,8 @@
 - ``nvml``: lock the SM clock with ``nvmlDeviceSetGpuLockedClocks`` to the nearest supported clock at or
   below the target, read it back, reset on revert. Device-global: needs root and
   ``safety.allow_gpu_clock_changes``. A killed run is undone by ``Fault.rollback`` (the plan records the
-  device UUID and the NVML library used).
+  device UUID and the clock it locked; rollback loads only the configured NVML library and resets the
+  clock only while it can still be this run's lock).
 - ``contention``: a co-tenant that keeps the engine's device busy (``faults.burner``): matrix products on
   a CUDA device, or busy workers pinned to the engine's CPUs. Workers per unit and busy share are sized
   so that, under fair sharing, the engine keeps about ``fraction_of_max`` of its device.
@@ -28,20 +29,23 @@ import os
 import signal
 import subprocess
 import time
-import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Self
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from chaos.context import RunContext
 from chaos.errors import FaultError, FaultPermissionDenied, FaultUnsupported
-from chaos.observations import MetricSample
 from chaos.params import Param, Schema
+from chaos.procs import check_signalable, proc_state, start_time
 from faults import burner
-from faults.base import Fault, FaultEnv, register
+from faults.base import Fault, Injection, register
 from faults.nvml import LIB_ENV, Nvml, nvml_available
+
+if TYPE_CHECKING:
+    from chaos.experiment.model import Experiment
 
 __all__ = [
     "GpuPowerCap",
-    "GpuTelemetry",
     "GpuThrottle",
     "choose_backend",
     "clock_at_or_below",
@@ -56,6 +60,8 @@ READY_TIMEOUT_CPU_S = 15.0
 READY_TIMEOUT_CUDA_S = 90.0  # torch import plus CUDA context creation
 MAX_CPU_WORKERS = 64
 VOLTA = 5  # nvmlDeviceArchitecture_t: locked SM clocks need Volta or newer
+CLOCK_TOLERANCE_MHZ = 15  # a clock read this far above ours is someone else's setting
+POWER_TOLERANCE_W = 1.0
 
 
 # ---- pure decisions ------------------------------------------------------------------------------
@@ -100,11 +106,13 @@ def choose_backend(requested: str, *, device: str, nvml_ok: bool, allowed: bool,
     return "contention", "engine on CPU with no known pid (remote target): busy workers on this host's CPUs"
 
 
-def _allowed_by(experiment: Any) -> bool:
-    safety = getattr(experiment, "safety", None)
-    if isinstance(safety, Mapping):
-        return bool(safety.get("allow_gpu_clock_changes", False))
-    return bool(getattr(safety, "allow_gpu_clock_changes", False))
+def clock_still_ours(current_mhz: int, locked_mhz: int) -> bool:
+    """Whether a lock we set can still be in force: under it the SM clock never reads above it.
+
+    A GPU that reads above our lock has been reset or locked again by someone else since; below or
+    at it, the lock may be ours (an idle GPU reads lower still), and resetting it is ours to do.
+    """
+    return current_mhz <= locked_mhz + CLOCK_TOLERANCE_MHZ
 
 
 def _refusal(kind: str, what: str) -> str:
@@ -114,23 +122,34 @@ def _refusal(kind: str, what: str) -> str:
     )
 
 
-def _phase_seconds(env: FaultEnv) -> float:
-    experiment = env.extras.get("experiment")
-    try:
-        return float(experiment.phase(env.phase).duration)  # type: ignore[union-attr]
-    except (AttributeError, KeyError, TypeError, ValueError):
-        return float(env.extras.get("phase_duration_s", DEFAULT_PHASE_S))
-
-
 def _cuda_index(device: str, default: int) -> int:
     _, _, index = device.partition(":")
     return int(index) if index.isdigit() else default
+
+
+def _configured_nvml_lib(undo: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """The NVML library rollback may load: the configured one only, never a path from the journal.
+
+    A journal is data: a crafted one naming a library would otherwise run that library's
+    constructor (as root, since clock changes need root). The path the run used is recorded for
+    information; when it differs from the configured one the difference is reported.
+    """
+    configured = os.environ.get(LIB_ENV) or None
+    recorded = undo.get("nvml_lib") or None
+    notes: dict[str, Any] = {}
+    if recorded != configured:
+        notes["nvml_lib_note"] = (
+            f"the run recorded NVML library {recorded!r}; rollback loads only the configured one "
+            f"({LIB_ENV}={configured!r}, or the driver's)"
+        )
+    return configured, notes
 
 
 # ---- gpu.throttle --------------------------------------------------------------------------------
 
 
 @register
+@dataclass(frozen=True, kw_only=True)
 class GpuThrottle(Fault):
     """Slow the engine's device to a fraction of its max SM clock (see the module docstring)."""
 
@@ -148,150 +167,123 @@ class GpuThrottle(Fault):
         one_of=(("sm_clock_mhz", "fraction_of_max"),),
     )
 
-    def __init__(self, name: str, params: Mapping[str, Any]) -> None:
-        super().__init__(name, params)
-        self._backend: str | None = None
-        self._why = ""
-        self._fraction: float | None = params.get("fraction_of_max")
-        self._undo: dict[str, Any] | None = None
-        self._locked_index: int | None = None
-        self._procs: list[subprocess.Popen[bytes]] = []
-        self._helpers: list[dict[str, Any]] = []
+    device: int
+    sm_clock_mhz: int | None
+    fraction_of_max: float | None
+    backend: str
+    period: float
 
-    @property
-    def outlives_runner(self) -> bool:
-        """Locked clocks and a stopped engine outlive a killed runner: the runner starts a watchdog."""
-        return (self._backend or self.params.get("backend", "auto")) in ("nvml", "cpu_duty", "auto")
-
-    def problems(self, experiment: Any) -> list[tuple[str, str]]:
+    def problems(self, experiment: Experiment) -> list[tuple[str, str]]:
         found = []
-        if self.params.get("backend") == "nvml" and not _allowed_by(experiment):
+        if self.backend == "nvml" and not experiment.safety.allow_gpu_clock_changes:
             found.append(("backend", _refusal(self.kind, "with backend nvml locks SM clocks") + "; or use backend auto, contention or cpu_duty"))
-        fraction = self.params.get("fraction_of_max")
-        if fraction is not None and fraction < MIN_FRACTION:
-            found.append(("fraction_of_max", f"must be at least {MIN_FRACTION:.0%}, found {fraction:.1%}; to stop the engine outright use process.kill"))
+        if self.fraction_of_max is not None and self.fraction_of_max < MIN_FRACTION:
+            found.append(("fraction_of_max", f"must be at least {MIN_FRACTION:.0%}, found {self.fraction_of_max:.1%}; to stop the engine outright use process.kill"))
         return found
 
-    # -- deciding --------------------------------------------------------------------------------
-
-    def check(self, env: FaultEnv) -> None:
-        requested = self.params["backend"]
-        allowed = bool(env.extras.get("allow_gpu_clock_changes", False))
-        if requested == "nvml" and not allowed:
+    def activate(self, ctx: RunContext) -> Injection:
+        """Pick the backend that can act here (and say why), check it can, and return it."""
+        allowed = ctx.safety.allow_gpu_clock_changes
+        if self.backend == "nvml" and not allowed:
             raise FaultPermissionDenied(_refusal(self.kind, "with backend nvml locks SM clocks") + "; alternatives: backend contention or cpu_duty")
-        wants_nvml = requested == "nvml" or (requested == "auto" and allowed and env.target.device.startswith("cuda"))
-        needs_max_clock = self.params.get("sm_clock_mhz") is not None
-        nvml_ok = nvml_available() if wants_nvml or needs_max_clock else False
-        backend, why = choose_backend(requested, device=env.target.device, nvml_ok=nvml_ok, allowed=allowed, target_pid=env.target.pid)
+        wants_nvml = self.backend == "nvml" or (self.backend == "auto" and allowed and ctx.target.device.startswith("cuda"))
+        nvml_ok = nvml_available() if wants_nvml or self.sm_clock_mhz is not None else False
+        backend, why = choose_backend(self.backend, device=ctx.target.device, nvml_ok=nvml_ok, allowed=allowed, target_pid=ctx.target.pid)
         if backend == "nvml":
             self._check_nvml()
-        else:
-            self._fraction = self._fraction_for_fallback(nvml_ok)
-            if backend == "cpu_duty":
-                _check_signalable(env.target.pid, "backend cpu_duty")
-        self._backend, self._why = backend, why
+            return _ClockLock(self, ctx, why)
+        fraction = self._fraction_for_fallback(nvml_ok)
+        if backend == "cpu_duty":
+            check_signalable(ctx.target.pid, "backend cpu_duty: the engine process")
+            return _DutyCycle(self, ctx, why, fraction)
+        return _Contention(self, ctx, why, fraction)
 
     def _check_nvml(self) -> None:
-        index = self.params["device"]
         with Nvml() as nv:
-            nv.handle(index)
-            arch = nv.architecture(index)
+            nv.handle(self.device)
+            arch = nv.architecture(self.device)
             if arch is not None and arch < VOLTA:
                 raise FaultUnsupported(
-                    f"GPU {index} ({nv.name(index)}) is older than Volta (NVML architecture {arch}): it cannot lock"
+                    f"GPU {self.device} ({nv.name(self.device)}) is older than Volta (NVML architecture {arch}): it cannot lock"
                     " SM clocks; alternatives: backend contention or cpu_duty"
                 )
-            nv.supported_sm_clocks_mhz(index)
+            nv.supported_sm_clocks_mhz(self.device)
 
     def _fraction_for_fallback(self, nvml_ok: bool) -> float:
-        if self.params.get("fraction_of_max") is not None:
-            return float(self.params["fraction_of_max"])
-        mhz = self.params.get("sm_clock_mhz")
-        if mhz is None:
+        if self.fraction_of_max is not None:
+            return self.fraction_of_max
+        if self.sm_clock_mhz is None:
             raise FaultError(f"{self.kind}: give exactly one of sm_clock_mhz or fraction_of_max")
         if not nvml_ok:
             raise FaultUnsupported(
-                f"sm_clock_mhz: {mhz} needs NVML to read the GPU's max clock, and there is none here;"
+                f"sm_clock_mhz: {self.sm_clock_mhz} needs NVML to read the GPU's max clock, and there is none here;"
                 " give fraction_of_max instead for the contention and cpu_duty backends"
             )
         with Nvml() as nv:
-            top = nv.max_sm_clock_mhz(self.params["device"])
-        return max(MIN_FRACTION, min(1.0, mhz / top))
-
-    def _ensure_decided(self, env: FaultEnv) -> str:
-        if self._backend is None:
-            self.check(env)
-        assert self._backend is not None
-        return self._backend
-
-    # -- the lifecycle ---------------------------------------------------------------------------
-
-    def plan(self, env: FaultEnv) -> dict[str, Any]:
-        backend = self._ensure_decided(env)
-        undo: dict[str, Any] = {"backend": backend}
-        if backend == "nvml":
-            index = self.params["device"]
-            with Nvml() as nv:
-                undo.update(device=index, uuid=nv.uuid(index), nvml_lib=os.environ.get(LIB_ENV))
-        else:
-            undo["tag"] = f"streamchaos-{uuid.uuid4().hex[:16]}"
-            if backend == "cpu_duty":
-                pid = env.target.pid
-                undo.update(target_pid=pid, target_starttime=burner.start_time(pid) if pid else None)
-        self._undo = undo
-        return dict(undo)
-
-    async def inject(self, env: FaultEnv) -> dict[str, Any]:
-        if self._undo is None:
-            self.plan(env)
-        assert self._undo is not None and self._backend is not None
-        head = {"backend": self._backend, "why": self._why}
-        if self._backend == "nvml":
-            return head | await asyncio.to_thread(self._lock)  # the read-back may wait: keep the loop free
-        try:
-            if self._backend == "cpu_duty":
-                evidence = await self._start_duty(env)
-            else:
-                evidence = await self._start_contention(env)
-        except BaseException:
-            await asyncio.to_thread(self._stop_helpers)
-            raise
-        return head | evidence | {"undo": {"helpers": list(self._helpers)}}
-
-    async def revert(self, env: FaultEnv) -> dict[str, Any]:
-        if self._backend == "nvml":
-            return self._unlock()
-        if not self._procs and not self._helpers:
-            return {"skipped": "not injected"}
-        return await asyncio.to_thread(self._stop_helpers)
+            top = nv.max_sm_clock_mhz(self.device)
+        return max(MIN_FRACTION, min(1.0, self.sm_clock_mhz / top))
 
     @classmethod
     def rollback(cls, undo: Mapping[str, Any]) -> dict[str, Any]:
         backend = undo.get("backend")
         if backend == "nvml":
-            with Nvml(undo.get("nvml_lib") or None) as nv:
+            lib, notes = _configured_nvml_lib(undo)
+            with Nvml(lib) as nv:
                 index = nv.index_of(str(undo["uuid"]), int(undo.get("device", 0)))
+                locked = undo.get("locked_mhz")
+                current = nv.sm_clock_mhz(index)
+                if locked is None:
+                    return notes | {"reset": False, "device": index, "why": "the run never recorded a lock it took effect"}
+                if not clock_still_ours(current, int(locked)):
+                    return notes | {
+                        "reset": False, "device": index, "sm_clock_mhz": current,
+                        "why": f"the SM clock reads {current} MHz, above the {locked} MHz this run locked: someone else has changed it since; left alone",
+                    }
                 nv.reset_sm_clocks(index)
-                return {"reset": True, "device": index, "uuid": undo["uuid"], "sm_clock_mhz": nv.sm_clock_mhz(index)}
+                return notes | {"reset": True, "device": index, "uuid": undo["uuid"], "sm_clock_mhz": nv.sm_clock_mhz(index)}
         if backend in ("contention", "cpu_duty"):
-            result: dict[str, Any] = dict(burner.kill_verified(undo.get("helpers", []), str(undo["tag"])))
+            tag = str(undo.get("tag", ""))
+            if not burner.valid_tag(tag):
+                return {"skipped": f"the plan's helper tag {tag!r} is not one streamchaos makes; nothing was signalled"}
+            result: dict[str, Any] = dict(burner.kill_verified(undo.get("helpers", []), tag))
             if backend == "cpu_duty" and undo.get("target_pid"):
                 result.update(_resume(int(undo["target_pid"]), undo.get("target_starttime")))
             return result
         return {"skipped": f"unknown backend {backend!r} in the plan record"}
 
-    # -- nvml ------------------------------------------------------------------------------------
+
+class _ClockLock(Injection):
+    """``nvml``: the SM clock locked for the phase, read back, reset on revert if still ours."""
+
+    outlives_runner = True  # a lock outlives the process that set it
+
+    def __init__(self, fault: GpuThrottle, ctx: RunContext, why: str) -> None:
+        super().__init__(fault, ctx)
+        self.spec = fault
+        self.why = why
+        self._locked_mhz: int | None = None
+
+    def plan(self) -> dict[str, Any]:
+        with Nvml() as nv:
+            return {"backend": "nvml", "device": self.spec.device, "uuid": nv.uuid(self.spec.device), "nvml_lib": os.environ.get(LIB_ENV)}
+
+    async def inject(self) -> dict[str, Any]:
+        evidence = await asyncio.to_thread(self._lock)  # the read-back may wait: keep the loop free
+        return {"backend": "nvml", "why": self.why} | evidence | {"undo": {"locked_mhz": self._locked_mhz}}
+
+    async def revert(self) -> dict[str, Any]:
+        return await asyncio.to_thread(self._unlock)
 
     def _lock(self) -> dict[str, Any]:
-        index = self.params["device"]
+        index = self.spec.device
         with Nvml() as nv:
             top = nv.max_sm_clock_mhz(index)
             before = nv.sm_clock_mhz(index)
             supported = nv.supported_sm_clocks_mhz(index)
-            target = self.params.get("sm_clock_mhz") or round(float(self.params["fraction_of_max"]) * top)
+            target = self.spec.sm_clock_mhz or round(float(self.spec.fraction_of_max or 1.0) * top)
             chosen = clock_at_or_below(target, supported)
             nv.lock_sm_clocks(index, chosen, chosen)
-            self._locked_index = index
+            self._locked_mhz = chosen
             # Read back: under load the SM clock sits at the lock; an idle GPU may read lower still.
             readback = nv.sm_clock_mhz(index)
             deadline = time.monotonic() + 1.0
@@ -301,7 +293,7 @@ class GpuThrottle(Fault):
             reasons = nv.clock_event_reasons(index)
             if readback > chosen:
                 nv.reset_sm_clocks(index)
-                self._locked_index = None
+                self._locked_mhz = None
                 raise FaultError(
                     f"GPU {index}: locked the SM clock to {chosen} MHz but it still reads {readback} MHz after 1s;"
                     " the lock did not take effect (reset again); alternatives: backend contention or cpu_duty"
@@ -313,79 +305,79 @@ class GpuThrottle(Fault):
             }
 
     def _unlock(self) -> dict[str, Any]:
-        if self._locked_index is None:
+        if self._locked_mhz is None:
             return {"skipped": "no clock lock in force"}
-        index = self._locked_index
+        index, locked = self.spec.device, self._locked_mhz
         with Nvml() as nv:
+            current = nv.sm_clock_mhz(index)
+            self._locked_mhz = None
+            if not clock_still_ours(current, locked):
+                return {"reset": False, "device": index, "sm_clock_mhz": current,
+                        "why": f"the SM clock reads {current} MHz, above our {locked} MHz lock: changed by someone else; left alone"}
             nv.reset_sm_clocks(index)
-            self._locked_index = None
             return {"reset": True, "device": index, "sm_clock_mhz": nv.sm_clock_mhz(index), "clock_event_reasons": nv.clock_event_reasons(index)}
 
-    # -- helpers ---------------------------------------------------------------------------------
 
-    def _spawn(self, env: FaultEnv, mode: str, args: list[str]) -> subprocess.Popen[bytes]:
-        assert self._undo is not None
-        log = env.run_dir / f"{self.name}.burner.log"
-        proc = burner.spawn(mode, args, tag=self._undo["tag"], max_seconds=_phase_seconds(env) + HELPER_MARGIN_S, log=log)
+class _Helpers(Injection):
+    """Backends that act through helper processes (``faults.burner``), tagged for rollback."""
+
+    backend: ClassVar[str]
+
+    def __init__(self, fault: GpuThrottle, ctx: RunContext, why: str, fraction: float) -> None:
+        super().__init__(fault, ctx)
+        self.spec = fault
+        self.why = why
+        self.fraction = fraction
+        self.tag = burner.new_tag()
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._helpers: list[dict[str, Any]] = []
+
+    def plan(self) -> dict[str, Any]:
+        return {"backend": self.backend, "tag": self.tag}
+
+    async def start(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def inject(self) -> dict[str, Any]:
+        try:
+            evidence = await self.start()
+        except BaseException:
+            await asyncio.to_thread(self._stop_helpers)
+            raise
+        return {"backend": self.backend, "why": self.why} | evidence | {"undo": {"helpers": list(self._helpers)}}
+
+    async def revert(self) -> dict[str, Any]:
+        if not self._procs and not self._helpers:
+            return {"skipped": "not injected"}
+        return await asyncio.to_thread(self._stop_helpers)
+
+    def _spawn(self, mode: str, args: list[str]) -> subprocess.Popen[bytes]:
+        log = self.ctx.run_dir / f"{self.name}.burner.log"
+        phase_s = self.ctx.phase_duration_s or DEFAULT_PHASE_S
+        proc = burner.spawn(mode, args, tag=self.tag, max_seconds=phase_s + HELPER_MARGIN_S, log=log)
         self._procs.append(proc)
-        self._helpers.append({"pid": proc.pid, "starttime": burner.start_time(proc.pid)})
+        self._helpers.append({"pid": proc.pid, "starttime": start_time(proc.pid)})
         return proc
 
-    async def _await_ready(self, env: FaultEnv, proc: subprocess.Popen[bytes], timeout: float) -> str:
+    async def _await_ready(self, proc: subprocess.Popen[bytes], timeout: float) -> str:
         assert proc.stdout is not None
         try:
             line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), timeout)
         except TimeoutError:
             line = b""
         if not line.startswith(b"ready"):
-            log = env.run_dir / f"{self.name}.burner.log"
+            log = self.ctx.run_dir / f"{self.name}.burner.log"
             tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
             raise FaultError(
-                f"{self.kind} ({self._backend}): helper pid {proc.pid} did not start within {timeout:g}s"
+                f"{self.kind} ({self.backend}): helper pid {proc.pid} did not start within {timeout:g}s"
                 f" (exit status {proc.poll()}); its log {log}:\n{tail}"
             )
         proc.stdout.close()
         return line.decode(errors="replace").strip()
 
-    async def _start_contention(self, env: FaultEnv) -> dict[str, Any]:
-        assert self._fraction is not None
-        per_unit, busy = contention_shape(self._fraction)
-        period = f"{self.params['period']:g}"
-        if env.target.device.startswith("cuda"):
-            cuda = _cuda_index(env.target.device, self.params["device"])
-            procs = [self._spawn(env, "cuda", ["--device", str(cuda), "--busy", f"{busy:.4f}", "--period", period]) for _ in range(per_unit)]
-            timeout, where = READY_TIMEOUT_CUDA_S, f"cuda:{cuda}"
-            cpus: list[int] = []
-        else:
-            cpus = sorted(_affinity_of(env.target.pid))
-            workers = min(MAX_CPU_WORKERS, per_unit * len(cpus))
-            mask = ",".join(map(str, cpus))
-            procs = [self._spawn(env, "cpu", ["--busy", f"{busy:.4f}", "--period", period, "--affinity", mask]) for _ in range(workers)]
-            timeout, where = READY_TIMEOUT_CPU_S, "cpu"
-        for proc in procs:
-            await self._await_ready(env, proc, timeout)
-        return {
-            "device": where, "fraction_of_max": self._fraction, "workers": len(procs), "workers_per_unit": per_unit,
-            "busy_share": busy, "cpus": cpus, "helper_pids": [p.pid for p in procs],
-        }
-
-    async def _start_duty(self, env: FaultEnv) -> dict[str, Any]:
-        assert self._fraction is not None and self._undo is not None
-        pid = env.target.pid
-        assert pid is not None
-        period = float(self.params["period"])
-        args = ["--pid", str(pid), "--fraction", f"{self._fraction:.4f}", "--period", f"{period:g}"]
-        if self._undo.get("target_starttime") is not None:
-            args += ["--starttime", str(self._undo["target_starttime"])]
-        proc = self._spawn(env, "duty", args)
-        await self._await_ready(env, proc, READY_TIMEOUT_CPU_S)
-        observed = await _stopped_share(pid, seconds=min(0.5, max(0.2, 2 * period)))
-        return {"target_pid": pid, "fraction_of_max": self._fraction, "period_s": period, "cycler_pid": proc.pid, "observed_stopped_share": observed}
-
     def _stop_helpers(self) -> dict[str, Any]:
-        """Stop and reap our helpers; for cpu_duty make sure the engine runs again. Idempotent."""
-        assert self._undo is not None
-        result: dict[str, Any] = dict(burner.kill_verified(self._helpers, self._undo["tag"]))
+        """Stop and reap our helpers. Idempotent."""
+        result: dict[str, Any] = dict(burner.kill_verified(self._helpers, self.tag))
         for proc in self._procs:
             try:
                 proc.wait(timeout=2.0)  # reap: they are our children
@@ -395,20 +387,66 @@ class GpuThrottle(Fault):
                 proc.stdout.close()
         self._procs.clear()
         self._helpers.clear()
-        if self._backend == "cpu_duty" and self._undo.get("target_pid"):
-            result.update(_resume(int(self._undo["target_pid"]), self._undo.get("target_starttime")))
         return result
 
 
-def _check_signalable(pid: int | None, what: str) -> None:
-    if pid is None:
-        raise FaultUnsupported(f"{what} needs the engine's pid, which the runner knows only for a target it started; use backend contention")
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        raise FaultUnsupported(f"{what}: the engine process {pid} is not running") from None
-    except PermissionError as exc:
-        raise FaultPermissionDenied(f"{what}: not allowed to signal the engine process {pid} (another user's?)") from exc
+class _Contention(_Helpers):
+    """``contention``: co-tenant workers that keep the engine's device (GPU or CPUs) busy."""
+
+    backend = "contention"
+
+    async def start(self) -> dict[str, Any]:
+        per_unit, busy = contention_shape(self.fraction)
+        period = f"{self.spec.period:g}"
+        device = self.ctx.target.device
+        if device.startswith("cuda"):
+            cuda = _cuda_index(device, self.spec.device)
+            procs = [self._spawn("cuda", ["--device", str(cuda), "--busy", f"{busy:.4f}", "--period", period]) for _ in range(per_unit)]
+            timeout, where = READY_TIMEOUT_CUDA_S, f"cuda:{cuda}"
+            cpus: list[int] = []
+        else:
+            cpus = sorted(_affinity_of(self.ctx.target.pid))
+            workers = min(MAX_CPU_WORKERS, per_unit * len(cpus))
+            mask = ",".join(map(str, cpus))
+            procs = [self._spawn("cpu", ["--busy", f"{busy:.4f}", "--period", period, "--affinity", mask]) for _ in range(workers)]
+            timeout, where = READY_TIMEOUT_CPU_S, "cpu"
+        for proc in procs:
+            await self._await_ready(proc, timeout)
+        return {
+            "device": where, "fraction_of_max": self.fraction, "workers": len(procs), "workers_per_unit": per_unit,
+            "busy_share": busy, "cpus": cpus, "helper_pids": [p.pid for p in procs],
+        }
+
+
+class _DutyCycle(_Helpers):
+    """``cpu_duty``: a helper SIGSTOPs/SIGCONTs the engine so it runs ``fraction`` of each period."""
+
+    backend = "cpu_duty"
+    outlives_runner = True  # a SIGSTOPped engine stays stopped if everything else dies
+
+    def __init__(self, fault: GpuThrottle, ctx: RunContext, why: str, fraction: float) -> None:
+        super().__init__(fault, ctx, why, fraction)
+        pid = ctx.target.pid
+        assert pid is not None, "activation checked the engine's pid"
+        self.pid = pid
+        self.starttime = start_time(pid)
+
+    def plan(self) -> dict[str, Any]:
+        return super().plan() | {"target_pid": self.pid, "target_starttime": self.starttime}
+
+    async def start(self) -> dict[str, Any]:
+        period = self.spec.period
+        args = ["--pid", str(self.pid), "--fraction", f"{self.fraction:.4f}", "--period", f"{period:g}"]
+        if self.starttime is not None:
+            args += ["--starttime", str(self.starttime)]
+        proc = self._spawn("duty", args)
+        await self._await_ready(proc, READY_TIMEOUT_CPU_S)
+        observed = await _stopped_share(self.pid, seconds=min(0.5, max(0.2, 2 * period)))
+        return {"target_pid": self.pid, "fraction_of_max": self.fraction, "period_s": period, "cycler_pid": proc.pid, "observed_stopped_share": observed}
+
+    def _stop_helpers(self) -> dict[str, Any]:
+        """Stop the cycler, then make sure the engine runs again."""
+        return super()._stop_helpers() | _resume(self.pid, self.starttime)
 
 
 def _affinity_of(pid: int | None) -> set[int]:
@@ -422,15 +460,20 @@ def _affinity_of(pid: int | None) -> set[int]:
 
 
 def _resume(pid: int, starttime: int | None) -> dict[str, Any]:
-    """SIGCONT the engine if it is still the same process; report its state afterwards."""
-    if starttime is not None and burner.start_time(pid) != starttime:
+    """SIGCONT the engine if it is provably still the same process; report its state afterwards.
+
+    Without a recorded start time the pid proves nothing (pids are recycled): leave it alone.
+    """
+    if starttime is None:
+        return {"target_resumed": False, "target_state": None, "why": f"no start time recorded for pid {pid}: cannot tell it is still the engine"}
+    if start_time(pid) != starttime:
         return {"target_resumed": False, "target_state": None, "why": f"pid {pid} is gone or reused"}
     try:
         os.kill(pid, signal.SIGCONT)
     except ProcessLookupError:
         return {"target_resumed": False, "target_state": None, "why": f"pid {pid} is gone"}
     time.sleep(0.01)
-    return {"target_resumed": True, "target_state": burner.proc_state(pid)}
+    return {"target_resumed": True, "target_state": proc_state(pid)}
 
 
 async def _stopped_share(pid: int, seconds: float) -> float:
@@ -438,7 +481,7 @@ async def _stopped_share(pid: int, seconds: float) -> float:
     samples = stopped = 0
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        state = burner.proc_state(pid)
+        state = proc_state(pid)
         samples += 1
         stopped += state in ("T", "t")
         await asyncio.sleep(0.005)
@@ -449,6 +492,7 @@ async def _stopped_share(pid: int, seconds: float) -> float:
 
 
 @register
+@dataclass(frozen=True, kw_only=True)
 class GpuPowerCap(Fault):
     """Lower a GPU's power limit (NVML, watts), restore the previous limit on revert."""
 
@@ -460,124 +504,83 @@ class GpuPowerCap(Fault):
             Param("watts", "float", required=True, doc="power limit in watts, within the GPU's allowed range", min=1),
         ),
     )
-    outlives_runner = True
 
-    def __init__(self, name: str, params: Mapping[str, Any]) -> None:
-        super().__init__(name, params)
-        self._previous: float | None = None
+    device: int
+    watts: float
 
-    def problems(self, experiment: Any) -> list[tuple[str, str]]:
-        if not _allowed_by(experiment):
+    def problems(self, experiment: Experiment) -> list[tuple[str, str]]:
+        if not experiment.safety.allow_gpu_clock_changes:
             return [("", _refusal(self.kind, "lowers the GPU power limit"))]
         return []
 
-    def check(self, env: FaultEnv) -> None:
-        if not env.extras.get("allow_gpu_clock_changes", False):
+    def activate(self, ctx: RunContext) -> Injection:
+        if not ctx.safety.allow_gpu_clock_changes:
             raise FaultPermissionDenied(_refusal(self.kind, "lowers the GPU power limit"))
-        index, watts = self.params["device"], float(self.params["watts"])
         with Nvml() as nv:
-            low, high = nv.power_limit_constraints_watts(index)
-        if not low <= watts <= high:
-            raise FaultUnsupported(f"watts: {watts:g} is outside GPU {index}'s allowed power limit range {low:g}-{high:g} W")
+            low, high = nv.power_limit_constraints_watts(self.device)
+        if not low <= self.watts <= high:
+            raise FaultUnsupported(f"watts: {self.watts:g} is outside GPU {self.device}'s allowed power limit range {low:g}-{high:g} W")
+        return _PowerLimit(self, ctx)
 
-    def plan(self, env: FaultEnv) -> dict[str, Any]:
-        index = self.params["device"]
+    @classmethod
+    def rollback(cls, undo: Mapping[str, Any]) -> dict[str, Any]:
+        lib, notes = _configured_nvml_lib(undo)
+        with Nvml(lib) as nv:
+            index = nv.index_of(str(undo["uuid"]), int(undo.get("device", 0)))
+            current = nv.power_limit_watts(index)
+            ours = undo.get("limit_watts")
+            if ours is None or abs(current - float(ours)) > POWER_TOLERANCE_W:
+                return notes | {
+                    "restored": False, "device": index, "limit_watts": current,
+                    "why": f"the power limit reads {current:g} W, not the {ours} W this run set: changed by someone else since (or never set); left alone",
+                }
+            nv.set_power_limit_watts(index, float(undo["previous_watts"]))
+            return notes | {"device": index, "restored_watts": undo["previous_watts"], "limit_watts": nv.power_limit_watts(index)}
+
+
+class _PowerLimit(Injection):
+    """The lowered limit for one phase; the previous one restored on revert if ours is still set."""
+
+    outlives_runner = True
+
+    def __init__(self, fault: GpuPowerCap, ctx: RunContext) -> None:
+        super().__init__(fault, ctx)
+        self.spec = fault
+        self._previous: float | None = None
+        self._set: float | None = None
+
+    def plan(self) -> dict[str, Any]:
         with Nvml() as nv:
-            self._previous = nv.power_limit_watts(index)
-            return {"device": index, "uuid": nv.uuid(index), "previous_watts": self._previous, "nvml_lib": os.environ.get(LIB_ENV)}
+            self._previous = nv.power_limit_watts(self.spec.device)
+            return {"device": self.spec.device, "uuid": nv.uuid(self.spec.device), "previous_watts": self._previous,
+                    "nvml_lib": os.environ.get(LIB_ENV)}
 
-    async def inject(self, env: FaultEnv) -> dict[str, Any]:
-        self.check(env)
-        index, watts = self.params["device"], float(self.params["watts"])
+    async def inject(self) -> dict[str, Any]:
+        index, watts = self.spec.device, self.spec.watts
         with Nvml() as nv:
             if self._previous is None:
                 self._previous = nv.power_limit_watts(index)
             nv.set_power_limit_watts(index, watts)
             readback = nv.power_limit_watts(index)
-            if abs(readback - watts) > 1.0:
+            if abs(readback - watts) > POWER_TOLERANCE_W:
                 nv.set_power_limit_watts(index, self._previous)
                 raise FaultError(f"GPU {index}: set the power limit to {watts:g} W but it reads {readback:g} W; restored {self._previous:g} W")
+            self._set = readback
             return {
                 "device": index, "previous_watts": self._previous, "limit_watts": readback,
                 "power_watts": nv.power_watts(index), "clock_event_reasons": nv.clock_event_reasons(index),
+                "undo": {"limit_watts": readback},
             }
 
-    async def revert(self, env: FaultEnv) -> dict[str, Any]:
-        if self._previous is None:
+    async def revert(self) -> dict[str, Any]:
+        if self._previous is None or self._set is None:
             return {"skipped": "not injected"}
-        index = self.params["device"]
+        index, previous, ours = self.spec.device, self._previous, self._set
         with Nvml() as nv:
-            nv.set_power_limit_watts(index, self._previous)
-            restored = self._previous
-            self._previous = None
-            return {"device": index, "restored_watts": restored, "limit_watts": nv.power_limit_watts(index)}
-
-    @classmethod
-    def rollback(cls, undo: Mapping[str, Any]) -> dict[str, Any]:
-        with Nvml(undo.get("nvml_lib") or None) as nv:
-            index = nv.index_of(str(undo["uuid"]), int(undo.get("device", 0)))
-            nv.set_power_limit_watts(index, float(undo["previous_watts"]))
-            return {"device": index, "restored_watts": undo["previous_watts"], "limit_watts": nv.power_limit_watts(index)}
-
-
-# ---- telemetry -----------------------------------------------------------------------------------
-
-
-class GpuTelemetry:
-    """GPU series for the observations, polled by the runner about once a second.
-
-    ``sample()`` returns ``MetricSample``s named ``gpu_sm_clock_mhz``, ``gpu_clock_event_reasons``,
-    ``gpu_memory_used_bytes`` and ``gpu_power_watts``, labelled ``{"gpu": "<index>"}``; a reading a
-    GPU does not support is left out. Keeps one NVML session open until ``close()``.
-    """
-
-    SERIES: ClassVar[dict[str, str]] = {
-        "gpu_sm_clock_mhz": "sm_clock_mhz",
-        "gpu_clock_event_reasons": "clock_event_reasons",
-        "gpu_memory_used_bytes": "memory_used_bytes",
-        "gpu_power_watts": "power_watts",
-    }
-
-    def __init__(self, devices: Sequence[int] | None = None, lib_path: str | None = None) -> None:
-        self.devices = list(devices) if devices is not None else None
-        self.lib_path = lib_path
-        self._nvml: Nvml | None = None
-
-    def available(self) -> bool:
-        """True when NVML answers and sees a GPU here; never raises."""
-        return nvml_available(self.lib_path)
-
-    def sample(self, t: int | None = None) -> list[MetricSample]:
-        if self._nvml is None:
-            nv = Nvml(self.lib_path)
-            nv.init()
-            self._nvml = nv
-        nv = self._nvml
-        t = time.monotonic_ns() if t is None else t
-        devices = self.devices if self.devices is not None else list(range(nv.device_count()))
-        readers = {
-            "sm_clock_mhz": nv.sm_clock_mhz,
-            "clock_event_reasons": nv.clock_event_reasons,
-            "memory_used_bytes": nv.memory_used_bytes,
-            "power_watts": nv.power_watts,
-        }
-        out = []
-        for index in devices:
-            for series, reading in self.SERIES.items():
-                try:
-                    value = readers[reading](index)
-                except FaultUnsupported:
-                    continue
-                out.append(MetricSample(name=series, labels={"gpu": str(index)}, value=float(value), t=t))
-        return out
-
-    def close(self) -> None:
-        if self._nvml is not None:
-            self._nvml.shutdown()
-            self._nvml = None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+            current = nv.power_limit_watts(index)
+            self._previous = self._set = None
+            if abs(current - ours) > POWER_TOLERANCE_W:
+                return {"restored": False, "device": index, "limit_watts": current,
+                        "why": f"the power limit reads {current:g} W, not our {ours:g} W: changed by someone else; left alone"}
+            nv.set_power_limit_watts(index, previous)
+            return {"device": index, "restored_watts": previous, "limit_watts": nv.power_limit_watts(index)}

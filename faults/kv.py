@@ -14,15 +14,18 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import httpx
-
+from chaos.context import BackgroundLoad, RunContext
 from chaos.errors import FaultUnsupported
 from chaos.params import Param, Schema
-from chaos.stack.admin_client import AdminClient
-from faults.base import Fault, FaultEnv, register
+from chaos.stack.admin_client import AdminClient, admin_delete_sync
+from faults.base import Fault, Injection, register
 from faults.server import require_admin
+
+if TYPE_CHECKING:
+    from chaos.experiment.model import Experiment
 
 __all__ = ["KvPressure"]
 
@@ -30,9 +33,11 @@ TOPUP_INTERVAL_S = 0.02  # how often a short reservation tries again to take fre
 TOPUP_STOP_TIMEOUT_S = 2.0  # a reserve call answers in ms; a hung one is cancelled (the release count still tells)
 
 _STATE_KEYS = ("kv_blocks_used", "kv_blocks_total", "kv_blocks_reserved", "num_running", "num_waiting", "num_preemptions")
+_HOG_ALTERNATIVE = "kv.pressure with method: hog"
 
 
 @register
+@dataclass(frozen=True, kw_only=True)
 class KvPressure(Fault):
     """Shrink the KV pool (reserve) or fill it with background streams (hog)."""
 
@@ -50,51 +55,55 @@ class KvPressure(Fault):
         at_most_one_of=(("fraction", "blocks"),),
     )
 
-    def __init__(self, name: str, params: Mapping[str, Any]) -> None:
-        super().__init__(name, params)
-        self._topup: asyncio.Task[None] | None = None
-        self._topup_stop = asyncio.Event()
-        self._held = 0  # blocks this fault has reserved so far
+    fraction: float | None
+    blocks: int | None
+    method: str
+    hog_streams: int
+    hog_prompt_chars: int
+    hog_max_tokens: int
 
-    def problems(self, experiment: Any) -> list[tuple[str, str]]:
-        if self.params.get("method", "reserve") == "reserve" and self.params.get("fraction") is None and self.params.get("blocks") is None:
+    def problems(self, experiment: Experiment) -> list[tuple[str, str]]:
+        if self.method == "reserve" and self.fraction is None and self.blocks is None:
             return [("", "method 'reserve' needs 'fraction' (e.g. 0.8) or 'blocks' (e.g. 400)")]
         return []
 
-    def check(self, env: FaultEnv) -> None:
-        if self._method == "reserve":
-            require_admin(self.kind, env, "kv.pressure with method: hog")
-        elif env.background is None:
+    def activate(self, ctx: RunContext) -> Injection:
+        if self.method == "reserve":
+            return _Reservation(self, ctx, require_admin(self.kind, ctx, _HOG_ALTERNATIVE))
+        if ctx.background is None:
             raise FaultUnsupported("kv.pressure method 'hog' needs the runner's background load, and none was given to this fault")
+        return _Hog(self, ctx, ctx.background)
 
-    @property
-    def _method(self) -> str:
-        return str(self.params.get("method") or "reserve")
+    @classmethod
+    def rollback(cls, undo: Mapping[str, Any]) -> dict[str, Any]:
+        if undo.get("method") != "reserve":
+            return {"skipped": "background streams ended with the runner"}
+        body = admin_delete_sync(str(undo["admin_url"]), "/kv/reserve", os.environ.get("STREAMCHAOS_ADMIN_TOKEN"))
+        if body is None:
+            return {"skipped": f"the stack at {undo['admin_url']} is gone; its pool went with it"}
+        return {"released": int(body["released"])}
 
-    def plan(self, env: FaultEnv) -> dict[str, Any]:
-        if self._method == "reserve":
-            # The token is not journaled; rollback reads STREAMCHAOS_ADMIN_TOKEN when it needs one.
-            return {"method": "reserve", "admin_url": require_admin(self.kind, env, "kv.pressure with method: hog")}
-        return {"method": "hog", "note": "background streams die with the runner; nothing outlives it"}
 
-    async def inject(self, env: FaultEnv) -> dict[str, Any]:
-        if self._method == "reserve":
-            return await self._reserve(env)
-        assert env.background is not None, "check() guarantees a background load"
-        streams = int(self.params["hog_streams"])
-        await env.background.start(self.name, streams, int(self.params["hog_prompt_chars"]), int(self.params["hog_max_tokens"]))
-        evidence: dict[str, Any] = {"method": "hog", "streams_started": streams}
-        if env.target.admin_url:
-            async with AdminClient(env.target.admin_url, env.target.admin_token) as admin:
-                evidence["engine"] = _pick(await admin.state())
-        return evidence
+class _Reservation(Injection):
+    """Reserve blocks through the admin API; top the reservation up while live requests hold the rest."""
 
-    async def _reserve(self, env: FaultEnv) -> dict[str, Any]:
-        admin_url = require_admin(self.kind, env, "kv.pressure with method: hog")
-        async with AdminClient(admin_url, env.target.admin_token) as admin:
+    def __init__(self, fault: KvPressure, ctx: RunContext, admin_url: str) -> None:
+        super().__init__(fault, ctx)
+        self.spec = fault
+        self.admin_url = admin_url
+        self._topup: asyncio.Task[None] | None = None
+        self._topup_stop = asyncio.Event()
+        self._held = 0  # blocks this injection has reserved so far
+
+    def plan(self) -> dict[str, Any]:
+        # The token is not journaled; rollback reads STREAMCHAOS_ADMIN_TOKEN when it needs one.
+        return {"method": "reserve", "admin_url": self.admin_url}
+
+    async def inject(self) -> dict[str, Any]:
+        async with AdminClient(self.admin_url, self.ctx.target.admin_token) as admin:
             before = await admin.state()
             total = int(before["kv_blocks_total"])
-            wanted = int(self.params["blocks"]) if self.params.get("blocks") is not None else round(float(self.params["fraction"]) * total)
+            wanted = self.spec.blocks if self.spec.blocks is not None else round(float(self.spec.fraction or 0.0) * total)
             self._held = await admin.reserve(wanted)
             after = await admin.state()
         evidence: dict[str, Any] = {"method": "reserve", "requested": wanted, "reserved": self._held, "engine": _pick(after)}
@@ -102,51 +111,57 @@ class KvPressure(Fault):
             # Live requests hold the rest; take them as they come free, for as long as we are injected.
             evidence["note"] = f"only {self._held} of {wanted} blocks were free; topping up as blocks come free"
             self._topup_stop = asyncio.Event()
-            self._topup = asyncio.create_task(self._top_up(admin_url, env.target.admin_token, wanted))
+            self._topup = asyncio.create_task(self._top_up(wanted))
         return evidence
 
-    async def _top_up(self, admin_url: str, token: str | None, wanted: int) -> None:
-        async with AdminClient(admin_url, token) as admin:
+    async def _top_up(self, wanted: int) -> None:
+        async with AdminClient(self.admin_url, self.ctx.target.admin_token) as admin:
             while self._held < wanted and not self._topup_stop.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._topup_stop.wait(), TOPUP_INTERVAL_S)
                 if not self._topup_stop.is_set():
                     self._held += await admin.reserve(wanted - self._held)
 
-    async def revert(self, env: FaultEnv) -> dict[str, Any]:
-        if self._method == "reserve":
-            topup, self._topup = self._topup, None
-            if topup is not None:
-                # stop it between requests rather than cancel it mid-request: a cancelled reserve call
-                # could take blocks on the engine and never add them to our tally
-                self._topup_stop.set()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await asyncio.wait_for(topup, TOPUP_STOP_TIMEOUT_S)  # a failed top-up must not stop the release
-            admin_url = require_admin(self.kind, env, "kv.pressure with method: hog")
-            async with AdminClient(admin_url, env.target.admin_token) as admin:
-                released = await admin.release()
-                after = await admin.state()
-            held, self._held = self._held, 0
-            result: dict[str, Any] = {"method": "reserve", "reserved_at_revert": held, "released": released, "engine": _pick(after)}
-            if released != held:
-                result["note"] = f"the engine released {released} blocks; this fault had counted {held}"
-            return result
-        assert env.background is not None
-        stopped = await env.background.stop(self.name)
-        return {"method": "hog", "streams_stopped": stopped}
+    async def revert(self) -> dict[str, Any]:
+        topup, self._topup = self._topup, None
+        if topup is not None:
+            # stop it between requests rather than cancel it mid-request: a cancelled reserve call
+            # could take blocks on the engine and never add them to our tally
+            self._topup_stop.set()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(topup, TOPUP_STOP_TIMEOUT_S)  # a failed top-up must not stop the release
+        async with AdminClient(self.admin_url, self.ctx.target.admin_token) as admin:
+            released = await admin.release()
+            after = await admin.state()
+        held, self._held = self._held, 0
+        result: dict[str, Any] = {"method": "reserve", "reserved_at_revert": held, "released": released, "engine": _pick(after)}
+        if released != held:
+            result["note"] = f"the engine released {released} blocks; this fault had counted {held}"
+        return result
 
-    @classmethod
-    def rollback(cls, undo: Mapping[str, Any]) -> dict[str, Any]:
-        if undo.get("method") != "reserve":
-            return {"skipped": "background streams ended with the runner"}
-        token = os.environ.get("STREAMCHAOS_ADMIN_TOKEN")
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        try:
-            response = httpx.delete(f"{str(undo['admin_url']).rstrip('/')}/kv/reserve", headers=headers, timeout=5.0, trust_env=False)
-        except httpx.ConnectError:
-            return {"skipped": f"the stack at {undo['admin_url']} is gone; its pool went with it"}
-        response.raise_for_status()
-        return {"released": int(response.json()["released"])}
+
+class _Hog(Injection):
+    """Background streams with long prompts and long outputs, outside the SLA population."""
+
+    def __init__(self, fault: KvPressure, ctx: RunContext, background: BackgroundLoad) -> None:
+        super().__init__(fault, ctx)
+        self.spec = fault
+        self.background = background
+
+    def plan(self) -> dict[str, Any]:
+        return {"method": "hog", "note": "background streams die with the runner; nothing outlives it"}
+
+    async def inject(self) -> dict[str, Any]:
+        spec = self.spec
+        await self.background.start(self.name, spec.hog_streams, spec.hog_prompt_chars, spec.hog_max_tokens)
+        evidence: dict[str, Any] = {"method": "hog", "streams_started": spec.hog_streams}
+        if self.ctx.target.admin_url:
+            async with AdminClient(self.ctx.target.admin_url, self.ctx.target.admin_token) as admin:
+                evidence["engine"] = _pick(await admin.state())
+        return evidence
+
+    async def revert(self) -> dict[str, Any]:
+        return {"method": "hog", "streams_stopped": await self.background.stop(self.name)}
 
 
 def _pick(state: Mapping[str, Any]) -> dict[str, Any]:

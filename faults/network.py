@@ -12,12 +12,17 @@ above ``average_size``, a zero or negative bandwidth) are rejected here, at vali
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from chaos.context import ProxyInfo, RunContext
 from chaos.errors import FaultUnsupported
 from chaos.params import Param, Schema
-from faults.base import Fault, FaultEnv, register
+from faults.base import Fault, Injection, register
 from faults.toxiproxy_client import ToxiproxyAPI
+
+if TYPE_CHECKING:
+    from chaos.experiment.model import Experiment
 
 __all__ = ["NetworkFault", "ToxicFault"]
 
@@ -30,58 +35,41 @@ def _ms(seconds: float) -> int:
     return int(round(seconds * 1000))
 
 
+@dataclass(frozen=True, kw_only=True)
 class NetworkFault(Fault):
-    """A fault acting on the proxy named in ``env.proxy``."""
+    """A fault acting on the proxy in the run's context."""
 
-    def problems(self, experiment: Any) -> list[tuple[str, str]]:
+    def problems(self, experiment: Experiment) -> list[tuple[str, str]]:
         if not experiment.proxy.enabled:
             return [("kind", f"{self.kind} needs a proxy between load and target: add a `proxy:` section (e.g. `proxy: {{server: auto}}`)")]
         return []
 
-    def check(self, env: FaultEnv) -> None:
-        if env.proxy is None:
+    def require_proxy(self, ctx: RunContext) -> ProxyInfo:
+        if ctx.proxy is None:
             raise FaultUnsupported(f"{self.kind} needs the experiment's `proxy:` section: no Toxiproxy is in the path")
-
-    def api(self, env: FaultEnv) -> ToxiproxyAPI:
-        assert env.proxy is not None
-        return ToxiproxyAPI(env.proxy.api_url)
+        return ctx.proxy
 
 
+@dataclass(frozen=True, kw_only=True)
 class ToxicFault(NetworkFault):
     """A fault that is one Toxiproxy toxic type with attributes derived from the parameters."""
 
     toxic_type: ClassVar[str]
-    default_direction: ClassVar[str] = "downstream"
+
+    direction: str
+    toxicity: float
 
     def attributes(self) -> dict[str, int]:
         raise NotImplementedError
 
     def streams(self) -> list[str]:
-        direction = self.params.get("direction") or self.default_direction
-        return ["downstream", "upstream"] if direction == "both" else [direction]
+        return ["downstream", "upstream"] if self.direction == "both" else [self.direction]
 
     def toxic_names(self) -> list[str]:
         return [f"{self.name}-{stream}" for stream in self.streams()]
 
-    def plan(self, env: FaultEnv) -> dict[str, Any]:
-        assert env.proxy is not None
-        return {"api_url": env.proxy.api_url, "proxy": env.proxy.proxy_name, "toxics": self.toxic_names()}
-
-    async def inject(self, env: FaultEnv) -> dict[str, Any]:
-        assert env.proxy is not None
-        api, listed = self.api(env), []
-        for stream, name in zip(self.streams(), self.toxic_names()):
-            listed.append(await api.add_toxic(
-                env.proxy.proxy_name, name=name, type=self.toxic_type, stream=stream,
-                toxicity=float(self.params.get("toxicity", 1.0)), attributes=self.attributes(),
-            ))
-        return {"server": env.proxy.server, "toxics": listed}
-
-    async def revert(self, env: FaultEnv) -> dict[str, Any]:
-        assert env.proxy is not None
-        api = self.api(env)
-        removed = {name: await api.remove_toxic(env.proxy.proxy_name, name) for name in self.toxic_names()}
-        return {"removed": removed}
+    def activate(self, ctx: RunContext) -> Injection:
+        return _Toxics(self, ctx, self.require_proxy(ctx))
 
     @classmethod
     def rollback(cls, undo: Mapping[str, Any]) -> dict[str, Any]:
@@ -91,7 +79,34 @@ class ToxicFault(NetworkFault):
         return {name: api.remove_toxic_sync(undo["proxy"], name) for name in undo.get("toxics", [])}
 
 
+class _Toxics(Injection):
+    """The fault's toxics on the run's proxy, one per direction."""
+
+    def __init__(self, fault: ToxicFault, ctx: RunContext, proxy: ProxyInfo) -> None:
+        super().__init__(fault, ctx)
+        self.toxic = fault
+        self.proxy = proxy
+        self.api = ToxiproxyAPI(proxy.api_url)
+
+    def plan(self) -> dict[str, Any]:
+        return {"api_url": self.proxy.api_url, "proxy": self.proxy.proxy_name, "toxics": self.toxic.toxic_names()}
+
+    async def inject(self) -> dict[str, Any]:
+        listed = []
+        for stream, name in zip(self.toxic.streams(), self.toxic.toxic_names()):
+            listed.append(await self.api.add_toxic(
+                self.proxy.proxy_name, name=name, type=self.toxic.toxic_type, stream=stream,
+                toxicity=self.toxic.toxicity, attributes=self.toxic.attributes(),
+            ))
+        return {"server": self.proxy.server, "toxics": listed}
+
+    async def revert(self) -> dict[str, Any]:
+        removed = {name: await self.api.remove_toxic(self.proxy.proxy_name, name) for name in self.toxic.toxic_names()}
+        return {"removed": removed}
+
+
 @register
+@dataclass(frozen=True, kw_only=True)
 class Latency(ToxicFault):
     kind = "network.latency"
     summary = "delay every chunk by latency ± jitter (per direction)"
@@ -102,22 +117,29 @@ class Latency(ToxicFault):
         DIRECTION, TOXICITY,
     ))
 
+    latency: float
+    jitter: float
+
     def attributes(self) -> dict[str, int]:
-        return {"latency": _ms(self.params["latency"]), "jitter": _ms(self.params["jitter"])}
+        return {"latency": _ms(self.latency), "jitter": _ms(self.jitter)}
 
 
 @register
+@dataclass(frozen=True, kw_only=True)
 class Bandwidth(ToxicFault):
     kind = "network.bandwidth"
     summary = "cap throughput per connection (a slow link)"
     toxic_type = "bandwidth"
     schema = Schema((Param("rate", "data_rate", required=True, min=1000, doc="at least 1KB/s; Toxiproxy counts 1 KB = 1000 B"), DIRECTION, TOXICITY))
 
+    rate: float
+
     def attributes(self) -> dict[str, int]:
-        return {"rate": max(1, int(self.params["rate"] // 1000))}
+        return {"rate": max(1, int(self.rate // 1000))}
 
 
 @register
+@dataclass(frozen=True, kw_only=True)
 class Slicer(ToxicFault):
     kind = "network.slicer"
     summary = "split chunks into small TCP writes (tiny packets; multibyte characters split)"
@@ -129,62 +151,78 @@ class Slicer(ToxicFault):
         DIRECTION, TOXICITY,
     ))
 
-    def problems(self, experiment: Any) -> list[tuple[str, str]]:
+    average_size: float
+    size_variation: float
+    delay: float
+
+    def problems(self, experiment: Experiment) -> list[tuple[str, str]]:
         out = super().problems(experiment)
-        if self.params["size_variation"] > self.params["average_size"]:
-            out.append(("size_variation", f"must be at most average_size ({self.params['average_size']:g} B); larger values crash Toxiproxy"))
+        if self.size_variation > self.average_size:
+            out.append(("size_variation", f"must be at most average_size ({self.average_size:g} B); larger values crash Toxiproxy"))
         return out
 
     def attributes(self) -> dict[str, int]:
-        return {"average_size": int(self.params["average_size"]), "size_variation": int(self.params["size_variation"]),
-                "delay": int(round(self.params["delay"] * 1e6))}
+        return {"average_size": int(self.average_size), "size_variation": int(self.size_variation), "delay": int(round(self.delay * 1e6))}
 
 
 @register
+@dataclass(frozen=True, kw_only=True)
 class Reset(ToxicFault):
     kind = "network.reset"
     summary = "reset the connection (TCP RST for new connections) after the next data plus a delay"
     toxic_type = "reset_peer"
     schema = Schema((Param("after", "duration", 0.0, doc="wait after the first chunk before the reset"), DIRECTION, TOXICITY))
 
+    after: float
+
     def attributes(self) -> dict[str, int]:
-        return {"timeout": _ms(self.params["after"])}
+        return {"timeout": _ms(self.after)}
 
 
 @register
+@dataclass(frozen=True, kw_only=True)
 class Timeout(ToxicFault):
     kind = "network.timeout"
     summary = "black-hole data, closing the connection after it has been idle this long (0 = never)"
     toxic_type = "timeout"
     schema = Schema((Param("timeout", "duration", 0.0), DIRECTION, TOXICITY))
 
+    timeout: float
+
     def attributes(self) -> dict[str, int]:
-        return {"timeout": _ms(self.params["timeout"])}
+        return {"timeout": _ms(self.timeout)}
 
 
 @register
+@dataclass(frozen=True, kw_only=True)
 class LimitData(ToxicFault):
     kind = "network.limit_data"
     summary = "close each connection after this many bytes (per direction)"
     toxic_type = "limit_data"
     schema = Schema((Param("bytes", "size", required=True, min=1), DIRECTION, TOXICITY))
 
+    bytes: float
+
     def attributes(self) -> dict[str, int]:
-        return {"bytes": int(self.params["bytes"])}
+        return {"bytes": int(self.bytes)}
 
 
 @register
+@dataclass(frozen=True, kw_only=True)
 class SlowClose(ToxicFault):
     kind = "network.slow_close"
     summary = "hold the close of each connection for a delay"
     toxic_type = "slow_close"
     schema = Schema((Param("delay", "duration", required=True), DIRECTION, TOXICITY))
 
+    delay: float
+
     def attributes(self) -> dict[str, int]:
-        return {"delay": _ms(self.params["delay"])}
+        return {"delay": _ms(self.delay)}
 
 
 @register
+@dataclass(frozen=True, kw_only=True)
 class Buffer(ToxicFault):
     kind = "network.buffer"
     summary = "a buffering proxy (proxy_buffering on): hold each response until it ends, or a size or time limit"
@@ -196,42 +234,55 @@ class Buffer(ToxicFault):
         TOXICITY,
     ))
 
-    def problems(self, experiment: Any) -> list[tuple[str, str]]:
+    max_bytes: float
+    max_time: float
+
+    def problems(self, experiment: Experiment) -> list[tuple[str, str]]:
         out = super().problems(experiment)
         if experiment.proxy.server not in ("auto", "embedded"):
             out.append(("kind", f"network.buffer is a non-standard toxic only the embedded Toxiproxy has; proxy.server is {experiment.proxy.server!r}: use server: embedded"))
         return out
 
-    def check(self, env: FaultEnv) -> None:
-        super().check(env)
-        assert env.proxy is not None
-        if not env.proxy.supports_buffer:
-            raise FaultUnsupported(f"network.buffer needs the embedded Toxiproxy; this run uses a {env.proxy.server} server. Set proxy.server: embedded")
+    def activate(self, ctx: RunContext) -> Injection:
+        proxy = self.require_proxy(ctx)
+        if not proxy.supports_buffer:
+            raise FaultUnsupported(f"network.buffer needs the embedded Toxiproxy; this run uses a {proxy.server} server. Set proxy.server: embedded")
+        return super().activate(ctx)
 
     def attributes(self) -> dict[str, int]:
-        return {"max_bytes": int(self.params["max_bytes"]), "max_time": _ms(self.params["max_time"])}
+        return {"max_bytes": int(self.max_bytes), "max_time": _ms(self.max_time)}
 
 
 @register
+@dataclass(frozen=True, kw_only=True)
 class Down(NetworkFault):
     kind = "network.down"
     summary = "take the link down: the proxy closes live connections and refuses new ones"
     schema = Schema(())
 
-    def plan(self, env: FaultEnv) -> dict[str, Any]:
-        assert env.proxy is not None
-        return {"api_url": env.proxy.api_url, "proxy": env.proxy.proxy_name}
-
-    async def inject(self, env: FaultEnv) -> dict[str, Any]:
-        assert env.proxy is not None
-        return await self.api(env).set_enabled(env.proxy.proxy_name, False)
-
-    async def revert(self, env: FaultEnv) -> dict[str, Any]:
-        assert env.proxy is not None
-        return await self.api(env).set_enabled(env.proxy.proxy_name, True)
+    def activate(self, ctx: RunContext) -> Injection:
+        return _LinkDown(self, ctx, self.require_proxy(ctx))
 
     @classmethod
     def rollback(cls, undo: Mapping[str, Any]) -> dict[str, Any]:
         if not undo.get("api_url"):
             return {"skipped": "no proxy recorded"}
         return {"proxy": ToxiproxyAPI(undo["api_url"]).enable_sync(undo["proxy"])}
+
+
+class _LinkDown(Injection):
+    """The proxy disabled for the phase, enabled again on revert."""
+
+    def __init__(self, fault: Down, ctx: RunContext, proxy: ProxyInfo) -> None:
+        super().__init__(fault, ctx)
+        self.proxy = proxy
+        self.api = ToxiproxyAPI(proxy.api_url)
+
+    def plan(self) -> dict[str, Any]:
+        return {"api_url": self.proxy.api_url, "proxy": self.proxy.proxy_name}
+
+    async def inject(self) -> dict[str, Any]:
+        return await self.api.set_enabled(self.proxy.proxy_name, False)
+
+    async def revert(self) -> dict[str, Any]:
+        return await self.api.set_enabled(self.proxy.proxy_name, True)

@@ -26,7 +26,7 @@ import pynvml
 
 from chaos.errors import FaultError, FaultPermissionDenied, FaultUnsupported
 
-__all__ = ["LIB_ENV", "Nvml", "gpu_telemetry", "nvml_available"]
+__all__ = ["LIB_ENV", "Nvml", "nvml_available"]
 
 LIB_ENV = "STREAMCHAOS_NVML_LIB"
 ALTERNATIVES = "alternatives: backend contention or cpu_duty"
@@ -232,24 +232,3 @@ def nvml_available(lib_path: str | None = None) -> bool:
             return nvml.device_count() > 0
     except Exception:  # noqa: BLE001 - a probe: any failure means "not available"
         return False
-
-
-def gpu_telemetry(index: int = 0, lib_path: str | None = None) -> dict[str, float | int | None]:
-    """One sample of GPU ``index``; a reading the GPU does not support is None, not an error."""
-    sample: dict[str, float | int | None] = {}
-    with Nvml(lib_path) as nvml:
-        nvml.handle(index)  # an unknown index is an error, not a row of Nones
-        readers = {
-            "sm_clock_mhz": nvml.sm_clock_mhz,
-            "max_sm_clock_mhz": nvml.max_sm_clock_mhz,
-            "clock_event_reasons": nvml.clock_event_reasons,
-            "memory_used_bytes": nvml.memory_used_bytes,
-            "power_watts": nvml.power_watts,
-            "power_limit_watts": nvml.power_limit_watts,
-        }
-        for key, read in readers.items():
-            try:
-                sample[key] = read(index)
-            except FaultUnsupported:
-                sample[key] = None
-    return sample

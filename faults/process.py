@@ -18,13 +18,14 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from chaos.errors import FaultError, FaultPermissionDenied, FaultUnsupported
+from chaos.context import RunContext
+from chaos.errors import FaultError, FaultUnsupported
 from chaos.params import Param, Schema
-from faults.base import Fault, FaultEnv, register
-from faults.burner import exit_status, proc_state, start_time
+from chaos.procs import check_signalable, exit_status, proc_state, start_time
+from faults.base import Fault, Injection, register
 
 __all__ = ["ProcessKill", "describe_status"]
 
@@ -45,6 +46,7 @@ def describe_status(status: int | None) -> str | None:
 
 
 @register
+@dataclass(frozen=True, kw_only=True)
 class ProcessKill(Fault):
     """Kill the serving process (engine and server are one process in the builtin stack)."""
 
@@ -60,8 +62,31 @@ class ProcessKill(Fault):
         ),
     )
 
-    def __init__(self, name: str, params: Mapping[str, Any]) -> None:
-        super().__init__(name, params)
+    target: str
+    signal: str
+    at: float
+    restart: bool
+
+    def activate(self, ctx: RunContext) -> Injection:
+        pid = ctx.target.pid
+        if pid is None:
+            raise FaultUnsupported(
+                f"process.kill needs the pid of the serving process, which the runner knows only for a target it"
+                f" started (builtin, vllm); target {ctx.target.kind} at {ctx.target.base_url} has none;"
+                " for a Kubernetes target use a k8s.* fault"
+            )
+        if self.restart and ctx.restart_target is None:
+            raise FaultUnsupported(f"process.kill with restart: true needs the runner to restart target {ctx.target.kind}, which it cannot")
+        check_signalable(pid, "process.kill: the target process")
+        return _Kill(self, ctx)
+
+
+class _Kill(Injection):
+    """The kill scheduled for one phase, its outcome, and the restart if asked for."""
+
+    def __init__(self, fault: ProcessKill, ctx: RunContext) -> None:
+        super().__init__(fault, ctx)
+        self.spec = fault
         self._task: asyncio.Task[None] | None = None
         self._killed = asyncio.Event()
         self._outcome: dict[str, Any] = {}
@@ -69,37 +94,20 @@ class ProcessKill(Fault):
         self._reverted = False
         self._injected_ns = 0
 
-    def check(self, env: FaultEnv) -> None:
-        pid = env.target.pid
+    def plan(self) -> dict[str, Any]:
+        return {"pid": self.ctx.target.pid, "signal": self.spec.signal, "note": "a kill cannot be undone"}
+
+    async def inject(self) -> dict[str, Any]:
+        pid = self.ctx.target.pid
         if pid is None:
-            raise FaultUnsupported(
-                f"process.kill needs the pid of the serving process, which the runner knows only for a target it"
-                f" started (builtin, vllm); target {env.target.kind} at {env.target.base_url} has none;"
-                " for a Kubernetes target use a k8s.* fault"
-            )
-        if self.params.get("restart") and env.restart_target is None:
-            raise FaultUnsupported(f"process.kill with restart: true needs the runner to restart target {env.target.kind}, which it cannot")
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            raise FaultUnsupported(f"process.kill: the target process {pid} is not running") from None
-        except PermissionError as exc:
-            raise FaultPermissionDenied(f"process.kill: not allowed to signal the target process {pid}") from exc
-
-    def plan(self, env: FaultEnv) -> dict[str, Any]:
-        pid = env.target.pid
-        return {"pid": pid, "signal": self.params.get("signal", "SIGKILL"), "note": "a kill cannot be undone"}
-
-    async def inject(self, env: FaultEnv) -> dict[str, Any]:
-        self.check(env)
-        pid = env.target.pid
-        assert pid is not None
+            raise FaultUnsupported("process.kill: the target has no known pid any more")
+        check_signalable(pid, "process.kill: the target process")
         self._killed = asyncio.Event()
         self._injected_ns = time.monotonic_ns()
-        self._outcome = {"pid": pid, "signal": self.params.get("signal", "SIGKILL"), "at_s": float(self.params.get("at", 0.0))}
+        self._outcome = {"pid": pid, "signal": self.spec.signal, "at_s": self.spec.at}
         self._restarted = self._reverted = False
-        self._task = asyncio.create_task(self._kill_later(env, pid, start_time(pid)), name=f"{self.name}-kill")
-        if self._outcome["at_s"] > 0:
+        self._task = asyncio.create_task(self._kill_later(pid, start_time(pid)), name=f"{self.name}-kill")
+        if self.spec.at > 0:
             return dict(self._outcome, scheduled=True)
         # At the phase start: the evidence is the kill itself (a graceful SIGTERM exit may take longer
         # than the timeline should wait; revert then reports the exit).
@@ -110,32 +118,32 @@ class ProcessKill(Fault):
             raise self._task.exception()  # type: ignore[misc]
         return dict(self._outcome)
 
-    async def _kill_later(self, env: FaultEnv, pid: int, identity: int | None) -> None:
-        await asyncio.sleep(float(self.params.get("at", 0.0)))
+    async def _kill_later(self, pid: int, identity: int | None) -> None:
+        await asyncio.sleep(self.spec.at)
         if start_time(pid) != identity:
             self._outcome.update(killed=False, why=f"pid {pid} exited (or was reused) before the kill")
             self._killed.set()
             return
-        sig = signal.Signals[self.params.get("signal", "SIGKILL")]
+        sig = signal.Signals[self.spec.signal]
         sent = time.monotonic_ns()
         self._outcome.update(sent_at_monotonic_ns=sent, sent_after_s=round((sent - self._injected_ns) / 1e9, 4))
         os.kill(pid, sig)
         self._outcome.update(killed=True, **await _wait_exit(pid, identity, EXIT_WAIT_S))
         self._killed.set()
-        if self.params.get("restart"):
-            await self._restart(env)
+        if self.spec.restart:
+            await self._restart()
 
-    async def _restart(self, env: FaultEnv) -> None:
+    async def _restart(self) -> None:
         if self._restarted:
             return
-        if env.restart_target is None:
+        if self.ctx.restart_target is None:
             raise FaultError("process.kill: restart requested but the runner gave no restart_target")
         start = time.monotonic()
-        await env.restart_target()
+        await self.ctx.restart_target()
         self._restarted = True
-        self._outcome.update(restarted=True, new_pid=env.target.pid, restart_s=round(time.monotonic() - start, 3))
+        self._outcome.update(restarted=True, new_pid=self.ctx.target.pid, restart_s=round(time.monotonic() - start, 3))
 
-    async def revert(self, env: FaultEnv) -> dict[str, Any]:
+    async def revert(self) -> dict[str, Any]:
         if self._task is None or self._reverted:
             return {"skipped": "not injected" if self._task is None else "already reverted"}
         self._reverted = True
@@ -149,10 +157,10 @@ class ProcessKill(Fault):
             await asyncio.wait_for(asyncio.shield(self._task), REVERT_WAIT_S)
         except Exception as exc:  # noqa: BLE001 - retried below, reported in evidence
             error = repr(exc)
-        if self.params.get("restart") and self._outcome.get("killed") and not self._restarted:
+        if self.spec.restart and self._outcome.get("killed") and not self._restarted:
             if not self._task.done():
                 self._task.cancel()
-            await self._restart(env)  # a failure here is the revert's failure: the runner journals it
+            await self._restart()  # a failure here is the revert's failure: the runner journals it
         return dict(self._outcome, **({"kill_task_error": error} if error else {}))
 
 

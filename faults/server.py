@@ -2,83 +2,88 @@
 
 Both act through the stack's admin API (``chaos.stack.admin_client``): inject installs a hook fault
 named after the experiment's fault, revert deletes it. Only the builtin target has that API; on any
-other target ``check`` says so and names the faults that work everywhere.
+other target activation says so and names the faults that work everywhere.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-import httpx
-
+from chaos.context import RunContext
 from chaos.errors import FaultUnsupported
 from chaos.params import Param, Schema
-from chaos.stack.admin_client import AdminClient
-from faults.base import Fault, FaultEnv, register
+from chaos.stack.admin_client import AdminClient, admin_delete_sync
+from faults.base import Fault, Injection, register
 
-__all__ = ["ServerStall", "ServerTimeout", "delete_hook_fault", "require_admin"]
+if TYPE_CHECKING:
+    from chaos.experiment.model import Experiment
+
+__all__ = ["ServerStall", "ServerTimeout", "require_admin"]
 
 
-def require_admin(kind: str, env: FaultEnv, alternatives: str) -> str:
+def require_admin(kind: str, ctx: RunContext, alternatives: str) -> str:
     """The target's admin URL, or ``FaultUnsupported`` naming why and what to use instead."""
-    if not env.target.admin_url:
+    if not ctx.target.admin_url:
         raise FaultUnsupported(
-            f"{kind} acts through the builtin stack's admin API, and target {env.target.kind!r} "
-            f"({env.target.base_url}) has none; run it against target 'builtin', or use {alternatives}"
+            f"{kind} acts through the builtin stack's admin API, and target {ctx.target.kind!r} "
+            f"({ctx.target.base_url}) has none; run it against target 'builtin', or use {alternatives}"
         )
-    return env.target.admin_url
+    return ctx.target.admin_url
 
 
-def delete_hook_fault(admin_url: str, fault_name: str, token: str | None = None) -> dict[str, Any]:
-    """Synchronously delete a hook fault; a stack that is gone has nothing left to undo."""
-    token = token or os.environ.get("STREAMCHAOS_ADMIN_TOKEN")
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    try:
-        response = httpx.delete(f"{admin_url.rstrip('/')}/faults/{quote(fault_name, safe='')}", headers=headers, timeout=5.0, trust_env=False)
-    except httpx.ConnectError:
-        return {"skipped": f"the stack at {admin_url} is gone; nothing to undo"}
-    response.raise_for_status()
-    return {"removed": bool(response.json().get("removed"))}
+class _HookInjection(Injection):
+    """One hook fault installed in the stack for the length of a phase."""
 
+    def __init__(self, fault: _HookFault, ctx: RunContext, admin_url: str) -> None:
+        super().__init__(fault, ctx)
+        self.hook = fault
+        self.admin_url = admin_url
 
-class _HookFault(Fault):
-    """Shared inject/revert/rollback of faults that are one hook fault in the stack."""
-
-    alternatives = "client.timeout or network faults"
-
-    def spec(self, env: FaultEnv) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def check(self, env: FaultEnv) -> None:
-        require_admin(self.kind, env, self.alternatives)
-
-    def plan(self, env: FaultEnv) -> dict[str, Any]:
+    def plan(self) -> dict[str, Any]:
         # The token is not journaled; rollback reads STREAMCHAOS_ADMIN_TOKEN when it needs one.
-        return {"admin_url": require_admin(self.kind, env, self.alternatives), "fault_name": self.name}
+        return {"admin_url": self.admin_url, "fault_name": self.name}
 
-    async def inject(self, env: FaultEnv) -> dict[str, Any]:
-        admin_url = require_admin(self.kind, env, self.alternatives)
-        async with AdminClient(admin_url, env.target.admin_token) as admin:
-            await admin.set_fault(self.name, self.spec(env))
+    async def inject(self) -> dict[str, Any]:
+        async with AdminClient(self.admin_url, self.ctx.target.admin_token) as admin:
+            await admin.set_fault(self.name, self.hook.hook_spec(self.ctx))
             listed = (await admin.faults()).get(self.name)
         return {"installed": listed}
 
-    async def revert(self, env: FaultEnv) -> dict[str, Any]:
-        admin_url = require_admin(self.kind, env, self.alternatives)
-        async with AdminClient(admin_url, env.target.admin_token) as admin:
+    async def revert(self) -> dict[str, Any]:
+        async with AdminClient(self.admin_url, self.ctx.target.admin_token) as admin:
             listed = (await admin.faults()).get(self.name)
             removed = await admin.clear_fault(self.name)
         return {"removed": removed, "last_seen": listed}
 
+
+@dataclass(frozen=True, kw_only=True)
+class _HookFault(Fault):
+    """Faults that are one hook fault in the stack: shared activation and rollback."""
+
+    alternatives = "client.timeout or network faults"
+
+    def hook_spec(self, ctx: RunContext) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def activate(self, ctx: RunContext) -> Injection:
+        return _HookInjection(self, ctx, require_admin(self.kind, ctx, self.alternatives))
+
     @classmethod
     def rollback(cls, undo: Mapping[str, Any]) -> dict[str, Any]:
-        return delete_hook_fault(str(undo["admin_url"]), str(undo["fault_name"]))
+        admin_url = str(undo["admin_url"])
+        path = f"/faults/{quote(str(undo['fault_name']), safe='')}"
+        body = admin_delete_sync(admin_url, path, os.environ.get("STREAMCHAOS_ADMIN_TOKEN"))
+        if body is None:
+            return {"skipped": f"the stack at {admin_url} is gone; nothing to undo"}
+        return {"removed": bool(body.get("removed"))}
 
 
 @register
+@dataclass(frozen=True, kw_only=True)
 class ServerTimeout(_HookFault):
     """``asyncio.TimeoutError`` at an engine step, around detokenization or before a send."""
 
@@ -95,21 +100,27 @@ class ServerTimeout(_HookFault):
         one_of=(("fraction", "every_n"),),
     )
 
-    def spec(self, env: FaultEnv) -> dict[str, Any]:
+    where: str
+    fraction: float | None
+    every_n: int | None
+    after: float
+
+    def hook_spec(self, ctx: RunContext) -> dict[str, Any]:
         spec: dict[str, Any] = {
             "type": "timeout",
-            "where": self.params["where"],
-            "after": float(self.params.get("after") or 0.0),
-            "seed": env.rng(self.name).getrandbits(31),  # replayable from the run's seed
+            "where": self.where,
+            "after": self.after,
+            "seed": ctx.rng(self.name).getrandbits(31),  # replayable from the run's seed
         }
-        if self.params.get("every_n") is not None:
-            spec["every_n"] = int(self.params["every_n"])
+        if self.every_n is not None:
+            spec["every_n"] = self.every_n
         else:
-            spec["fraction"] = float(self.params["fraction"])
+            spec["fraction"] = self.fraction
         return spec
 
 
 @register
+@dataclass(frozen=True, kw_only=True)
 class ServerStall(_HookFault):
     """Block the event loop with CPU work, or pause the engine thread, periodically."""
 
@@ -125,16 +136,14 @@ class ServerStall(_HookFault):
         ),
     )
 
-    def problems(self, experiment: Any) -> list[tuple[str, str]]:
-        duration, every = self.params.get("duration"), self.params.get("every")
-        if isinstance(duration, float) and isinstance(every, float) and every <= duration:
-            return [("every", f"must be longer than duration ({duration:g}s), found {every:g}s; nothing would run between stalls")]
+    where: str
+    duration: float
+    every: float
+
+    def problems(self, experiment: Experiment) -> list[tuple[str, str]]:
+        if self.every <= self.duration:
+            return [("every", f"must be longer than duration ({self.duration:g}s), found {self.every:g}s; nothing would run between stalls")]
         return []
 
-    def spec(self, env: FaultEnv) -> dict[str, Any]:
-        return {
-            "type": "stall",
-            "where": self.params["where"],
-            "duration": float(self.params["duration"]),
-            "every": float(self.params["every"]),
-        }
+    def hook_spec(self, ctx: RunContext) -> dict[str, Any]:
+        return {"type": "stall", "where": self.where, "duration": self.duration, "every": self.every}

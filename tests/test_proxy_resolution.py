@@ -12,7 +12,7 @@ import pytest
 from chaos.errors import SetupFailed
 from chaos.experiment import experiment_from_dict
 from chaos.proxy import resolve_server, start_proxy
-from faults.base import TargetInfo
+from chaos.context import TargetInfo
 from faults.toxiproxy_server import ToxiproxyThread
 
 

@@ -473,7 +473,7 @@ def _sla(ctx: _Context, raw: object, phase_names: list[str]) -> list[SlaEntry]:
         return []
     from sla.base import REGISTRY as VERIFIERS
 
-    drafts: list[tuple[KeyPath, str | None, str, dict[str, Any], tuple[str, ...] | None, str]] = []
+    drafts: list[tuple[KeyPath, str | None, str, dict[str, Any], tuple[str, ...] | None, Literal["pass", "fail"]]] = []
     for i, entry in enumerate(raw):
         spath = path + (i,)
         data = _mapping(ctx, entry, spath, "a verifier entry {kind, name?, phases?, expect?, ...budgets}")
@@ -491,7 +491,7 @@ def _sla(ctx: _Context, raw: object, phase_names: list[str]) -> list[SlaEntry]:
         values = _parse(ctx, data, spath, spec.schema, extra=sections.SLA_ENTRY_KEYS)
         if len(ctx.found) > n:
             continue
-        drafts.append((spath, name, spec.kind, values, phases, str(expect)))
+        drafts.append((spath, name, spec.kind, values, phases, "fail" if expect == "fail" else "pass"))
     names = _unique_names(ctx, [(p, n, k) for p, n, k, *_ in drafts], "SLA")
     return [SlaEntry(name=nm, kind=k, params=FrozenMap(v), phases=ph, expect=e)
             for nm, (_, _, k, v, ph, e) in zip(names, drafts, strict=True)]
@@ -551,7 +551,7 @@ def _assemble(ctx: _Context, data: object) -> Experiment:
     fault_names = _unique_names(ctx, [(f.path, f.name, f.cls.kind) for f in entries], "fault")
     for entry, fname in zip(entries, fault_names, strict=True):
         try:
-            entry.instance = entry.cls(fname, entry.params)
+            entry.instance = entry.cls.from_params(fname, entry.params)
         except (ValueError, ChaosError) as exc:
             ctx.add(entry.path, str(exc))
     sla = _sla(ctx, top.get("sla"), list(dict.fromkeys(d.name for d in drafts)))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+from chaos.context import SafetySpec  # shared with the run context (a leaf module)
 
 if TYPE_CHECKING:  # faults/__init__ imports every fault module, which may import this one
     from faults.base import Fault
@@ -139,18 +141,7 @@ class SlaEntry:
     kind: str  # a key of sla.base.REGISTRY
     params: Mapping[str, Any]  # parsed by the kind's Schema (base units)
     phases: tuple[str, ...] | None = None  # None = whole run; else one verdict per listed phase
-    expect: str = "pass"  # pass | fail
-
-
-@dataclass(frozen=True)
-class SafetySpec:
-    """Bounds that keep a run from harming the machine or running forever."""
-
-    max_duration: float = 600.0  # hard stop for the whole run, seconds
-    drain_timeout: float = 10.0  # after the last phase: wait for in-flight streams
-    cleanup_window: float = 2.0  # then keep scraping metrics this long (kv_cleanup)
-    allow_gpu_clock_changes: bool = False
-    scrape_interval: float = 0.2  # seconds, within [0.1, 1]
+    expect: Literal["pass", "fail"] = "pass"
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,6 @@ from __future__ import annotations
 from chaos.load.generator import LoadGenerator
 from chaos.load.lag import LagMonitor, lag_summary
 from chaos.load.sse import SSEEvent, SSEParser
-from chaos.load.workers import WorkerPool, make_load
+from chaos.load.workers import LoadDriver, WorkerPool, make_load, running_load
 
-__all__ = ["LagMonitor", "LoadGenerator", "SSEEvent", "SSEParser", "WorkerPool", "lag_summary", "make_load"]
+__all__ = ["LagMonitor", "LoadDriver", "LoadGenerator", "SSEEvent", "SSEParser", "WorkerPool", "lag_summary", "make_load", "running_load"]

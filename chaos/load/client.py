@@ -18,7 +18,7 @@ import httpx
 
 from chaos.load.sse import SSEEvent, SSEParser
 from chaos.observations import ErrorInfo, Hangup, StreamRecord
-from faults.base import ClientPlan
+from chaos.context import ClientPlan
 
 __all__ = ["make_http_client", "stream_request"]
 

@@ -23,7 +23,7 @@ from chaos.load.client import make_http_client, stream_request
 from chaos.load.lag import LagMonitor
 from chaos.load.workload import LoadSpecLike, Prompt, Workload, build_body, endpoint_url, gamma_gaps, synthetic_text
 from chaos.observations import ErrorInfo, Hangup, StreamRecord
-from faults.base import ClientPolicy
+from chaos.context import ClientPolicy
 
 __all__ = ["DEFAULT_INFLIGHT_CAP", "LoadGenerator"]
 
@@ -255,6 +255,9 @@ class LoadGenerator:
             if client is not None:
                 await client.aclose()
         self._http = self._bg_http = None
+
+    async def ready(self) -> None:
+        """In-process: ready at once (``WorkerPool.ready`` waits for its processes)."""
 
     def lag_stats(self) -> dict[str, Any]:
         """The generator's own event-loop lag: p50/p99/max in ms, samples, threshold, saturated."""

@@ -10,20 +10,21 @@ Monotonic clocks are system-wide on Linux, so stamps from different workers are 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import multiprocessing
 import multiprocessing.connection
-from collections.abc import Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
 
 from chaos.errors import SetupFailed
 from chaos.load.generator import LoadGenerator
 from chaos.load.lag import lag_summary
 from chaos.load.workload import LoadSettings, LoadSpecLike
 from chaos.observations import StreamRecord
-from faults.base import ClientPolicy, ClientRule
+from chaos.context import ClientPolicy, ClientRule
 
-__all__ = ["WorkerPool", "make_load", "split_evenly"]
+__all__ = ["LoadDriver", "WorkerPool", "make_load", "running_load", "split_evenly"]
 
 _CLOSE_TIMEOUT_S = 10.0
 
@@ -31,6 +32,43 @@ _CLOSE_TIMEOUT_S = 10.0
 def split_evenly(total: int, parts: int) -> list[int]:
     """``total`` as ``parts`` integers differing by at most one, larger first."""
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+class LoadDriver(Protocol):
+    """What the runner and faults drive: a ``LoadGenerator`` in this process or a ``WorkerPool``."""
+
+    phase: str
+
+    async def ready(self) -> None: ...
+    async def run(self, deadline_ns: int) -> None: ...
+    async def drain(self, timeout: float) -> int: ...
+    async def aclose(self) -> None: ...
+    async def start(self, fault: str, streams: int, prompt_chars: int, max_tokens: int) -> None: ...
+    async def stop(self, fault: str) -> int: ...
+    def lag_stats(self) -> dict[str, Any]: ...
+    def stats(self) -> dict[str, Any]: ...
+
+
+@contextlib.asynccontextmanager
+async def running_load(
+    spec: LoadSpecLike,
+    *,
+    base_url: str,
+    model: str,
+    seed: int,
+    policy: ClientPolicy,
+    sink: Callable[[StreamRecord], None],
+    api_key: str | None = None,
+) -> AsyncIterator[LoadDriver]:
+    """The load driver while entered; on exit every open stream is cancelled (recorded) and it closes."""
+    driver = make_load(spec, base_url=base_url, model=model, seed=seed, policy=policy, sink=sink, api_key=api_key)
+    try:
+        yield driver
+    finally:
+        with contextlib.suppress(Exception):
+            await driver.drain(0.0)
+        with contextlib.suppress(Exception):
+            await driver.aclose()
 
 
 def make_load(

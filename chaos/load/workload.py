@@ -55,29 +55,47 @@ _EMOJI = (
 class PromptSpecLike(Protocol):
     """What the generator reads of ``chaos.experiment.PromptSpec``."""
 
-    source: str  # "synthetic" or a path to a JSONL file
-    min_chars: int
-    max_chars: int
-    mix: tuple[tuple[str, float], ...]
+    @property
+    def source(self) -> str: ...  # "synthetic" or a path to a JSONL file
+    @property
+    def min_chars(self) -> int: ...
+    @property
+    def max_chars(self) -> int: ...
+    @property
+    def mix(self) -> tuple[tuple[str, float], ...]: ...
 
 
 class LoadSpecLike(Protocol):
     """What the generator reads of ``chaos.experiment.LoadSpec`` (a frozen dataclass)."""
 
-    endpoint: str
-    model: str | None
-    concurrency: int | None
-    rate: float | None
-    burstiness: float
-    max_requests: int | None
-    max_tokens: tuple[int, int]
-    temperature: float
-    ignore_eos: bool
-    include_usage: bool
-    request_timeout: float
-    workers: int
-    lag_threshold: float
-    prompts: PromptSpecLike
+    @property
+    def endpoint(self) -> str: ...
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def concurrency(self) -> int | None: ...
+    @property
+    def rate(self) -> float | None: ...
+    @property
+    def burstiness(self) -> float: ...
+    @property
+    def max_requests(self) -> int | None: ...
+    @property
+    def max_tokens(self) -> tuple[int, int]: ...
+    @property
+    def temperature(self) -> float: ...
+    @property
+    def ignore_eos(self) -> bool: ...
+    @property
+    def include_usage(self) -> bool: ...
+    @property
+    def request_timeout(self) -> float: ...
+    @property
+    def workers(self) -> int: ...
+    @property
+    def lag_threshold(self) -> float: ...
+    @property
+    def prompts(self) -> PromptSpecLike: ...
 
 
 @dataclass(frozen=True)

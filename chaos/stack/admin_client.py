@@ -13,7 +13,7 @@ import httpx
 
 from chaos.errors import FaultError, FaultPermissionDenied, TargetUnreachable
 
-__all__ = ["AdminClient", "admin_url_of"]
+__all__ = ["AdminClient", "admin_delete_sync", "admin_url_of"]
 
 
 def admin_url_of(base_url: str) -> str:
@@ -80,6 +80,21 @@ class AdminClient:
     async def release(self) -> int:
         """Return every reserved block to the pool; the number released."""
         return int((await self._call("DELETE", "/kv/reserve"))["released"])
+
+
+def admin_delete_sync(admin_url: str, path: str, token: str | None) -> dict[str, Any] | None:
+    """``DELETE admin_url + path`` for a rollback in another process; None when the stack is gone.
+
+    A stack that no longer answers has nothing left to undo: its hook faults and reservations
+    went with it. Any other failure raises (``httpx.HTTPStatusError``), so rollback reports it.
+    """
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        response = httpx.delete(f"{admin_url.rstrip('/')}{path}", headers=headers, timeout=5.0, trust_env=False)
+    except httpx.ConnectError:
+        return None
+    response.raise_for_status()
+    return dict(response.json())
 
 
 def _message(response: httpx.Response) -> str:

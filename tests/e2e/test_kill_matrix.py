@@ -138,11 +138,11 @@ def test_interrupted_run_leaves_nothing_changed(world: dict[str, Any], sig: sign
             runner.kill()
     if sig == signal.SIGKILL:
         assert runner.returncode == -signal.SIGKILL
-        rollback = subprocess.run([sys.executable, "-m", "chaos", "rollback", str(run_dir)], env=env,
-                                  capture_output=True, text=True, timeout=60)
+        # the target and Toxiproxy come from configuration (the flags), never from the journal alone
+        command = [sys.executable, "-m", "chaos", "rollback", str(run_dir), "--target-url", world["stack"], "--toxiproxy-url", world["tpx"]]
+        rollback = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
         assert rollback.returncode == 0, rollback.stdout + rollback.stderr
-        again = subprocess.run([sys.executable, "-m", "chaos", "rollback", str(run_dir)], env=env,
-                               capture_output=True, text=True, timeout=60)
+        again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
         assert again.returncode == 0 and "nothing to roll back" in again.stdout  # idempotent
     else:
         assert runner.returncode == 4, stderr

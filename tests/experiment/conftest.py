@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -11,11 +12,12 @@ import faults  # noqa: F401  (registers the real fault kinds first, so ours cann
 import sla  # noqa: F401
 from chaos.params import Param, Schema
 from faults.base import REGISTRY as FAULTS
-from faults.base import Fault
+from faults.base import Fault, Injection
 from sla.base import REGISTRY as VERIFIERS
 from sla.base import Verdict, VerifierSpec
 
 
+@dataclass(frozen=True, kw_only=True)
 class LatencyFault(Fault):
     """Adds latency through the proxy (a stand-in for network.latency)."""
 
@@ -27,18 +29,20 @@ class LatencyFault(Fault):
         Param("toxicity", "fraction", 1.0, doc="share of connections affected"),
     ))
 
+    latency: float
+    jitter: float
+    toxicity: float
+
     def problems(self, experiment: Any) -> list[tuple[str, str]]:
         if not experiment.proxy.enabled:
             return [("", "test.latency acts through the proxy; add a `proxy:` section")]
         return []
 
-    async def inject(self, env: Any) -> dict[str, Any]:
-        return {}
-
-    async def revert(self, env: Any) -> dict[str, Any]:
-        return {}
+    def activate(self, ctx: Any) -> Injection:
+        raise NotImplementedError("test kinds are only parsed, never run")
 
 
+@dataclass(frozen=True, kw_only=True)
 class HangupFault(Fault):
     """A client fault with an exactly-one-of group (a stand-in for client.disconnect)."""
 
@@ -53,11 +57,12 @@ class HangupFault(Fault):
         one_of=(("after_tokens", "after"),),
     )
 
-    async def inject(self, env: Any) -> dict[str, Any]:
-        return {}
+    fraction: float
+    after_tokens: tuple[int, int] | None
+    after: float | None
 
-    async def revert(self, env: Any) -> dict[str, Any]:
-        return {}
+    def activate(self, ctx: Any) -> Injection:
+        raise NotImplementedError("test kinds are only parsed, never run")
 
 
 def _never(obs: Any, params: Any, phase: str | None) -> Verdict:

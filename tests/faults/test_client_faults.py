@@ -13,8 +13,9 @@ import pytest
 from chaos.load.client import make_http_client, stream_request
 from chaos.load.mock import ThreadedMockServer
 from chaos.observations import StreamRecord
-from faults.base import REGISTRY, ClientPlan, ClientPolicy, FaultEnv, TargetInfo
-from faults.client import DisconnectRule, SlowReaderRule, TimeoutRule
+from chaos.context import ClientPlan, ClientPolicy, RunContext, TargetInfo
+from chaos.load.rules import DisconnectRule, SlowReaderRule, TimeoutRule
+from faults.base import REGISTRY
 
 
 @pytest.fixture
@@ -174,22 +175,22 @@ def test_schemas_parse_units_and_enforce_exactly_one_trigger() -> None:
 def test_while_queued_false_alone_is_a_problem() -> None:
     values, problems = parse("client.disconnect", {"while_queued": False})
     assert not problems
-    fault = REGISTRY["client.disconnect"]("dc", values)
+    fault = REGISTRY["client.disconnect"].from_params("dc", values)
     assert fault.problems(None) and fault.problems(None)[0][0] == "while_queued"
 
 
 @pytest.mark.asyncio
 async def test_inject_installs_the_rule_and_revert_removes_it(tmp_path: Path) -> None:
-    env = FaultEnv(seed=3, target=TargetInfo(kind="openai", base_url="http://127.0.0.1:1/v1"), run_dir=tmp_path)
+    env = RunContext(seed=3, target=TargetInfo(kind="openai", base_url="http://127.0.0.1:1/v1"), run_dir=tmp_path)
     seen: list[dict[str, Any]] = []
     env.clients.on_change.append(seen.append)
     values, problems = parse("client.timeout", {"fraction": 1, "timeout": "250ms"})
     assert not problems
-    fault = REGISTRY["client.timeout"]("slow-clients", values)
-    evidence = await fault.inject(env)
+    fault = REGISTRY["client.timeout"].from_params("slow-clients", values).activate(env)
+    evidence = await fault.inject()
     assert evidence == {"rule": "TimeoutRule", "fault": "slow-clients", "fraction": 1.0, "timeout_s": 0.25}
     assert env.clients.plan(random.Random(0)).read_timeout_s == 0.25
-    assert (await fault.revert(env)) == {"removed": True}
-    assert (await fault.revert(env)) == {"removed": False}  # idempotent
+    assert (await fault.revert()) == {"removed": True}
+    assert (await fault.revert()) == {"removed": False}  # idempotent
     assert env.clients.plan(random.Random(0)) == ClientPlan()
     assert [sorted(s) for s in seen] == [["slow-clients"], [], []]

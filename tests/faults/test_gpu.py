@@ -28,9 +28,10 @@ from fakenvml import build_fake_nvml, fake_env, gcc, read_state, reset_pynvml
 
 from chaos.errors import FaultPermissionDenied, FaultUnsupported
 from faults import burner
-from faults.base import FaultEnv, TargetInfo
-from faults.gpu import GpuPowerCap, GpuTelemetry, GpuThrottle, choose_backend, clock_at_or_below, contention_shape
-from faults.nvml import Nvml, gpu_telemetry, nvml_available
+from chaos.context import RunContext, SafetySpec, TargetInfo
+from chaos.telemetry import GpuTelemetry
+from faults.gpu import GpuPowerCap, GpuThrottle, choose_backend, clock_at_or_below, contention_shape
+from faults.nvml import Nvml, nvml_available
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -55,14 +56,14 @@ def fake(fake_lib: Path, tmp_path: Path) -> Iterator[SimpleNamespace]:
     reset_pynvml()
 
 
-def gpu_env(tmp_path: Path, allow: bool = True, device: str = "cuda:0", pid: int | None = None) -> FaultEnv:
+def gpu_env(tmp_path: Path, allow: bool = True, device: str = "cuda:0", pid: int | None = None) -> RunContext:
     target = TargetInfo(kind="builtin", base_url="http://127.0.0.1:1/v1", pid=pid, device=device)
-    return FaultEnv(seed=1, target=target, run_dir=tmp_path / "run", extras={"allow_gpu_clock_changes": allow})
+    return RunContext(seed=1, target=target, run_dir=tmp_path / "run", safety=SafetySpec(allow_gpu_clock_changes=allow))
 
 
 def throttle(**params: Any) -> GpuThrottle:
     full = {"device": 0, "sm_clock_mhz": None, "fraction_of_max": None, "backend": "auto", "period": 0.1}
-    return GpuThrottle("throttle", full | params)
+    return GpuThrottle.from_params("throttle", full | params)
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -129,7 +130,7 @@ def test_load_time_refusal_without_allow_gpu_clock_changes() -> None:
     assert problems and problems[0][0] == "backend" and "safety.allow_gpu_clock_changes" in problems[0][1]
     assert throttle(backend="nvml", fraction_of_max=0.5).problems(allowed) == []
     assert throttle(backend="auto", fraction_of_max=0.5).problems(denied) == []
-    assert "safety.allow_gpu_clock_changes" in GpuPowerCap("cap", {"device": 0, "watts": 300.0}).problems(denied)[0][1]
+    assert "safety.allow_gpu_clock_changes" in GpuPowerCap.from_params("cap", {"device": 0, "watts": 300.0}).problems(denied)[0][1]
     assert throttle(fraction_of_max=0.01).problems(allowed)[0][0] == "fraction_of_max"
 
 
@@ -139,43 +140,43 @@ def test_load_time_refusal_without_allow_gpu_clock_changes() -> None:
 async def test_nvml_lock_reads_back_and_revert_resets(fake: SimpleNamespace, tmp_path: Path) -> None:
     env = gpu_env(tmp_path)
     fault = throttle(fraction_of_max=0.5, backend="nvml")
-    fault.check(env)
-    undo = fault.plan(env)
+    fault = fault.activate(env)
+    undo = fault.plan()
     assert undo["backend"] == "nvml" and undo["uuid"].startswith("GPU-") and undo["nvml_lib"] == str(fake.lib)
     assert fault.outlives_runner
-    evidence = await fault.inject(env)
+    evidence = await fault.inject()
     # 50% of 1980 MHz = 990, a supported step: locked min = max = 990, read back under "load"
     assert evidence["locked_mhz"] == 990 and evidence["readback_sm_clock_mhz"] == 990
     assert evidence["lock_in_force"] and evidence["clock_event_reasons"] & 0x2
     assert read_state(fake.state)["dev0.locked_min"] == 990
-    reverted = await fault.revert(env)
+    reverted = await fault.revert()
     assert reverted["reset"] and reverted["sm_clock_mhz"] == 1980
     assert read_state(fake.state)["dev0.locked_max"] == 0
-    assert (await fault.revert(env))["skipped"]  # idempotent
+    assert (await fault.revert())["skipped"]  # idempotent
 
 
 async def test_nvml_picks_the_nearest_supported_clock_below(fake: SimpleNamespace, tmp_path: Path) -> None:
     env = gpu_env(tmp_path)
     fault = throttle(sm_clock_mhz=1000, backend="auto")
-    fault.check(env)
-    fault.plan(env)
-    evidence = await fault.inject(env)
+    fault = fault.activate(env)
+    fault.plan()
+    evidence = await fault.inject()
     try:
         assert evidence["backend"] == "nvml" and "NVML present" in evidence["why"]
         assert evidence["target_mhz"] == 1000 and evidence["locked_mhz"] == 990
     finally:
-        await fault.revert(env)
+        await fault.revert()
 
 
 def test_nvml_refuses_without_allow_gpu_clock_changes(fake: SimpleNamespace, tmp_path: Path) -> None:
     with pytest.raises(FaultPermissionDenied, match="safety.allow_gpu_clock_changes"):
-        throttle(fraction_of_max=0.5, backend="nvml").check(gpu_env(tmp_path, allow=False))
+        throttle(fraction_of_max=0.5, backend="nvml").activate(gpu_env(tmp_path, allow=False))
     with pytest.raises(FaultPermissionDenied, match="safety.allow_gpu_clock_changes"):
-        GpuPowerCap("cap", {"device": 0, "watts": 300.0}).check(gpu_env(tmp_path, allow=False))
+        GpuPowerCap.from_params("cap", {"device": 0, "watts": 300.0}).activate(gpu_env(tmp_path, allow=False))
     # auto without the permission never touches clocks: it falls back to contention on the GPU
     fault = throttle(fraction_of_max=0.5)
-    fault.check(gpu_env(tmp_path, allow=False))
-    assert fault._backend == "contention"
+    fault = fault.activate(gpu_env(tmp_path, allow=False))
+    assert fault.backend == "contention"
     assert read_state(fake.state) == {}
 
 
@@ -183,18 +184,18 @@ async def test_nvml_permission_denied_names_the_alternatives(fake: SimpleNamespa
     os.environ["FAKE_NVML_DENY"] = "1"
     env = gpu_env(tmp_path)
     fault = throttle(fraction_of_max=0.5, backend="nvml")
-    fault.check(env)  # reading is allowed; the lock is what needs root
-    fault.plan(env)
+    fault = fault.activate(env)  # reading is allowed; the lock is what needs root
+    fault.plan()
     with pytest.raises(FaultPermissionDenied, match="contention or cpu_duty") as info:
-        await fault.inject(env)
+        await fault.inject()
     assert "no permission" in str(info.value)
-    assert (await fault.revert(env))["skipped"]
+    assert (await fault.revert())["skipped"]
 
 
 def test_nvml_unsupported_on_pre_volta(fake: SimpleNamespace, tmp_path: Path) -> None:
     os.environ["FAKE_NVML_ARCH"] = "4"  # Pascal
     with pytest.raises(FaultUnsupported, match="older than Volta.*contention or cpu_duty"):
-        throttle(fraction_of_max=0.5, backend="nvml").check(gpu_env(tmp_path))
+        throttle(fraction_of_max=0.5, backend="nvml").activate(gpu_env(tmp_path))
     # and the library's own NOT_SUPPORTED is translated too
     with Nvml() as nv, pytest.raises(FaultUnsupported, match="Volta"):
         nv.lock_sm_clocks(0, 990, 990)
@@ -208,15 +209,15 @@ def test_no_nvml_library_is_unsupported(tmp_path: Path) -> None:
 async def test_power_cap_range_set_readback_restore(fake: SimpleNamespace, tmp_path: Path) -> None:
     env = gpu_env(tmp_path)
     with pytest.raises(FaultUnsupported, match="200-700 W"):
-        GpuPowerCap("cap", {"device": 0, "watts": 150.0}).check(env)
-    cap = GpuPowerCap("cap", {"device": 0, "watts": 300.0})
-    cap.check(env)
-    undo = cap.plan(env)
+        GpuPowerCap.from_params("cap", {"device": 0, "watts": 150.0}).activate(env)
+    cap = GpuPowerCap.from_params("cap", {"device": 0, "watts": 300.0})
+    cap = cap.activate(env)
+    undo = cap.plan()
     assert undo["previous_watts"] == 700.0
-    evidence = await cap.inject(env)
+    evidence = await cap.inject()
     assert evidence["limit_watts"] == 300.0 and evidence["clock_event_reasons"] & 0x4  # SW power cap
     assert read_state(fake.state)["dev0.power_limit_mw"] == 300_000
-    assert (await cap.revert(env))["limit_watts"] == 700.0
+    assert (await cap.revert())["limit_watts"] == 700.0
     assert read_state(fake.state)["dev0.power_limit_mw"] == 700_000
     # the library itself rejects an out-of-range limit (INVALID_ARGUMENT → FaultError)
     with Nvml() as nv, pytest.raises(Exception, match="rejected"):
@@ -226,8 +227,9 @@ async def test_power_cap_range_set_readback_restore(fake: SimpleNamespace, tmp_p
 def test_telemetry_samples(fake: SimpleNamespace) -> None:
     os.environ["FAKE_NVML_DEVICES"] = "2"
     assert nvml_available()
-    one = gpu_telemetry(1)
-    assert one["max_sm_clock_mhz"] == 1980 and one["memory_used_bytes"] == 1 << 30 and one["power_limit_watts"] == 700.0
+    with GpuTelemetry(devices=[1]) as one:
+        only = {s.name: s.value for s in one.sample()}
+    assert only["gpu_memory_used_bytes"] == 1 << 30 and only["gpu_sm_clock_mhz"] == 1980
     with Nvml() as nv:
         nv.lock_sm_clocks(1, 990, 990)
     with GpuTelemetry() as telemetry:
@@ -243,15 +245,15 @@ INJECT_NVML = textwrap.dedent(
     """
     import asyncio, json, sys, time
     from pathlib import Path
-    from faults.base import FaultEnv, TargetInfo
+    from chaos.context import RunContext, SafetySpec, TargetInfo
     from faults.gpu import GpuThrottle
 
-    fault = GpuThrottle("throttle", {"device": 0, "sm_clock_mhz": None, "fraction_of_max": 0.5, "backend": "nvml", "period": 0.1})
-    env = FaultEnv(seed=1, target=TargetInfo(kind="builtin", base_url="http://x/v1", device="cuda:0"), run_dir=Path(sys.argv[1]),
-                   extras={"allow_gpu_clock_changes": True})
-    fault.check(env)
-    undo = fault.plan(env)
-    evidence = asyncio.run(fault.inject(env))
+    fault = GpuThrottle.from_params("throttle", {"device": 0, "sm_clock_mhz": None, "fraction_of_max": 0.5, "backend": "nvml", "period": 0.1})
+    env = RunContext(seed=1, target=TargetInfo(kind="builtin", base_url="http://x/v1", device="cuda:0"), run_dir=Path(sys.argv[1]),
+                     safety=SafetySpec(allow_gpu_clock_changes=True))
+    fault = fault.activate(env)
+    undo = fault.plan()
+    evidence = asyncio.run(fault.inject())
     print(json.dumps(undo | evidence.pop("undo", {})), flush=True)
     time.sleep(60)
     """
@@ -270,15 +272,19 @@ def test_rollback_from_another_process_after_sigkill_resets_clocks(fake: SimpleN
         injector.wait(timeout=10)
     assert injector.returncode == -signal.SIGKILL
     assert read_state(fake.state)["dev0.locked_max"] == 990  # the killed run left the GPU locked
-    # The rollback process has no STREAMCHAOS_NVML_LIB: it loads the library named in the plan record.
+    # The rollback process is configured like the run (STREAMCHAOS_NVML_LIB): it never loads a library
+    # because the plan record names it (tests/test_rollback_trust.py shows that).
     env = child_env(**fake.env)
-    env.pop("STREAMCHAOS_NVML_LIB")
-    for _ in range(2):  # idempotent
+    resets = []
+    for _ in range(2):  # idempotent: the second finds the clock no longer at our lock and leaves it alone
         out = subprocess.run([sys.executable, "-c", ROLLBACK, "gpu.throttle", json.dumps(undo)], env=env,
                              capture_output=True, text=True, timeout=30, check=True)
-        assert json.loads(out.stdout)["sm_clock_mhz"] == 1980
+        result = json.loads(out.stdout)
+        assert result["sm_clock_mhz"] == 1980
+        resets.append(result["reset"])
+    assert resets == [True, False]
     state = read_state(fake.state)
-    assert state["dev0.locked_max"] == 0 and state["dev0.reset_calls"] == 2
+    assert state["dev0.locked_max"] == 0 and state["dev0.reset_calls"] == 1
 
 
 # ---- contention on CPU -----------------------------------------------------------------------
@@ -287,9 +293,9 @@ def test_rollback_from_another_process_after_sigkill_resets_clocks(fake: SimpleN
 async def test_cpu_contention_helpers_live_while_injected_and_go_on_revert(tmp_path: Path, busy_child: subprocess.Popen[bytes]) -> None:
     env = gpu_env(tmp_path, allow=False, device="cpu", pid=busy_child.pid)
     fault = throttle(fraction_of_max=0.9, backend="contention")
-    fault.check(env)
-    undo = fault.plan(env)
-    evidence = await fault.inject(env)
+    fault = fault.activate(env)
+    undo = fault.plan()
+    evidence = await fault.inject()
     try:
         helpers = evidence["undo"]["helpers"]
         cpus = sorted(os.sched_getaffinity(busy_child.pid))
@@ -297,7 +303,7 @@ async def test_cpu_contention_helpers_live_while_injected_and_go_on_revert(tmp_p
         assert burner.find_burners(undo["tag"]) == sorted(h["pid"] for h in helpers)
         assert not fault.outlives_runner
     finally:
-        result = await fault.revert(env)
+        result = await fault.revert()
     assert sorted(result["stopped"]) == sorted(h["pid"] for h in helpers) and result["stuck"] == []
     assert burner.find_burners(undo["tag"]) == []
     assert all(burner.proc_state(h["pid"]) is None for h in helpers)  # reaped, not zombies
@@ -307,15 +313,16 @@ INJECT_CONTENTION = textwrap.dedent(
     """
     import asyncio, json, sys, time
     from pathlib import Path
-    from faults.base import FaultEnv, TargetInfo
+    from chaos.context import RunContext, TargetInfo
     from faults.gpu import GpuThrottle
 
-    fault = GpuThrottle("throttle", {"device": 0, "sm_clock_mhz": None, "fraction_of_max": 0.9, "backend": "contention", "period": 0.1})
-    env = FaultEnv(seed=1, target=TargetInfo(kind="builtin", base_url="http://x/v1", device="cpu"), run_dir=Path(sys.argv[1]))
+    fault = GpuThrottle.from_params("throttle", {"device": 0, "sm_clock_mhz": None, "fraction_of_max": 0.9, "backend": "contention", "period": 0.1})
+    env = RunContext(seed=1, target=TargetInfo(kind="builtin", base_url="http://x/v1", device="cpu"), run_dir=Path(sys.argv[1]))
+    fault = fault.activate(env)
 
     async def main():
-        undo = fault.plan(env)
-        evidence = await fault.inject(env)
+        undo = fault.plan()
+        evidence = await fault.inject()
         print(json.dumps(undo | evidence.pop("undo", {})), flush=True)
         await asyncio.sleep(60)
 
@@ -378,14 +385,14 @@ def test_rollback_stops_live_helpers_but_never_a_recycled_pid(tmp_path: Path) ->
 async def test_cpu_duty_slows_the_target_and_revert_leaves_it_running(tmp_path: Path, busy_child: subprocess.Popen[bytes]) -> None:
     env = gpu_env(tmp_path, allow=False, device="cpu", pid=busy_child.pid)
     fault = throttle(fraction_of_max=0.3)  # auto on a CPU engine with a pid → cpu_duty
-    fault.check(env)
-    undo = fault.plan(env)
+    fault = fault.activate(env)
+    undo = fault.plan()
     assert undo["backend"] == "cpu_duty" and fault.outlives_runner
     await asyncio.sleep(0.2)  # let the child get going
     t0 = cpu_ticks(busy_child.pid)
     await asyncio.sleep(1.0)
     free = cpu_ticks(busy_child.pid) - t0
-    evidence = await fault.inject(env)
+    evidence = await fault.inject()
     try:
         assert evidence["backend"] == "cpu_duty" and "SIGSTOP" in evidence["why"]
         assert evidence["observed_stopped_share"] > 0.3
@@ -393,7 +400,7 @@ async def test_cpu_duty_slows_the_target_and_revert_leaves_it_running(tmp_path: 
         await asyncio.sleep(1.0)
         throttled = cpu_ticks(busy_child.pid) - t0
     finally:
-        result = await fault.revert(env)
+        result = await fault.revert()
     # ~30% of the CPU time it had; a generous bound for a busy CI box
     assert throttled < 0.65 * free, (throttled, free)
     assert result["target_resumed"] and result["target_state"] in ("R", "S")
@@ -405,8 +412,9 @@ async def test_cpu_duty_slows_the_target_and_revert_leaves_it_running(tmp_path: 
 async def test_cpu_duty_rollback_after_the_cycler_is_sigkilled(tmp_path: Path, busy_child: subprocess.Popen[bytes]) -> None:
     env = gpu_env(tmp_path, allow=False, device="cpu", pid=busy_child.pid)
     fault = throttle(fraction_of_max=0.1, backend="cpu_duty", period=1.0)  # stopped 0.9 s of every second
-    undo = fault.plan(env)
-    evidence = await fault.inject(env)
+    fault = fault.activate(env)
+    undo = fault.plan()
+    evidence = await fault.inject()
     try:
         cycler = evidence["cycler_pid"]
         await asyncio.to_thread(wait_for, lambda: burner.proc_state(busy_child.pid) == "T", 5, "the target to be stopped")
@@ -421,11 +429,11 @@ async def test_cpu_duty_rollback_after_the_cycler_is_sigkilled(tmp_path: Path, b
         await asyncio.sleep(0.3)
         assert burner.proc_state(busy_child.pid) in ("R", "S")
     finally:
-        await fault.revert(env)  # reaps the killed cycler
+        await fault.revert()  # reaps the killed cycler
 
 
 def test_cpu_duty_refuses_without_a_pid(tmp_path: Path) -> None:
     with pytest.raises(FaultUnsupported, match="pid"):
-        throttle(fraction_of_max=0.5, backend="cpu_duty").check(gpu_env(tmp_path, allow=False, device="cpu"))
+        throttle(fraction_of_max=0.5, backend="cpu_duty").activate(gpu_env(tmp_path, allow=False, device="cpu"))
     with pytest.raises(FaultUnsupported, match="fraction_of_max"):
-        throttle(sm_clock_mhz=900, backend="contention").check(gpu_env(tmp_path, allow=False, device="cpu"))
+        throttle(sm_clock_mhz=900, backend="contention").activate(gpu_env(tmp_path, allow=False, device="cpu"))

@@ -13,7 +13,7 @@ import pytest
 
 from chaos.errors import FaultUnsupported
 from chaos.stack.process import StackProcess
-from faults.base import FaultEnv, TargetInfo
+from chaos.context import RunContext, TargetInfo
 from faults.kv import KvPressure
 
 pytestmark = pytest.mark.timeout(90)
@@ -28,15 +28,15 @@ def stack() -> Iterator[StackProcess]:
         yield proc
 
 
-def _env(stack: StackProcess, tmp_path: Path, background: Any = None) -> FaultEnv:
+def _env(stack: StackProcess, tmp_path: Path, background: Any = None) -> RunContext:
     target = TargetInfo(kind="builtin", base_url=stack.base_url, admin_url=stack.admin_url)
-    return FaultEnv(seed=1, target=target, run_dir=tmp_path, background=background)
+    return RunContext(seed=1, target=target, run_dir=tmp_path, background=background)
 
 
 def _fault(raw: dict[str, Any]) -> KvPressure:
     params, problems = KvPressure.schema.parse(raw)
     assert not problems, problems
-    fault = KvPressure("kv", params)
+    fault = KvPressure.from_params("kv", params)
     assert fault.problems(None) == []
     return fault
 
@@ -66,18 +66,18 @@ def _idle(stack: StackProcess) -> dict[str, Any]:
 def test_reserve_causes_preemption_or_queueing_and_is_released(stack: StackProcess, tmp_path: Path) -> None:
     env = _env(stack, tmp_path)
     fault = _fault({"fraction": 0.75})
-    fault.check(env)
-    undo = fault.plan(env)
+    fault = fault.activate(env)
+    undo = fault.plan()
 
     async def go() -> dict[str, Any]:
         async with httpx.AsyncClient(timeout=60) as client:
             base_replies, base = await _load(client, stack, 3, 190)
             preempt0 = base["num_preemptions"]
-            out: dict[str, Any] = {"base": base, "evidence": await fault.inject(env)}
+            out: dict[str, Any] = {"base": base, "evidence": await fault.inject()}
             replies, peaks = await _load(client, stack, 3, 190)
             out["peaks"], out["preemptions"] = peaks, peaks["num_preemptions"] - preempt0
             out["texts"] = ([r["choices"][0]["text"] for r in base_replies], [r["choices"][0]["text"] for r in replies])
-            out["reverted"] = await fault.revert(env)
+            out["reverted"] = await fault.revert()
             return out
 
     out = asyncio.run(go())
@@ -95,8 +95,9 @@ def test_reserve_causes_preemption_or_queueing_and_is_released(stack: StackProce
 def test_reserve_by_blocks_and_rollback(stack: StackProcess, tmp_path: Path) -> None:
     env = _env(stack, tmp_path)
     fault = _fault({"blocks": 10, "method": "reserve"})
-    undo = fault.plan(env)
-    assert asyncio.run(fault.inject(env))["reserved"] == 10
+    fault = fault.activate(env)
+    undo = fault.plan()
+    assert asyncio.run(fault.inject())["reserved"] == 10
     assert KvPressure.rollback(undo) == {"released": 10}
     assert "gone" in KvPressure.rollback({"method": "reserve", "admin_url": "http://127.0.0.1:9/admin"})["skipped"]
 
@@ -133,11 +134,11 @@ def test_hog_fills_the_pool_and_stops_on_revert(stack: StackProcess, tmp_path: P
         background = _Background(stack)
         env = _env(stack, tmp_path, background)
         fault = _fault({"method": "hog", "hog_streams": 3, "hog_prompt_chars": 300, "hog_max_tokens": 700})
-        fault.check(env)
-        out: dict[str, Any] = {"evidence": await fault.inject(env)}
+        fault = fault.activate(env)
+        out: dict[str, Any] = {"evidence": await fault.inject()}
         async with httpx.AsyncClient(timeout=60) as client:
             _, out["peaks"] = await _load(client, stack, 2, 30)
-        out["reverted"] = await fault.revert(env)
+        out["reverted"] = await fault.revert()
         await background.client.aclose()
         return out
 
@@ -152,20 +153,20 @@ def test_hog_fills_the_pool_and_stops_on_revert(stack: StackProcess, tmp_path: P
 
 
 def test_hog_needs_a_background_load_and_reserve_needs_admin(tmp_path: Path) -> None:
-    env = FaultEnv(seed=0, target=TargetInfo(kind="vllm", base_url="http://127.0.0.1:1/v1"), run_dir=tmp_path)
+    env = RunContext(seed=0, target=TargetInfo(kind="vllm", base_url="http://127.0.0.1:1/v1"), run_dir=tmp_path)
     with pytest.raises(FaultUnsupported, match="background"):
-        _fault({"method": "hog"}).check(env)
+        _fault({"method": "hog"}).activate(env)
     with pytest.raises(FaultUnsupported, match="method: hog"):
-        _fault({"fraction": 0.5}).check(env)
+        _fault({"fraction": 0.5}).activate(env)
     params, _ = KvPressure.schema.parse({"method": "reserve"})
-    assert "needs 'fraction'" in KvPressure("kv", params).problems(None)[0][1]
+    assert "needs 'fraction'" in KvPressure.from_params("kv", params).problems(None)[0][1]
     _, problems = KvPressure.schema.parse({"fraction": 0.5, "blocks": 3})
     assert problems
 
 
 def test_reserve_under_load_tops_up_as_blocks_come_free(stack: StackProcess, tmp_path: Path) -> None:
     env = _env(stack, tmp_path)
-    fault = _fault({"blocks": 56})
+    fault = _fault({"blocks": 56}).activate(env)
 
     async def go() -> dict[str, Any]:
         async with httpx.AsyncClient(timeout=60) as client:
@@ -173,13 +174,13 @@ def test_reserve_under_load_tops_up_as_blocks_come_free(stack: StackProcess, tmp
             tasks = [asyncio.create_task(client.post(stack.base_url + "/completions", json=body)) for _ in range(3)]
             while (await client.get(stack.admin_url + "/state")).json()["kv_blocks_held"] < 20:
                 await asyncio.sleep(0.01)
-            out: dict[str, Any] = {"evidence": await fault.inject(env)}
+            out: dict[str, Any] = {"evidence": await fault.inject()}
             deadline = asyncio.get_running_loop().time() + 10
             while (state := (await client.get(stack.admin_url + "/state")).json())["kv_blocks_reserved"] < 56:
                 assert asyncio.get_running_loop().time() < deadline, "the reservation never reached its target"
                 await asyncio.sleep(0.02)
             out["squeezed"] = state  # 8 blocks left: no 300-token request fits, they all wait
-            out["reverted"] = await fault.revert(env)
+            out["reverted"] = await fault.revert()
             replies = await asyncio.gather(*tasks)
             out["statuses"] = [r.status_code for r in replies]
             return out
@@ -212,7 +213,7 @@ def test_revert_during_a_top_up_call_counts_the_blocks_it_took(
 
     monkeypatch.setattr(AdminClient, "reserve", slow_reply)
     env = _env(stack, tmp_path)
-    fault = _fault({"blocks": 56})
+    fault = _fault({"blocks": 56}).activate(env)
 
     async def go() -> dict[str, Any]:
         async with httpx.AsyncClient(timeout=60) as client:
@@ -220,9 +221,9 @@ def test_revert_during_a_top_up_call_counts_the_blocks_it_took(
             tasks = [asyncio.create_task(client.post(stack.base_url + "/completions", json=body)) for _ in range(3)]
             while (await client.get(stack.admin_url + "/state")).json()["kv_blocks_held"] < 20:
                 await asyncio.sleep(0.01)
-            evidence = await fault.inject(env)
+            evidence = await fault.inject()
             await asyncio.wait_for(reply_pending.wait(), 30)  # a top-up took blocks; its reply is pending
-            reverted = await fault.revert(env)
+            reverted = await fault.revert()
             await asyncio.gather(*tasks)
             return {"evidence": evidence, "reverted": reverted}
 

@@ -14,7 +14,8 @@ import pytest
 
 from chaos.experiment import experiment_from_dict
 from chaos.proxy import start_proxy
-from faults.base import REGISTRY, FaultEnv, TargetInfo
+from chaos.context import RunContext, TargetInfo
+from faults.base import REGISTRY
 from faults.toxiproxy_server import ToxiproxyThread
 
 PARAMS: dict[str, dict[str, Any]] = {
@@ -43,7 +44,7 @@ def env(tmp_path: Path) -> Any:
         handle = asyncio.run(start_proxy(experiment({"server": "external", "url": tpx.url}), target, tmp_path))
         # it is our embedded server, so the non-standard buffer toxic is there
         info = replace(handle.info, supports_buffer=True)
-        yield FaultEnv(seed=1, target=target, run_dir=tmp_path, proxy=info), experiment({"server": "embedded"}), tpx.url
+        yield RunContext(seed=1, target=target, run_dir=tmp_path, proxy=info), experiment({"server": "embedded"}), tpx.url
         asyncio.run(handle.stop())
 
 
@@ -57,17 +58,17 @@ def test_fault_lists_its_toxic_and_reverts(env: Any, kind: str) -> None:
     cls = REGISTRY[kind]
     values, problems = cls.schema.parse(PARAMS[kind])
     assert problems == []
-    fault = cls(kind, values)
+    fault = cls.from_params(kind, values)
     assert fault.problems(exp) == []
-    fault.check(fault_env)
-    undo = fault.plan(fault_env)
-    evidence = asyncio.run(fault.inject(fault_env))
+    injection = fault.activate(fault_env)
+    undo = injection.plan()
+    evidence = asyncio.run(injection.inject())
     names = {t["name"] for t in listed(api)}
     assert names == {t["name"] for t in evidence["toxics"]} and names  # evidence = what the server lists
-    assert asyncio.run(fault.revert(fault_env))["removed"]
+    assert asyncio.run(injection.revert())["removed"]
     assert listed(api) == []
-    asyncio.run(fault.revert(fault_env))  # idempotent
-    asyncio.run(fault.inject(fault_env))  # a crash after this: rollback from the plan alone
+    asyncio.run(injection.revert())  # idempotent
+    asyncio.run(injection.inject())  # a crash after this: rollback from the plan alone
     assert listed(api) != []
     cls.rollback(undo)
     assert listed(api) == []
@@ -76,9 +77,9 @@ def test_fault_lists_its_toxic_and_reverts(env: Any, kind: str) -> None:
 def test_network_down_refuses_connections_and_comes_back(env: Any) -> None:
     fault_env, _, api = env
     cls = REGISTRY["network.down"]
-    fault = cls("down", {})
-    undo = fault.plan(fault_env)
-    assert asyncio.run(fault.inject(fault_env))["enabled"] is False
+    injection = cls.from_params("down", {}).activate(fault_env)
+    undo = injection.plan()
+    assert asyncio.run(injection.inject())["enabled"] is False
     host, port = fault_env.proxy.listen.rsplit(":", 1)
     with pytest.raises(ConnectionRefusedError), socket.create_connection((host, int(port)), timeout=2):
         pass
@@ -93,8 +94,8 @@ def test_bad_attributes_that_crash_real_toxiproxy_are_rejected_at_validation() -
     slicer = REGISTRY["network.slicer"]
     values, problems = slicer.schema.parse({"average_size": "4B", "size_variation": "8B"})
     assert problems == []
-    assert [key for key, _ in slicer("s", values).problems(exp)] == ["size_variation"]
+    assert [key for key, _ in slicer.from_params("s", values).problems(exp)] == ["size_variation"]
     assert REGISTRY["network.slicer"].schema.parse({"average_size": "0B"})[1]  # average_size 0 crashes the real server
     assert REGISTRY["network.bandwidth"].schema.parse({"rate": "0KB/s"})[1]
     buffer = REGISTRY["network.buffer"]
-    assert any("embedded" in message for _, message in buffer("b", buffer.schema.parse({})[0]).problems(exp))
+    assert any("embedded" in message for _, message in buffer.from_params("b", buffer.schema.parse({})[0]).problems(exp))

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from chaos.errors import FaultUnsupported
-from faults.base import FaultEnv, TargetInfo
+from chaos.context import RunContext, TargetInfo
 from faults.process import ProcessKill, describe_status
 
 pytestmark = pytest.mark.timeout(60)
@@ -40,27 +40,27 @@ def spawn(children: list[subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
     return proc
 
 
-def env_for(pid: int | None, tmp_path: Path) -> FaultEnv:
+def env_for(pid: int | None, tmp_path: Path) -> RunContext:
     target = TargetInfo(kind="builtin", base_url="http://127.0.0.1:1/v1", pid=pid)
-    return FaultEnv(seed=1, target=target, run_dir=tmp_path)
+    return RunContext(seed=1, target=target, run_dir=tmp_path)
 
 
 def kill(**params: Any) -> ProcessKill:
-    return ProcessKill("crash", {"target": "server", "signal": "SIGKILL", "at": 0.0, "restart": False} | params)
+    return ProcessKill.from_params("crash", {"target": "server", "signal": "SIGKILL", "at": 0.0, "restart": False} | params)
 
 
 async def test_sigkill_at_phase_start(tmp_path: Path, children: list[subprocess.Popen[bytes]]) -> None:
     proc = spawn(children)
     env = env_for(proc.pid, tmp_path)
     fault = kill()
-    fault.check(env)
-    assert fault.plan(env)["pid"] == proc.pid
-    evidence = await fault.inject(env)
+    fault = fault.activate(env)
+    assert fault.plan()["pid"] == proc.pid
+    evidence = await fault.inject()
     # The child is not reaped yet (we are its parent and have not waited): the zombie's status shows.
     assert evidence["killed"] and evidence["exit"] == "killed by SIGKILL"
     assert proc.wait(timeout=10) == -signal.SIGKILL
-    assert (await fault.revert(env))["killed"]
-    assert (await fault.revert(env))["skipped"] == "already reverted"
+    assert (await fault.revert())["killed"]
+    assert (await fault.revert())["skipped"] == "already reverted"
 
 
 async def test_sigterm_at_a_delay(tmp_path: Path, children: list[subprocess.Popen[bytes]]) -> None:
@@ -68,11 +68,12 @@ async def test_sigterm_at_a_delay(tmp_path: Path, children: list[subprocess.Pope
     env = env_for(proc.pid, tmp_path)
     fault = kill(signal="SIGTERM", at=0.3)
     start = time.monotonic_ns()
-    evidence = await fault.inject(env)
+    fault = fault.activate(env)
+    evidence = await fault.inject()
     assert evidence["scheduled"] and proc.poll() is None  # not yet
     await asyncio.to_thread(proc.wait, 10)
     assert proc.returncode == -signal.SIGTERM
-    outcome = await fault.revert(env)
+    outcome = await fault.revert()
     assert outcome["killed"] and outcome["signal"] == "SIGTERM"
     delay = (outcome["sent_at_monotonic_ns"] - start) / 1e9
     assert 0.3 <= delay < 5.0  # at ~`at` (the upper bound only guards a hang)
@@ -83,8 +84,9 @@ async def test_revert_cancels_a_pending_kill(tmp_path: Path, children: list[subp
     env = env_for(proc.pid, tmp_path)
     fault = kill(at=30.0, restart=True)
     env.restart_target = _forbidden_restart
-    await fault.inject(env)
-    outcome = await fault.revert(env)
+    fault = fault.activate(env)
+    await fault.inject()
+    outcome = await fault.revert()
     assert outcome["cancelled"] and not outcome["killed"]
     await asyncio.sleep(0.2)
     assert proc.poll() is None  # never signalled
@@ -108,11 +110,11 @@ async def test_restart_is_awaited_after_the_kill(tmp_path: Path, children: list[
 
     env.restart_target = restart_target
     fault = kill(at=0.1, restart=True)
-    fault.check(env)
-    await fault.inject(env)
+    fault = fault.activate(env)
+    await fault.inject()
     await asyncio.to_thread(proc.wait, 10)  # the runner, as the parent, reaps the killed server
     assert not restarts
-    outcome = await fault.revert(env)  # the kill was sent: revert waits for the restart in progress
+    outcome = await fault.revert()  # the kill was sent: revert waits for the restart in progress
     assert restarts and outcome["restarted"] and outcome["new_pid"] == restarts[0] != proc.pid
     assert proc.returncode == -signal.SIGKILL
     assert children[-1].poll() is None  # the restarted "server" runs
@@ -121,9 +123,9 @@ async def test_restart_is_awaited_after_the_kill(tmp_path: Path, children: list[
 def test_refuses_a_target_without_a_pid(tmp_path: Path) -> None:
     with pytest.raises(FaultUnsupported, match="pid of the serving process.*openai"):
         target = TargetInfo(kind="openai", base_url="http://staging.example/v1")
-        kill().check(FaultEnv(seed=1, target=target, run_dir=tmp_path))
+        kill().activate(RunContext(seed=1, target=target, run_dir=tmp_path))
     with pytest.raises(FaultUnsupported, match="restart"):
-        kill(restart=True).check(env_for(1, tmp_path))
+        kill(restart=True).activate(env_for(1, tmp_path))
 
 
 def test_describe_status() -> None:

@@ -16,7 +16,7 @@ import pytest
 
 from chaos.errors import FaultUnsupported
 from chaos.stack.process import StackProcess
-from faults.base import FaultEnv, TargetInfo
+from chaos.context import RunContext, TargetInfo
 from faults.server import ServerStall, ServerTimeout
 
 pytestmark = pytest.mark.timeout(60)
@@ -29,9 +29,9 @@ def stack() -> Iterator[StackProcess]:
 
 
 @pytest.fixture
-def env(stack: StackProcess, tmp_path: Path) -> Iterator[FaultEnv]:
+def env(stack: StackProcess, tmp_path: Path) -> Iterator[RunContext]:
     target = TargetInfo(kind="builtin", base_url=stack.base_url, metrics_url=stack.metrics_url, admin_url=stack.admin_url)
-    yield FaultEnv(seed=7, target=target, run_dir=tmp_path)
+    yield RunContext(seed=7, target=target, run_dir=tmp_path)
     httpx.delete(stack.admin_url + "/faults", timeout=5)
     _wait_idle(stack)
 
@@ -53,7 +53,7 @@ def _wait_idle(stack: StackProcess, timeout: float = 10.0) -> float:
 def _fault(cls: Any, name: str, raw: dict[str, Any]) -> Any:
     params, problems = cls.schema.parse(raw)
     assert not problems, problems
-    fault = cls(name, params)
+    fault = cls.from_params(name, params)
     assert fault.problems(None) == []
     return fault
 
@@ -89,11 +89,11 @@ def _dechunk(body: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("where", ["engine_step", "detokenize", "send"])
-def test_timeout_ends_stream_in_band_and_frees_blocks(stack: StackProcess, env: FaultEnv, where: str) -> None:
+def test_timeout_ends_stream_in_band_and_frees_blocks(stack: StackProcess, env: RunContext, where: str) -> None:
     fault = _fault(ServerTimeout, f"timeout-{where}", {"where": where, "every_n": 1, "after": "100ms"})
-    fault.check(env)
-    assert fault.plan(env) == {"admin_url": stack.admin_url, "fault_name": f"timeout-{where}"}
-    evidence = asyncio.run(fault.inject(env))
+    fault = fault.activate(env)
+    assert fault.plan() == {"admin_url": stack.admin_url, "fault_name": f"timeout-{where}"}
+    evidence = asyncio.run(fault.inject())
     assert evidence["installed"]["spec"]["where"] == where and evidence["installed"]["spec"]["every_n"] == 1
 
     events, _ = _stream_events(stack)
@@ -106,35 +106,38 @@ def test_timeout_ends_stream_in_band_and_frees_blocks(stack: StackProcess, env: 
     state = _state(stack)
     assert state["leaks_total"] == 0 and state["kv_blocks_held"] == 0
 
-    reverted = asyncio.run(fault.revert(env))
+    reverted = asyncio.run(fault.revert())
     assert reverted["removed"] is True and reverted["last_seen"]["fired"] >= 1
     events, _ = _stream_events(stack, max_tokens=20)
     assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
-    assert asyncio.run(fault.revert(env))["removed"] is False  # idempotent
+    assert asyncio.run(fault.revert())["removed"] is False  # idempotent
 
 
-def test_timeout_non_streaming_is_5xx_json(stack: StackProcess, env: FaultEnv) -> None:
+def test_timeout_non_streaming_is_5xx_json(stack: StackProcess, env: RunContext) -> None:
     fault = _fault(ServerTimeout, "nonstream", {"where": "send", "every_n": 1})
-    asyncio.run(fault.inject(env))
+    fault = fault.activate(env)
+    asyncio.run(fault.inject())
     r = httpx.post(stack.base_url + "/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 5}, timeout=10)
     assert r.status_code == 504 and r.json()["error"]["type"] == "TimeoutError"
-    asyncio.run(fault.revert(env))
+    asyncio.run(fault.revert())
 
 
-def test_timeout_fraction_hits_some_requests(stack: StackProcess, env: FaultEnv) -> None:
+def test_timeout_fraction_hits_some_requests(stack: StackProcess, env: RunContext) -> None:
     fault = _fault(ServerTimeout, "half", {"where": "engine_step", "fraction": 0.5})
-    asyncio.run(fault.inject(env))
+    fault = fault.activate(env)
+    asyncio.run(fault.inject())
     statuses = [httpx.post(stack.base_url + "/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 3}, timeout=10).status_code
                 for _ in range(16)]
     assert 0 < statuses.count(504) < 16 and statuses.count(504) + statuses.count(200) == 16
-    listed = asyncio.run(fault.revert(env))["last_seen"]
+    listed = asyncio.run(fault.revert())["last_seen"]
     assert listed["requests_matched"] == statuses.count(504)
 
 
-def test_rollback_deletes_the_hook_fault(stack: StackProcess, env: FaultEnv) -> None:
+def test_rollback_deletes_the_hook_fault(stack: StackProcess, env: RunContext) -> None:
     fault = _fault(ServerTimeout, "orphan", {"where": "send", "every_n": 2})
-    undo = fault.plan(env)
-    asyncio.run(fault.inject(env))
+    fault = fault.activate(env)
+    undo = fault.plan()
+    asyncio.run(fault.inject())
     assert ServerTimeout.rollback(undo) == {"removed": True}
     assert httpx.get(stack.admin_url + "/faults", timeout=5).json()["faults"] == {}
     assert ServerTimeout.rollback(undo) == {"removed": False}
@@ -143,34 +146,34 @@ def test_rollback_deletes_the_hook_fault(stack: StackProcess, env: FaultEnv) -> 
 
 
 def test_check_refuses_targets_without_admin_api(tmp_path: Path) -> None:
-    env = FaultEnv(seed=0, target=TargetInfo(kind="openai", base_url="http://127.0.0.1:1/v1"), run_dir=tmp_path)
+    env = RunContext(seed=0, target=TargetInfo(kind="openai", base_url="http://127.0.0.1:1/v1"), run_dir=tmp_path)
     with pytest.raises(FaultUnsupported, match="admin API.*'openai'.*builtin"):
-        _fault(ServerTimeout, "t", {"where": "send", "fraction": 1}).check(env)
+        _fault(ServerTimeout, "t", {"where": "send", "fraction": 1}).activate(env)
     with pytest.raises(FaultUnsupported, match="network.latency"):
-        _fault(ServerStall, "s", {"where": "engine", "duration": "100ms", "every": "1s"}).check(env)
+        _fault(ServerStall, "s", {"where": "engine", "duration": "100ms", "every": "1s"}).activate(env)
 
 
 def test_stall_schema_problems() -> None:
     params, problems = ServerStall.schema.parse({"where": "event_loop", "duration": "1s", "every": "500ms"})
     assert not problems
-    assert ServerStall("s", params).problems(None)[0][0] == "every"
+    assert ServerStall.from_params("s", params).problems(None)[0][0] == "every"
     _, problems = ServerTimeout.schema.parse({"where": "send"})
     assert any("exactly one of fraction, every_n" in m for _, m in problems)
 
 
 @pytest.mark.parametrize("where", ["event_loop", "engine"])
-def test_stall_makes_a_gap_in_token_arrival(stack: StackProcess, env: FaultEnv, where: str) -> None:
+def test_stall_makes_a_gap_in_token_arrival(stack: StackProcess, env: RunContext, where: str) -> None:
     stall = 0.4
-    fault = _fault(ServerStall, f"stall-{where}", {"where": where, "duration": f"{stall}s", "every": "30s"})
+    fault = _fault(ServerStall, f"stall-{where}", {"where": where, "duration": f"{stall}s", "every": "30s"}).activate(env)
     result: dict[str, Any] = {}
 
     async def go() -> None:
         loop = asyncio.get_running_loop()
         reader = loop.run_in_executor(None, _stream_events, stack, 600)
         await asyncio.sleep(0.3)  # the stream is flowing
-        result["evidence"] = await fault.inject(env)
+        result["evidence"] = await fault.inject()
         result["events"], result["times"] = await reader
-        result["reverted"] = await fault.revert(env)
+        result["reverted"] = await fault.revert()
 
     asyncio.run(go())
     times = result["times"]

@@ -13,8 +13,8 @@ from chaos.load.generator import LoadGenerator
 from chaos.load.mock import ThreadedMockServer
 from chaos.load.workload import LoadSettings
 from chaos.observations import StreamRecord
-from faults.base import ClientPolicy
-from faults.client import DisconnectRule
+from chaos.context import ClientPolicy
+from chaos.load.rules import DisconnectRule
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
 S = 1_000_000_000

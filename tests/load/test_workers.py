@@ -11,8 +11,8 @@ from chaos.load.mock import ThreadedMockServer
 from chaos.load.workers import WorkerPool, make_load, split_evenly
 from chaos.load.workload import LoadSettings
 from chaos.observations import StreamRecord
-from faults.base import ClientPolicy
-from faults.client import DisconnectRule
+from chaos.context import ClientPolicy
+from chaos.load.rules import DisconnectRule
 
 S = 1_000_000_000
 
