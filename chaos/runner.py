@@ -145,30 +145,18 @@ class Runner:
 
     async def _attempt(self) -> _Outcome:
         """Carry the run out and classify how it ended; every resource is released by then."""
-        exp = self.experiment
         main_task = asyncio.current_task()
         assert main_task is not None
-        outcome = _Outcome()
         try:
             with self._signals(main_task):
                 await self._execute()
+            outcome = _Outcome()
         except asyncio.CancelledError:
             if self.interrupted is None:
                 raise
             outcome = _Outcome("interrupted", 4, f"interrupted by {self.interrupted}")
-        except TimeoutError as exc:
-            if self._deadline is not None and self._deadline.expired():
-                error = f"the run exceeded safety.max_duration ({exp.safety.max_duration:g}s) plus the target's startup_timeout"
-            else:
-                error = f"a step of the run timed out: {exc!r}"
-            outcome = _Outcome("failed", 4, error)
-        except ChaosError as exc:
-            outcome = _Outcome("failed", exc.exit_code, str(exc))
-            self._note("run_error", {"error": str(exc), "type": type(exc).__name__})
-        except Exception as exc:  # a bug of ours or of a library: still reverted, recorded and reported
-            (self.out_dir / "runner-error.txt").write_text(traceback.format_exc(), encoding="utf-8")
-            outcome = _Outcome("failed", 4, f"internal error {type(exc).__name__}: {exc} (traceback in runner-error.txt)")
-            self._note("run_error", {"error": outcome.error, "type": type(exc).__name__})
+        except Exception as exc:  # noqa: BLE001 - every failure is classified, recorded and reported
+            outcome = self._failure(exc)
         if self.interrupted is not None:
             while main_task.cancelling():  # the interrupt was ours to deliver, and it is handled
                 main_task.uncancel()
@@ -177,6 +165,22 @@ class Runner:
         if self.revert_errors and outcome.exit_code == 0:
             outcome = _Outcome("failed", 4, "; ".join(self.revert_errors))
         return outcome
+
+    def _failure(self, exc: Exception) -> _Outcome:
+        """How a run that raised ``exc`` ended: a timeout, one of ours (its exit code), or a bug (traceback kept)."""
+        if isinstance(exc, TimeoutError):
+            if self._deadline is not None and self._deadline.expired():
+                return _Outcome("failed", 4, f"the run exceeded safety.max_duration ({self.experiment.safety.max_duration:g}s)"
+                                             " plus the target's startup_timeout")
+            return _Outcome("failed", 4, f"a step of the run timed out: {exc!r}")
+        if isinstance(exc, ChaosError):
+            self._note("run_error", {"error": str(exc), "type": type(exc).__name__})
+            return _Outcome("failed", exc.exit_code, str(exc))
+        # a bug of ours or of a library: still reverted, recorded and reported
+        (self.out_dir / "runner-error.txt").write_text(traceback.format_exc(), encoding="utf-8")
+        error = f"internal error {type(exc).__name__}: {exc} (traceback in runner-error.txt)"
+        self._note("run_error", {"error": error, "type": type(exc).__name__})
+        return _Outcome("failed", 4, error)
 
     async def _execute(self) -> None:
         """The resources, nested; teardown (outside the deadline) is their exits, newest first."""
