@@ -21,6 +21,7 @@ from chaos.errors import (
     FaultUnsupported,
     SetupFailed,
     TargetUnreachable,
+    UsageError,
     VerificationInconclusive,
 )
 
@@ -34,6 +35,7 @@ __all__ = [
     "Result",
     "SetupFailed",
     "TargetUnreachable",
+    "UsageError",
     "VerificationInconclusive",
     "load_experiment",
     "run",

@@ -68,3 +68,15 @@ def test_verify_rejudges_a_finished_run_against_other_budgets(tmp_path: Path, ca
     assert [v["status"] for v in rejudged["verdicts"]] == ["fail"]
     assert main(["report", str(run_dir)]) == 0
     assert "cli-short" in capsys.readouterr().out
+
+
+def test_a_used_run_directory_is_refused_and_left_as_it_was(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump(SHORT), encoding="utf-8")
+    used = tmp_path / "run"
+    used.mkdir()
+    previous = '{"type":"run","run_id":"a"}\n{"type":"end","status":"completed","run_id":"a"}\n'
+    (used / "journal.jsonl").write_text(previous, encoding="utf-8")
+    assert main(["run", str(exp), "--out", str(used), "--quiet"]) == 2
+    assert "not empty" in capsys.readouterr().err
+    assert (used / "journal.jsonl").read_text(encoding="utf-8") == previous  # nothing appended, nothing started

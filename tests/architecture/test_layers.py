@@ -1,0 +1,78 @@
+"""The layering the design promises: what each room imports, what the package exports, specs vs run state."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import chaos
+import faults
+from chaos.experiment import experiment_from_dict
+from chaos.load.workload import LoadSettings
+from faults.base import REGISTRY, Fault
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_chaos_exports_exactly_its_front_door() -> None:
+    assert sorted(chaos.__all__) == [
+        "ChaosError", "ExperimentInvalid", "FaultError", "FaultPermissionDenied", "FaultRevertFailed", "FaultUnsupported",
+        "Result", "SetupFailed", "TargetUnreachable", "UsageError", "VerificationInconclusive",
+        "load_experiment", "run", "run_async",
+    ]
+    for name in chaos.__all__:
+        assert getattr(chaos, name) is not None, name
+
+
+def test_a_load_worker_imports_no_fault_family() -> None:
+    """A spawned load worker imports the worker module and unpickles its config (settings + client
+    rules); none of that may load a fault family, pynvml, toxiproxy or the engine."""
+    experiment = experiment_from_dict({
+        "name": "w", "load": {"concurrency": 2},
+        "phases": [{"name": "p", "duration": "1s", "faults": [{"kind": "client.disconnect", "after_tokens": [1, 3]},
+                                                               {"kind": "client.slow_reader", "read_delay": "5ms"}]}],
+    })
+    rules = {f.name: f.rule() for _, f in experiment.faults()}  # type: ignore[attr-defined]
+    config = pickle.dumps({"spec": LoadSettings.of(experiment.load), "rules": rules})
+    code = (
+        "import pickle, sys\n"
+        "import chaos.load.workers  # the spawned process's target lives here\n"
+        f"pickle.loads(bytes.fromhex({config.hex()!r}))\n"
+        "heavy = ('faults', 'pynvml', 'toxiproxy', 'torch', 'chaos.stack', 'chaos.runner')\n"
+        "print(sorted(m for m in sys.modules if m == 'faults' or m.startswith(heavy)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+@pytest.mark.parametrize("kind", sorted(REGISTRY))
+def test_every_fault_kind_is_a_frozen_spec_whose_fields_are_its_parameters(kind: str) -> None:
+    cls = REGISTRY[kind]
+    assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
+    fields = {f.name for f in dataclasses.fields(cls)} - {"name"}
+    assert fields == set(cls.schema.names()), f"{kind}: fields {sorted(fields)} vs schema {cls.schema.names()}"
+    assert faults.REGISTRY is REGISTRY and issubclass(cls, Fault)
+
+
+def test_an_experiment_holds_no_run_state() -> None:
+    experiment = experiment_from_dict({
+        "name": "frozen", "target": {"kind": "builtin"},
+        "phases": [{"name": "p", "duration": "1s", "faults": [{"kind": "kv.pressure", "fraction": 0.5},
+                                                               {"kind": "gpu.throttle", "fraction_of_max": 0.5}]}],
+    })
+    kv = experiment.phases[0].faults[0]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        kv.fraction = 0.9  # type: ignore[misc]
+    assert hash(experiment) == hash(experiment_from_dict({
+        "name": "frozen", "target": {"kind": "builtin"},
+        "phases": [{"name": "p", "duration": "1s", "faults": [{"kind": "kv.pressure", "fraction": 0.5},
+                                                               {"kind": "gpu.throttle", "fraction_of_max": 0.5}]}],
+    }))
+    # nothing but parameters: no attribute a run could fill in
+    for _, fault in experiment.faults():
+        assert set(vars(fault)) == {f.name for f in dataclasses.fields(fault)}

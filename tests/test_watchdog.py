@@ -1,0 +1,42 @@
+"""The watchdog acts on its own run only: another run's end record in the journal does not stand it down."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from chaos.watchdog import _run_ended
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def journal(path: Path, *lines: dict[str, object]) -> Path:
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    path.chmod(0o600)
+    return path
+
+
+def test_only_its_own_end_record_counts(tmp_path: Path) -> None:
+    path = journal(tmp_path / "journal.jsonl", {"type": "run", "run_id": "old"}, {"type": "end", "run_id": "old"})
+    assert _run_ended(path, "old") and not _run_ended(path, "new")
+
+
+@pytest.mark.timeout(60)
+def test_a_dead_runner_is_rolled_back_even_after_an_older_end_record(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(timeout=10)
+    path = journal(
+        tmp_path / "journal.jsonl",
+        {"type": "run", "run_id": "old"}, {"type": "end", "status": "completed", "run_id": "old"},
+        {"type": "run", "run_id": "new"},
+        {"type": "fault", "fault": "hangups", "kind": "client.disconnect", "action": "plan", "t": 1, "phase": "p", "undo": {}},
+    )
+    done = subprocess.run([sys.executable, "-m", "chaos.watchdog", str(tmp_path), "--pid", str(dead.pid), "--run-id", "new",
+                           "--poll", "0.05"], cwd=ROOT, capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stderr
+    actions = [json.loads(line).get("action") for line in path.read_text().splitlines()]
+    assert actions[-1] == "rollback", done.stderr
