@@ -53,7 +53,7 @@ class Result:
     verdicts: list[Verdict]
     observations: Observations
     out_dir: Path
-    status: str  # completed | interrupted | failed
+    status: str  # completed | interrupted | halted | failed
     exit_code: int
     started: float
     ended: float
@@ -101,6 +101,8 @@ class Runner:
         self.listeners = list(listeners)
         self.handle_signals = handle_signals
         self.interrupted: str | None = None  # the signal that interrupted the run (set by the pytest plugin too)
+        self.halted: str | None = None  # why a safety condition stopped the run early (``halt``)
+        self._main_task: asyncio.Task[Any] | None = None
         self.cleaning = False  # past the work: a signal is noted, not acted on
         self.revert_errors: list[str] = []
         self.events = EventBus()
@@ -145,26 +147,47 @@ class Runner:
 
     async def _attempt(self) -> _Outcome:
         """Carry the run out and classify how it ended; every resource is released by then."""
-        main_task = asyncio.current_task()
+        main_task = self._main_task = asyncio.current_task()
         assert main_task is not None
         try:
             with self._signals(main_task):
                 await self._execute()
             outcome = _Outcome()
         except asyncio.CancelledError:
-            if self.interrupted is None:
+            if self._stopped() is None:
                 raise
-            outcome = _Outcome("interrupted", 4, f"interrupted by {self.interrupted}")
+            outcome = _Outcome()
         except Exception as exc:  # noqa: BLE001 - every failure is classified, recorded and reported
             outcome = self._failure(exc)
-        if self.interrupted is not None:
-            while main_task.cancelling():  # the interrupt was ours to deliver, and it is handled
+        stopped = self._stopped()
+        if stopped is not None:
+            while main_task.cancelling():  # the stop was ours to deliver, and it is handled
                 main_task.uncancel()
-            if outcome.status != "interrupted":
-                outcome = _Outcome("interrupted", 4, f"interrupted by {self.interrupted}; then: {outcome.error}")
+            status, why = stopped
+            outcome = _Outcome(status, 4, why if outcome.status == "completed" else f"{why}; then: {outcome.error}")
         if self.revert_errors and outcome.exit_code == 0:
             outcome = _Outcome("failed", 4, "; ".join(self.revert_errors))
         return outcome
+
+    def halt(self, reason: str) -> None:
+        """Stop the run early because a safety condition tripped: revert, tear down, end ``halted``.
+
+        For run listeners that watch the run (halt conditions); safe to call more than once.
+        """
+        if self.cleaning or self._stopped() is not None:
+            return
+        self.halted = reason
+        self._stage("halt", f"halting: {reason}")
+        if self._main_task is not None:
+            self._main_task.cancel()
+
+    def _stopped(self) -> tuple[str, str] | None:
+        """``(status, why)`` when a signal or a halt condition stopped the run, else None."""
+        if self.interrupted is not None:
+            return "interrupted", f"interrupted by {self.interrupted}"
+        if self.halted is not None:
+            return "halted", f"halted: {self.halted}"
+        return None
 
     def _failure(self, exc: Exception) -> _Outcome:
         """How a run that raised ``exc`` ended: a timeout, one of ours (its exit code), or a bug (traceback kept)."""
@@ -366,7 +389,7 @@ class Runner:
 
     def _on_signal(self, sig: int, task: asyncio.Task[Any]) -> None:
         name = signal.Signals(sig).name
-        if self.cleaning or self.interrupted is not None:
+        if self.cleaning or self._stopped() is not None:
             self._stage("signal", f"{name}: already reverting and stopping")
             return
         self.interrupted = name
