@@ -1,6 +1,7 @@
 """KV-cache pressure: take blocks out of the builtin engine's pool, or hog KV with background streams.
 
-``method: reserve`` removes free blocks through the builtin stack's admin API (released on revert).
+``method: reserve`` removes free blocks through the builtin stack's admin API (released on revert),
+under a short lease renewed while the fault is injected, so a dead runner's reservation ends by itself.
 Only free blocks can be taken, so under load the fault keeps topping the reservation up as blocks
 come free (finished or preempted requests) until it holds the target or is reverted;
 ``method: hog`` asks the runner's ``BackgroundLoad`` for long-prompt, long-output streams that hold
@@ -20,7 +21,8 @@ import httpx
 
 from chaos.errors import FaultUnsupported
 from chaos.params import Param, Schema
-from chaos.stack.admin_client import AdminClient
+from chaos.stack import admin_client
+from chaos.stack.admin_client import AdminClient, LeaseKeeper
 from faults.base import Fault, FaultEnv, register
 from faults.server import require_admin
 
@@ -55,6 +57,7 @@ class KvPressure(Fault):
         self._topup: asyncio.Task[None] | None = None
         self._topup_stop = asyncio.Event()
         self._held = 0  # blocks this fault has reserved so far
+        self._keeper: LeaseKeeper | None = None  # renews the reservation's lease from inject to revert
 
     def problems(self, experiment: Any) -> list[tuple[str, str]]:
         if self.params.get("method", "reserve") == "reserve" and self.params.get("fraction") is None and self.params.get("blocks") is None:
@@ -95,9 +98,13 @@ class KvPressure(Fault):
             before = await admin.state()
             total = int(before["kv_blocks_total"])
             wanted = int(self.params["blocks"]) if self.params.get("blocks") is not None else round(float(self.params["fraction"]) * total)
-            self._held = await admin.reserve(wanted)
+            self._held = await admin.reserve(wanted, ttl=admin_client.LEASE_TTL_S)
             after = await admin.state()
-        evidence: dict[str, Any] = {"method": "reserve", "requested": wanted, "reserved": self._held, "engine": _pick(after)}
+        self._keeper = LeaseKeeper(admin_url, env.target.admin_token, lambda admin: admin.renew_reserve(),
+                                   admin_client.LEASE_RENEW_EVERY_S)
+        self._keeper.start()
+        evidence: dict[str, Any] = {"method": "reserve", "requested": wanted, "reserved": self._held, "engine": _pick(after),
+                                    "lease_s": admin_client.LEASE_TTL_S}
         if self._held < wanted:
             # Live requests hold the rest; take them as they come free, for as long as we are injected.
             evidence["note"] = f"only {self._held} of {wanted} blocks were free; topping up as blocks come free"
@@ -111,7 +118,7 @@ class KvPressure(Fault):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._topup_stop.wait(), TOPUP_INTERVAL_S)
                 if not self._topup_stop.is_set():
-                    self._held += await admin.reserve(wanted - self._held)
+                    self._held += await admin.reserve(wanted - self._held, ttl=admin_client.LEASE_TTL_S)
 
     async def revert(self, env: FaultEnv) -> dict[str, Any]:
         if self._method == "reserve":
@@ -122,6 +129,9 @@ class KvPressure(Fault):
                 self._topup_stop.set()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await asyncio.wait_for(topup, TOPUP_STOP_TIMEOUT_S)  # a failed top-up must not stop the release
+            keeper, self._keeper = self._keeper, None
+            if keeper is not None:
+                await keeper.stop()
             admin_url = require_admin(self.kind, env, "kv.pressure with method: hog")
             async with AdminClient(admin_url, env.target.admin_token) as admin:
                 released = await admin.release()

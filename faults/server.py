@@ -1,7 +1,8 @@
 """Server faults: asyncio timeouts and event-loop / engine stalls inside the builtin stack.
 
 Both act through the stack's admin API (``chaos.stack.admin_client``): inject installs a hook fault
-named after the experiment's fault, revert deletes it. Only the builtin target has that API; on any
+named after the experiment's fault under a short lease that a task renews while it is injected,
+revert stops the renewals and deletes it; a runner that dies leaves it for one lease at most. Only the builtin target has that API; on any
 other target ``check`` says so and names the faults that work everywhere.
 """
 
@@ -16,7 +17,8 @@ import httpx
 
 from chaos.errors import FaultUnsupported
 from chaos.params import Param, Schema
-from chaos.stack.admin_client import AdminClient
+from chaos.stack import admin_client
+from chaos.stack.admin_client import AdminClient, LeaseKeeper
 from faults.base import Fault, FaultEnv, register
 
 __all__ = ["ServerStall", "ServerTimeout", "delete_hook_fault", "require_admin"]
@@ -48,6 +50,7 @@ class _HookFault(Fault):
     """Shared inject/revert/rollback of faults that are one hook fault in the stack."""
 
     alternatives = "client.timeout or network faults"
+    _keeper: LeaseKeeper | None = None  # renews the hook's lease from inject to revert
 
     def spec(self, env: FaultEnv) -> dict[str, Any]:
         raise NotImplementedError
@@ -62,12 +65,19 @@ class _HookFault(Fault):
     async def inject(self, env: FaultEnv) -> dict[str, Any]:
         admin_url = require_admin(self.kind, env, self.alternatives)
         async with AdminClient(admin_url, env.target.admin_token) as admin:
-            await admin.set_fault(self.name, self.spec(env))
+            await admin.set_fault(self.name, {**self.spec(env), "ttl": admin_client.LEASE_TTL_S})
             listed = (await admin.faults()).get(self.name)
-        return {"installed": listed}
+        name = self.name
+        self._keeper = LeaseKeeper(admin_url, env.target.admin_token, lambda admin: admin.renew_fault(name),
+                                   admin_client.LEASE_RENEW_EVERY_S)
+        self._keeper.start()
+        return {"installed": listed, "lease_s": admin_client.LEASE_TTL_S}
 
     async def revert(self, env: FaultEnv) -> dict[str, Any]:
         admin_url = require_admin(self.kind, env, self.alternatives)
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            await keeper.stop()
         async with AdminClient(admin_url, env.target.admin_token) as admin:
             listed = (await admin.faults()).get(self.name)
             removed = await admin.clear_fault(self.name)

@@ -73,6 +73,7 @@ class TargetSpec:
     startup_timeout: float = 60.0  # seconds
     api_key: str | None = None
     admin_token: str | None = None
+    admin_token_file: str | None = None  # a 0600 file holding the token (beside STREAMCHAOS_ADMIN_TOKEN)
     extra_args: tuple[str, ...] = ()
 
 
