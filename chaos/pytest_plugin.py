@@ -15,7 +15,7 @@ import asyncio
 import json
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +113,7 @@ class StackHandle:
     metrics_url: str
     admin_url: str
     pid: int
-    admin_token: str = ""  # the stack's own, random per session; the admin API wants it as a bearer token
+    admin_token: str = field(default="", repr=False)  # the stack's own, random per session; a bearer token
 
     @property
     def admin_headers(self) -> dict[str, str]:
