@@ -94,7 +94,7 @@ def _walk(data: Any) -> None:
     while stack:
         value, path = stack.pop()
         if len(path) > MAX_DEPTH:
-            raise JsonRefused(f"nested more than {MAX_DEPTH} levels deep", _render(path[:MAX_DEPTH]))
+            raise JsonRefused(f"nested more than {MAX_DEPTH} levels deep", _render(path[:1]) or None)  # the field
         if isinstance(value, str):
             _text(value, path)
         elif isinstance(value, dict):
