@@ -45,19 +45,19 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 def _load_sla_override(experiment_file: Path, sla_file: Path) -> Any:
     """The stored experiment with its `sla:` section replaced by the one in ``sla_file``."""
-    import yaml
-
     from chaos.experiment import experiment_from_dict, load_experiment
+    from chaos.experiment.loader import read_text_bounded
+    from chaos.experiment.yamlpos import YamlSyntaxError, load_bounded
 
-    base = load_experiment(experiment_file)  # validates the stored copy first
+    base = load_experiment(experiment_file)  # validates the stored copy first (within the YAML budget)
     try:
-        other = yaml.safe_load(sla_file.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise ExperimentInvalid(f"{sla_file}: cannot read it as YAML: {exc}") from None
+        other = load_bounded(read_text_bounded(str(sla_file)))
+        raw = load_bounded(read_text_bounded(str(experiment_file)))
+    except YamlSyntaxError as exc:
+        raise ExperimentInvalid(f"{sla_file}:{exc.mark.line}:{exc.mark.column}: cannot read it as YAML: {exc.message}") from None
     entries = other.get("sla") if isinstance(other, dict) else other
     if not isinstance(entries, list):
         raise ExperimentInvalid(f"{sla_file}: expected a list of SLA entries or a mapping with an `sla:` list")
-    raw = yaml.safe_load(experiment_file.read_text(encoding="utf-8"))
     raw["sla"] = entries
     del base
     return experiment_from_dict(raw, source=str(sla_file))

@@ -42,7 +42,7 @@ class TargetInfo:
     base_url: str  # OpenAI API root the load generator uses *without* the proxy, e.g. http://127.0.0.1:P/v1
     metrics_url: str | None = None
     admin_url: str | None = None  # builtin stack only
-    admin_token: str | None = None
+    admin_token: str | None = field(default=None, repr=False)  # a secret: never printed
     pid: int | None = None  # the serving process, when the runner started it
     device: str = "cpu"  # where the engine runs: cpu | cuda:N
     model: str = ""

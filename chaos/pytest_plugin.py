@@ -1,6 +1,7 @@
 """pytest plugin (entry point `pytest11`): fixtures, a marker, and YAML experiments as test items.
 
-- ``chaos_stack`` (session): a builtin stack started once, as a real child process; yields its URLs.
+- ``chaos_stack`` (session): a builtin stack started once, as a real child process; yields its URLs
+  and its admin token (``admin_headers`` for a request to ``admin_url``).
 - ``chaos_run``: runs an experiment (a path, a dict or an ``Experiment``) and returns the ``Result``;
   with ``check=True`` a failed run raises an AssertionError listing the failing verdicts and their
   evidence. Runs in its own thread and event loop, so it works inside pytest-asyncio tests too.
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,11 @@ class StackHandle:
     metrics_url: str
     admin_url: str
     pid: int
+    admin_token: str = field(default="", repr=False)  # the stack's own, random per session; a bearer token
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.admin_token}"}
 
 
 @pytest.fixture(scope="session")
@@ -143,7 +149,7 @@ def chaos_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackHandl
     try:
         yield StackHandle(
             url=info.base_url[: -len("/v1")], base_url=info.base_url, metrics_url=info.metrics_url or "",
-            admin_url=info.admin_url or "", pid=info.pid or 0,
+            admin_url=info.admin_url or "", pid=info.pid or 0, admin_token=info.admin_token or "",
         )
     finally:
         _in_thread(lambda: asyncio.run(stack.stop()))

@@ -244,7 +244,7 @@ class Runner:
         self.injections = {fault.name: fault.activate(ctx) for _, fault in exp.faults()}
         if any(injection.outlives_runner for injection in self.injections.values()):
             self.watchdogs.append(await resources.enter_async_context(watchdog(
-                self.out_dir, self._run_id(), exp.safety.max_duration, self._contacted_urls(target.info))))
+                self.out_dir, self._run_id(), exp.safety.max_duration, self._contacted_urls(target.info), target.info.admin_token)))
         await resources.enter_async_context(MetricScraper(target.info.metrics_url, exp.safety.scrape_interval, emit))
         await resources.enter_async_context(gpu_telemetry(emit))
         return ctx

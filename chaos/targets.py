@@ -2,17 +2,25 @@
 
 ``start_target`` returns a ``Target`` whose ``info`` (a ``chaos.context.TargetInfo``) tells faults and
 the load generator where everything is; ``stop()`` leaves nothing running.
+
+The admin token of a builtin stack comes from configuration only (``target.admin_token``,
+``target.admin_token_file``, ``STREAMCHAOS_ADMIN_TOKEN``); a stack the runner starts gets a fresh
+random one in its environment. A remote target is sent the token only after it has shown that it
+holds it (``chaos.stack.admin_client.recognise``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
+import secrets
 import shutil
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,13 +29,34 @@ import httpx
 
 from chaos.children import spawn
 from chaos.context import TargetInfo
-from chaos.errors import SetupFailed, TargetUnreachable
+from chaos.errors import ExperimentInvalid, SetupFailed, TargetUnreachable
+from chaos.stack.admin_client import recognise
 from chaos.stack.process import StackProcess
+from chaos.stack.serve import ADMIN_TOKEN_ENV, ServeUsageError, read_token_file
+
+__all__ = [
+    "BuiltinStack", "RemoteTarget", "Target", "VllmServer", "configured_admin_token", "running_target", "start_target",
+    "target_facts",
+]
 
 if TYPE_CHECKING:
     from chaos.experiment.model import TargetSpec
 
-__all__ = ["BuiltinStack", "RemoteTarget", "Target", "VllmServer", "running_target", "start_target", "target_facts"]
+log = logging.getLogger("chaos.targets")
+
+
+def configured_admin_token(spec: TargetSpec, environ: Mapping[str, str] = os.environ) -> str | None:
+    """The admin token the configuration gives: ``target.admin_token``, ``target.admin_token_file``
+    (owner-only mode), or ``STREAMCHAOS_ADMIN_TOKEN``; None when none does."""
+    if getattr(spec, "admin_token", None):
+        return str(spec.admin_token)
+    path = getattr(spec, "admin_token_file", None)
+    if path:
+        try:
+            return read_token_file(os.path.expanduser(str(path)))
+        except ServeUsageError as exc:
+            raise ExperimentInvalid(f"target.admin_token_file: {exc}") from None
+    return environ.get(ADMIN_TOKEN_ENV, "").strip() or None
 
 
 class Target:
@@ -55,6 +84,7 @@ class BuiltinStack(Target):
         self.process: StackProcess | None = None
         self.info = TargetInfo(kind="builtin", base_url="", model=spec.model)
         self._port = 0
+        self._token: str | None = None
 
     def serve_args(self) -> list[str]:
         spec = self.spec
@@ -65,14 +95,14 @@ class BuiltinStack(Target):
             "--max-num-seqs", str(spec.max_num_seqs), "--max-model-len", str(spec.max_model_len),
             "--seed", str(self.seed),
         ]
-        if spec.admin_token:
-            args += ["--admin-token", spec.admin_token]
-        return args + list(spec.extra_args)
+        return args + list(spec.extra_args)  # never the admin token: a command line is public on the host
 
     async def start(self) -> TargetInfo:
         # spawned here, in the loop's thread, so it dies with us (chaos.children); its own session
         # keeps a Ctrl-C in the terminal from reaching it before the runner stops it in order
-        self.process = StackProcess.launch(*self.serve_args(), log=self.log_path, new_session=True)
+        if self._token is None:  # one per run, kept across a restart
+            self._token = configured_admin_token(self.spec) or secrets.token_urlsafe(32)
+        self.process = StackProcess.launch(*self.serve_args(), log=self.log_path, new_session=True, admin_token=self._token)
         url = await asyncio.to_thread(self.process.wait_ready, self.spec.startup_timeout)
         device = "cpu"
         try:
@@ -84,7 +114,7 @@ class BuiltinStack(Target):
         self._port = int(url.rsplit(":", 1)[1])  # a restart comes back on the same port
         self.info = TargetInfo(
             kind="builtin", base_url=url + "/v1", metrics_url=url + "/metrics", admin_url=url + "/admin",
-            admin_token=self.spec.admin_token, pid=self.process.pid, device=device, model=str(self.spec.model),
+            admin_token=self._token, pid=self.process.pid, device=device, model=str(self.spec.model),
         )
         return self.info
 
@@ -111,7 +141,7 @@ class RemoteTarget(Target):
         kind = "openai" if spec.kind == "builtin" else spec.kind  # --target-url overrides the builtin stack
         self.info = TargetInfo(kind=kind, base_url=base, metrics_url=metrics, model=spec.model)
         self.api_key = spec.api_key
-        self.admin_token = spec.admin_token
+        self.admin_token = configured_admin_token(spec)
 
     async def start(self) -> TargetInfo:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -129,19 +159,32 @@ class RemoteTarget(Target):
         if served and self.info.model not in served:
             # the experiment's model name ("tiny") rarely matches a remote server's: use what it serves
             self.info = replace(self.info, model=served[0])
-        # A builtin stack started elsewhere (`streamchaos stack serve`) keeps its admin API, so the
-        # in-process faults (server.*, kv.pressure reserve) work against it too.
-        root = self.info.base_url[: -len("/v1")]
-        try:
-            async with httpx.AsyncClient(timeout=5.0, headers=headers) as client:
-                token = {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
-                admin = await client.get(root + "/admin/state", headers=token)
-                health = (await client.get(root + "/health")).json() if admin.status_code == 200 else {}
-        except (httpx.HTTPError, ValueError):
-            admin, health = None, {}
-        if admin is not None and admin.status_code == 200:
-            self.info = replace(self.info, kind="builtin", admin_url=root + "/admin", admin_token=self.admin_token, device=str(health.get("device", "cpu")))
+        await self._find_admin()
         return self.info
+
+    async def _find_admin(self) -> None:
+        """A builtin stack started elsewhere (`streamchaos stack serve`) keeps its admin API, so the
+        in-process faults (server.*, kv.pressure reserve) work against it too, given its token. The
+        token goes only to a stack that proved it holds it; nothing is sent without one."""
+        root = self.info.base_url[: -len("/v1")]
+        if not self.admin_token:
+            log.info("no admin token configured for %s: in-process faults are off (set target.admin_token_file "
+                     "or %s to use them against a builtin stack)", root, ADMIN_TOKEN_ENV)
+            return
+        why = await recognise(root, self.admin_token)
+        if why is not None:
+            log.warning("not sending the admin token to %s: %s", root, why)
+            return
+        try:
+            async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
+                health = (await client.get(root + "/health")).json()
+                state = await client.get(root + "/admin/state", headers={"Authorization": f"Bearer {self.admin_token}"})
+        except (httpx.HTTPError, ValueError) as exc:
+            log.warning("the admin API of %s did not answer: %r", root, exc)
+            return
+        if state.status_code == 200:
+            self.info = replace(self.info, kind="builtin", admin_url=root + "/admin", admin_token=self.admin_token,
+                                device=str(health.get("device", "cpu")))
 
     async def stop(self) -> None:
         return None

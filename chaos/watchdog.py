@@ -90,11 +90,13 @@ class WatchdogHandle:
 
 
 @contextlib.asynccontextmanager
-async def watchdog(run_dir: Path, run_id: str, max_duration: float, allowed_urls: Iterable[str]) -> AsyncIterator[WatchdogHandle]:
+async def watchdog(run_dir: Path, run_id: str, max_duration: float, allowed_urls: Iterable[str],
+                   admin_token: str | None = None) -> AsyncIterator[WatchdogHandle]:
     """While entered: a watchdog process in its own session, and a task renewing its lease.
 
     On exit the lease renewal stops; the watchdog itself stands down when the journal's ``end``
-    record appears (the runner writes it after every revert), or rolls back if it never does.
+    record appears (the runner writes it after every revert), or rolls back if it never does. The
+    target's admin token reaches it through its environment, never its command line.
     """
     import asyncio
 
@@ -105,9 +107,12 @@ async def watchdog(run_dir: Path, run_id: str, max_duration: float, allowed_urls
     for url in allowed_urls:
         command += ["--allow-url", url]
     with open(run_dir / "watchdog.log", "ab") as log:
+        env = dict(os.environ)
+        if admin_token:
+            env["STREAMCHAOS_ADMIN_TOKEN"] = admin_token
         process = subprocess.Popen(
             command, start_new_session=True,  # it must outlive us if we are killed
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env,
         )
 
     async def renew() -> None:

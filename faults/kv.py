@@ -1,6 +1,7 @@
 """KV-cache pressure: take blocks out of the builtin engine's pool, or hog KV with background streams.
 
-``method: reserve`` removes free blocks through the builtin stack's admin API (released on revert).
+``method: reserve`` removes free blocks through the builtin stack's admin API (released on revert),
+under a short lease renewed while the fault is injected, so a dead runner's reservation ends by itself.
 Only free blocks can be taken, so under load the fault keeps topping the reservation up as blocks
 come free (finished or preempted requests) until it holds the target or is reverted;
 ``method: hog`` asks the runner's ``BackgroundLoad`` for long-prompt, long-output streams that hold
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from chaos.context import BackgroundLoad, RunContext
 from chaos.errors import FaultUnsupported
 from chaos.params import Param, Schema
-from chaos.stack.admin_client import AdminClient, admin_delete_sync
+from chaos.stack.admin_client import LEASE_RENEW_EVERY_S, LEASE_TTL_S, AdminClient, LeaseKeeper, admin_delete_sync
 from faults.base import Fault, Injection, register
 from faults.server import require_admin
 
@@ -94,6 +95,7 @@ class _Reservation(Injection):
         self._topup: asyncio.Task[None] | None = None
         self._topup_stop = asyncio.Event()
         self._held = 0  # blocks this injection has reserved so far
+        self._keeper: LeaseKeeper | None = None  # renews the reservation's lease from inject to revert
 
     def plan(self) -> dict[str, Any]:
         # The token is not journaled; rollback reads STREAMCHAOS_ADMIN_TOKEN when it needs one.
@@ -104,9 +106,12 @@ class _Reservation(Injection):
             before = await admin.state()
             total = int(before["kv_blocks_total"])
             wanted = self.spec.blocks if self.spec.blocks is not None else round(float(self.spec.fraction or 0.0) * total)
-            self._held = await admin.reserve(wanted)
+            self._held = await admin.reserve(wanted, ttl=LEASE_TTL_S)
             after = await admin.state()
-        evidence: dict[str, Any] = {"method": "reserve", "requested": wanted, "reserved": self._held, "engine": _pick(after)}
+        self._keeper = LeaseKeeper(self.admin_url, self.ctx.target.admin_token, lambda admin: admin.renew_reserve(), LEASE_RENEW_EVERY_S)
+        self._keeper.start()
+        evidence: dict[str, Any] = {"method": "reserve", "requested": wanted, "reserved": self._held, "engine": _pick(after),
+                                    "lease_s": LEASE_TTL_S}
         if self._held < wanted:
             # Live requests hold the rest; take them as they come free, for as long as we are injected.
             evidence["note"] = f"only {self._held} of {wanted} blocks were free; topping up as blocks come free"
@@ -120,7 +125,7 @@ class _Reservation(Injection):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._topup_stop.wait(), TOPUP_INTERVAL_S)
                 if not self._topup_stop.is_set():
-                    self._held += await admin.reserve(wanted - self._held)
+                    self._held += await admin.reserve(wanted - self._held, ttl=LEASE_TTL_S)
 
     async def revert(self) -> dict[str, Any]:
         topup, self._topup = self._topup, None
@@ -130,6 +135,9 @@ class _Reservation(Injection):
             self._topup_stop.set()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(topup, TOPUP_STOP_TIMEOUT_S)  # a failed top-up must not stop the release
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            await keeper.stop()
         async with AdminClient(self.admin_url, self.ctx.target.admin_token) as admin:
             released = await admin.release()
             after = await admin.state()

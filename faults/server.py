@@ -1,8 +1,10 @@
 """Server faults: asyncio timeouts and event-loop / engine stalls inside the builtin stack.
 
 Both act through the stack's admin API (``chaos.stack.admin_client``): inject installs a hook fault
-named after the experiment's fault, revert deletes it. Only the builtin target has that API; on any
-other target activation says so and names the faults that work everywhere.
+named after the experiment's fault under a short lease that a task renews while it is injected;
+revert stops the renewals and deletes it, and a runner that dies leaves it for one lease at most.
+Only the builtin target has that API; on any other target activation says so and names the faults
+that work everywhere.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from urllib.parse import quote
 from chaos.context import RunContext
 from chaos.errors import FaultUnsupported
 from chaos.params import Param, Schema
-from chaos.stack.admin_client import AdminClient, admin_delete_sync
+from chaos.stack.admin_client import LEASE_RENEW_EVERY_S, LEASE_TTL_S, AdminClient, LeaseKeeper, admin_delete_sync
 from faults.base import Fault, Injection, register
 
 if TYPE_CHECKING:
@@ -42,18 +44,26 @@ class _HookInjection(Injection):
         super().__init__(fault, ctx)
         self.hook = fault
         self.admin_url = admin_url
+        self._keeper: LeaseKeeper | None = None  # renews the hook's lease from inject to revert
 
     def plan(self) -> dict[str, Any]:
         # The token is not journaled; rollback reads STREAMCHAOS_ADMIN_TOKEN when it needs one.
         return {"admin_url": self.admin_url, "fault_name": self.name}
 
     async def inject(self) -> dict[str, Any]:
-        async with AdminClient(self.admin_url, self.ctx.target.admin_token) as admin:
-            await admin.set_fault(self.name, self.hook.hook_spec(self.ctx))
+        token = self.ctx.target.admin_token
+        async with AdminClient(self.admin_url, token) as admin:
+            await admin.set_fault(self.name, {**self.hook.hook_spec(self.ctx), "ttl": LEASE_TTL_S})
             listed = (await admin.faults()).get(self.name)
-        return {"installed": listed}
+        name = self.name
+        self._keeper = LeaseKeeper(self.admin_url, token, lambda admin: admin.renew_fault(name), LEASE_RENEW_EVERY_S)
+        self._keeper.start()
+        return {"installed": listed, "lease_s": LEASE_TTL_S}
 
     async def revert(self) -> dict[str, Any]:
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            await keeper.stop()
         async with AdminClient(self.admin_url, self.ctx.target.admin_token) as admin:
             listed = (await admin.faults()).get(self.name)
             removed = await admin.clear_fault(self.name)

@@ -32,12 +32,12 @@ from .model import (
     SlaEntry,
     TargetSpec,
 )
-from .yamlpos import KeyPath, Mark, YamlSyntaxError, load_located, render_path
+from .yamlpos import DEFAULT_BUDGET, KeyPath, Mark, YamlSyntaxError, load_located, render_path, too_large
 
 if TYPE_CHECKING:
     from faults.base import Fault
 
-__all__ = ["experiment_from_dict", "load_experiment", "parse_experiment", "validate_file"]
+__all__ = ["experiment_from_dict", "load_experiment", "parse_experiment", "read_text_bounded", "validate_file"]
 
 At = Literal["key", "value"]
 _MIX_TOLERANCE = 1e-6
@@ -48,7 +48,7 @@ _PROXY_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 def load_experiment(path: str | os.PathLike[str]) -> Experiment:
     """Read and validate an experiment file; raise ``ExperimentInvalid`` with every problem."""
-    text = _read(str(path))
+    text = read_text_bounded(str(path))
     return parse_experiment(text, str(path))
 
 
@@ -57,7 +57,8 @@ def parse_experiment(text: str, filename: str = "<string>") -> Experiment:
     try:
         located = load_located(text)
     except YamlSyntaxError as exc:
-        raise ExperimentInvalid([Problem(filename, exc.mark.line, exc.mark.column, "", exc.message)]) from None
+        problem = Problem(filename, exc.mark.line, exc.mark.column, render_path(exc.path), exc.message)
+        raise ExperimentInvalid([problem]) from None
     ctx = _Context(filename, located.keys, located.values, located.unreadable)
     for path, mark, message in located.problems:
         ctx.found.append(_Found(path, message, mark))
@@ -78,9 +79,17 @@ def validate_file(path: str | os.PathLike[str]) -> list[Problem]:
     return []
 
 
-def _read(path: str) -> str:
+def read_text_bounded(path: str) -> str:
+    """The file's text; never more than the YAML budget's size is read (a 10 GB file costs nothing)."""
+    limit = DEFAULT_BUDGET.max_bytes
     try:
-        return Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+            size = os.fstat(f.fileno()).st_size if len(data) > limit else 0
+        if len(data) > limit:
+            exc = too_large(data, size if size > limit else None, DEFAULT_BUDGET)
+            raise ExperimentInvalid([Problem(path, exc.mark.line, exc.mark.column, "", exc.message)])
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ExperimentInvalid([Problem(path, 0, 0, "", f"not UTF-8 text: {exc.reason} at byte {exc.start}")]) from None
     except OSError as exc:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from chaos.context import SafetySpec  # shared with the run context (a leaf module)
@@ -73,8 +73,9 @@ class TargetSpec:
     max_num_seqs: int = 64
     max_model_len: int = 1024
     startup_timeout: float = 60.0  # seconds
-    api_key: str | None = None
-    admin_token: str | None = None
+    api_key: str | None = field(default=None, repr=False)  # secrets: kept out of reprs and logs
+    admin_token: str | None = field(default=None, repr=False)
+    admin_token_file: str | None = None  # a 0600 file holding the token (beside STREAMCHAOS_ADMIN_TOKEN)
     extra_args: tuple[str, ...] = ()
 
 

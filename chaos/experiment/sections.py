@@ -44,7 +44,8 @@ TARGET = Schema((
     Param("max_model_len", "int", 1024, min=2, doc="builtin: prompt plus generated tokens"),
     Param("startup_timeout", "duration", 60.0, doc="how long the target may take to answer /health"),
     Param("api_key", "str", None, doc="bearer token sent with every request"),
-    Param("admin_token", "str", None, doc="token for the builtin stack's admin API"),
+    Param("admin_token", "str", None, doc="token for the builtin stack's admin API (prefer admin_token_file or STREAMCHAOS_ADMIN_TOKEN)"),
+    Param("admin_token_file", "str", None, doc="file (mode 0600) holding the admin token of a builtin stack started elsewhere"),
     Param("extra_args", "str_list", (), doc="extra command-line arguments for a spawned server"),
 ))
 

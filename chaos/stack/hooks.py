@@ -9,8 +9,8 @@ Hook points, all designed up front so later faults never touch the request path 
     event_loop    a task that blocks the loop with CPU work (a tokenizer holding the GIL)
     engine        a task that pauses the engine thread (Engine.pause / resume)
 
-A hook fault is installed from a JSON spec (``parse_spec``), bounded by a lifetime after which it
-expires by itself, and removed by name. Timeout faults pick requests deterministically: the k-th
+A hook fault is installed from a JSON spec (``parse_spec``), held under a lease of ``ttl`` seconds
+that its holder renews (``renew``) and after which it expires by itself, and removed by name. Timeout faults pick requests deterministically: the k-th
 request a fault meets is matched when ``k % every_n == every_n - 1`` or when
 ``Random(f"{seed}:{k}").random() < fraction``; a matched request gets ``asyncio.TimeoutError`` at
 the hook point once it is ``after`` seconds old. Only requests that arrive after the fault was
@@ -39,7 +39,7 @@ __all__ = [
     "parse_spec",
 ]
 
-MAX_LIFETIME_S = 600.0  # a forgotten fault must not outlive a game-day by much
+MAX_LIFETIME_S = 600.0  # the default and longest lease: a forgotten fault must not outlive a game-day by much
 TIMEOUT_WHERE = ("engine_step", "detokenize", "send")
 STALL_WHERE = ("event_loop", "engine")
 
@@ -148,6 +148,7 @@ class _Installed:
     name: str
     spec: Spec
     installed_at: float
+    renewed_at: float  # the lease runs ttl seconds from here
     seen: int = 0  # requests this fault has met (the k of the docstring)
     matched: int = 0
     fired: int = 0
@@ -156,13 +157,13 @@ class _Installed:
     task: asyncio.Task[None] | None = None
 
     def expired(self, now: float) -> bool:
-        return now - self.installed_at >= self.spec.ttl
+        return now - self.renewed_at >= self.spec.ttl
 
     def describe(self, now: float) -> dict[str, Any]:
         return {
             "spec": asdict(self.spec),
             "age_s": round(now - self.installed_at, 3),
-            "expires_in_s": round(max(0.0, self.spec.ttl - (now - self.installed_at)), 3),
+            "expires_in_s": round(max(0.0, self.spec.ttl - (now - self.renewed_at)), 3),
             "requests_seen": self.seen,
             "requests_matched": self.matched,
             "fired": self.fired,
@@ -186,7 +187,8 @@ class Hooks:
     def install(self, name: str, spec: Spec) -> dict[str, Any]:
         """Install (or replace) a hook fault; stall faults start their task in the running loop."""
         self.remove(name)
-        entry = _Installed(name=name, spec=spec, installed_at=self._clock())
+        now = self._clock()
+        entry = _Installed(name=name, spec=spec, installed_at=now, renewed_at=now)
         if isinstance(spec, StallSpec):
             runner = self._stall_loop if spec.where == "event_loop" else self._stall_engine
             entry.task = asyncio.get_running_loop().create_task(runner(entry), name=f"hook-stall-{name}")
@@ -202,6 +204,16 @@ class Hooks:
         if entry.task is not None and entry.task is not _current_task():
             entry.task.cancel()  # its finally resumes a paused engine
         return True
+
+    def renew(self, name: str) -> dict[str, Any] | None:
+        """Restart the lease of an installed, unexpired fault; None if there is none by that name."""
+        now = self._clock()
+        with self._lock:
+            entry = self._faults.get(name)
+            if entry is None or entry.expired(now):
+                return None
+            entry.renewed_at = now
+        return entry.describe(now)
 
     def clear(self) -> int:
         names = list(self._faults)

@@ -2,11 +2,14 @@
 
 Used by the runner's builtin target, by tests and by the benchmark. Startup is bounded: a child
 that does not print its ready line in time is killed and ``SetupFailed`` carries its stderr tail.
+Each stack gets its own random admin token (``admin_token``), passed in its environment, never on
+its command line.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -16,18 +19,24 @@ from typing import IO, Self
 
 from chaos.children import first_line, spawn
 from chaos.errors import SetupFailed
-from chaos.stack.serve import READY_PREFIX
+from chaos.stack.serve import ADMIN_TOKEN_ENV, READY_PREFIX
 
 __all__ = ["StackProcess"]
 
 
 class StackProcess:
-    """A running builtin stack: ``url`` (``http://H:P``), ``base_url`` (``/v1``), ``admin_url``, ``pid``."""
+    """A running builtin stack: ``url`` (``http://H:P``), ``base_url`` (``/v1``), ``admin_url``, ``pid``,
+    and the ``admin_token`` its admin API wants (``admin_headers`` for a request)."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], url: str, stderr: IO[bytes]) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], url: str, stderr: IO[bytes], admin_token: str = "") -> None:
         self.proc = proc
         self.url = url
         self._stderr = stderr
+        self.admin_token = admin_token
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.admin_token}"}
 
     @property
     def pid(self) -> int:
@@ -48,20 +57,24 @@ class StackProcess:
     @classmethod
     def launch(
         cls, *args: str, command: list[str] | None = None, env: dict[str, str] | None = None,
-        log: Path | None = None, new_session: bool = False,
+        log: Path | None = None, new_session: bool = False, admin_token: str | None = None,
     ) -> StackProcess:
         """Spawn the stack (``python -m chaos.stack ARGS``, or ``command``) without waiting for it.
 
         Spawned through ``chaos.children``, so from the main thread the child dies with us. Its
-        stderr goes to ``log`` (appended) or to a temporary file. Call ``wait_ready`` next.
+        stderr goes to ``log`` (appended) or to a temporary file. Its admin token is ``admin_token``
+        or a new random one, in its environment (``STREAMCHAOS_ADMIN_TOKEN``: readable only by its
+        owner in /proc, unlike the command line). Call ``wait_ready`` next.
         """
+        token = admin_token or secrets.token_urlsafe(32)
         stderr: IO[bytes] = open(log, "ab") if log is not None else tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
         proc = spawn(
             command or [sys.executable, "-m", "chaos.stack", *args],
-            stdout=subprocess.PIPE, stderr=stderr, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            stdout=subprocess.PIPE, stderr=stderr,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}), ADMIN_TOKEN_ENV: token},
             start_new_session=new_session,
         )
-        return cls(proc, "", stderr)
+        return cls(proc, "", stderr, token)
 
     def wait_ready(self, timeout: float = 30.0) -> str:
         """Block until the ready line (then return the URL); ``SetupFailed`` with the stderr tail if none comes."""
@@ -79,9 +92,12 @@ class StackProcess:
         return self.url
 
     @classmethod
-    def start(cls, *args: str, timeout: float = 30.0, env: dict[str, str] | None = None, command: list[str] | None = None) -> StackProcess:
+    def start(
+        cls, *args: str, timeout: float = 30.0, env: dict[str, str] | None = None, command: list[str] | None = None,
+        admin_token: str | None = None,
+    ) -> StackProcess:
         """Spawn the stack with ``args`` (serve options; ``--port 0`` is the default) and wait until ready."""
-        stack = cls.launch(*args, command=command, env=env)
+        stack = cls.launch(*args, command=command, env=env, admin_token=admin_token)
         try:
             stack.wait_ready(timeout)
         except SetupFailed:

@@ -15,6 +15,8 @@ from typing import Any
 
 from chaos.errors import ChaosError
 
+from .bodies import JsonRefused, loads_bounded
+
 __all__ = [
     "MAX_BODY_BYTES",
     "CompletionRequest",
@@ -83,11 +85,14 @@ def error_body(message: str, type: str, param: str | None, code: str | int | Non
 
 
 def parse_body(body: bytes) -> dict[str, Any]:
-    """Bytes → the top-level JSON object, or ``RequestInvalid`` (400) saying what was wrong."""
+    """Bytes → the top-level JSON object, or ``RequestInvalid`` (400) saying what was wrong.
+
+    Within the JSON budgets of ``chaos.stack.bodies`` (depth, integer digits, no lone surrogates).
+    """
     try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RequestInvalid(f"request body is not valid JSON: {exc}; send a JSON object", code="invalid_json") from None
+        data = loads_bounded(body)
+    except JsonRefused as exc:
+        raise RequestInvalid(f"request body refused: {exc.message}; send a JSON object", param=exc.path, code="invalid_json") from None
     if not isinstance(data, dict):
         raise RequestInvalid(f"request body must be a JSON object, found {type(data).__name__}", code="invalid_json")
     return data

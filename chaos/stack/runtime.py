@@ -22,6 +22,7 @@ from chaos.errors import ChaosError
 
 from .engine import Engine, IncrementalDetokenizer, SamplingParams, TokenOutput
 from .hooks import Hooks
+from .leases import Leases
 from .metrics import StackMetrics
 
 __all__ = ["Delta", "Generation", "GenerationFailed", "Stack", "stack_of"]
@@ -60,6 +61,7 @@ class Stack:
         self.max_body_bytes = max_body_bytes
         self.metrics = StackMetrics(engine.stats, model_name, versions)
         self.hooks = Hooks(engine)
+        self.leases = Leases()  # hook faults and the KV reservation end by themselves unless renewed
         engine.step_hook = self.hooks.engine_step
         self.live: dict[str, Generation] = {}
         self.shutting_down = False

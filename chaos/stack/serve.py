@@ -4,25 +4,41 @@ Prints exactly one line, ``streamchaos stack ready url=http://HOST:PORT``, once 
 and the socket accepts (``--port 0`` binds an ephemeral port). SIGTERM or SIGINT: live requests are
 failed (each stream ends with an in-band error and ``[DONE]``), hook faults are removed, KV
 reservations released, the engine stopped, and the process exits 0 with every block free.
+
+The admin token comes from ``STREAMCHAOS_ADMIN_TOKEN`` or ``--admin-token-file`` (owner-only mode),
+never from the command line, which every user of the host can read in ``/proc/PID/cmdline``. With
+neither, a random one is written to a new 0600 file named on stderr and removed at exit. The
+server does not read ``X-Forwarded-For``: the peer address is the peer's.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
+import secrets
 import socket
+import stat
 import sys
+import tempfile
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from chaos.units import UnitError, parse_duration
+
+from .guard import DEFAULT_LIMITS, ServerLimits
 
 if TYPE_CHECKING:
+    import uvicorn
+
     from .engine import Engine
 
-__all__ = ["READY_PREFIX", "build_parser", "serve_main"]
+__all__ = ["ADMIN_TOKEN_ENV", "READY_PREFIX", "ServeUsageError", "build_parser", "read_token_file", "resolve_admin_token", "serve_main"]
 
 READY_PREFIX = "streamchaos stack ready url="
+ADMIN_TOKEN_ENV = "STREAMCHAOS_ADMIN_TOKEN"
 log = logging.getLogger("chaos.stack.serve")
 
 
@@ -40,10 +56,73 @@ def build_parser(prog: str = "streamchaos stack serve") -> argparse.ArgumentPars
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--admin-token", default=os.environ.get("STREAMCHAOS_ADMIN_TOKEN") or None,
-                   help="bearer token that opens the admin API to non-loopback clients (env STREAMCHAOS_ADMIN_TOKEN)")
+    p.add_argument("--admin-token-file", default=None, metavar="PATH",
+                   help="file holding the admin API's bearer token (mode 0600); default: env STREAMCHAOS_ADMIN_TOKEN, "
+                        "else a random token written to a new 0600 file named on stderr")
+    p.add_argument("--admin-token", default=None, help=argparse.SUPPRESS)  # refused: see resolve_admin_token
+    p.add_argument("--header-timeout", default=f"{DEFAULT_LIMITS.header_timeout:g}s", metavar="DURATION",
+                   help="a request's line and headers must arrive within this (default %(default)s)")
+    p.add_argument("--body-timeout", default=f"{DEFAULT_LIMITS.body_timeout:g}s", metavar="DURATION",
+                   help="a request's body must arrive within this after its headers (default %(default)s)")
+    p.add_argument("--keep-alive-timeout", default=f"{DEFAULT_LIMITS.keep_alive_timeout:g}s", metavar="DURATION",
+                   help="an idle keep-alive connection is closed after this (default %(default)s)")
+    p.add_argument("--max-connections", type=int, default=DEFAULT_LIMITS.max_connections,
+                   help="open connections at most; the next is answered 503 and closed (default %(default)s)")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     return p
+
+
+class ServeUsageError(ValueError):
+    """A serve option (the admin token, a limit) cannot be used as given (exit 2)."""
+
+
+def read_token_file(path: str) -> str:
+    """The token in ``path``; ``ServeUsageError`` when it is missing, empty, or readable by others."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            token = f.read(4096).strip()
+    except OSError as exc:
+        raise ServeUsageError(f"cannot read the admin token file {path}: {exc.strerror or exc}") from None
+    if mode & 0o077:
+        raise ServeUsageError(f"the admin token file {path} is readable by others (mode {stat.S_IMODE(mode):04o}); "
+                              f"run: chmod 600 {path}")
+    if not token:
+        raise ServeUsageError(f"the admin token file {path} is empty")
+    return token
+
+
+def resolve_admin_token(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str] = os.environ) -> tuple[str, str | None]:
+    """``(token, generated_file)``: from the environment, ``--admin-token-file``, or a new 0600 file."""
+    if args.admin_token is not None:
+        raise ServeUsageError(
+            "--admin-token is refused: a command line is readable by every user of the host (/proc/PID/cmdline); "
+            f"pass the token in the environment ({ADMIN_TOKEN_ENV}) or in a 0600 file (--admin-token-file)"
+        )
+    if args.admin_token_file:
+        return read_token_file(args.admin_token_file), None
+    token = environ.get(ADMIN_TOKEN_ENV, "").strip()
+    if token:
+        return token, None
+    token = secrets.token_urlsafe(32)
+    fd, path = tempfile.mkstemp(prefix="streamchaos-admin-", suffix=".token")  # created 0600
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(token + "\n")
+    return token, path
+
+
+def _limits(args: argparse.Namespace) -> ServerLimits:
+    try:
+        timeouts = {name: parse_duration(getattr(args, name), allow_bare_seconds=True)
+                    for name in ("header_timeout", "body_timeout", "keep_alive_timeout")}
+    except UnitError as exc:
+        raise ServeUsageError(str(exc)) from None
+    for name, value in timeouts.items():
+        if value <= 0:
+            raise ServeUsageError(f"--{name.replace('_', '-')} must be more than 0, found {value:g}s")
+    if args.max_connections < 1:
+        raise ServeUsageError(f"--max-connections must be at least 1, found {args.max_connections}")
+    return ServerLimits(max_connections=args.max_connections, **timeouts)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -68,6 +147,15 @@ def serve_main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < 1:
             print(f"--{name.replace('_', '-')} must be at least 1, found {getattr(args, name)}", file=sys.stderr)
             return 2
+    try:
+        limits = _limits(args)
+        token, token_file = resolve_admin_token(args)
+    except ServeUsageError as exc:
+        print(f"streamchaos stack: {exc}", file=sys.stderr)
+        return 2
+    if token_file is not None:
+        print(f"streamchaos stack: admin token written to {token_file} (mode 0600, removed at exit); give it to "
+              f"streamchaos with target.admin_token_file or {ADMIN_TOKEN_ENV}", file=sys.stderr, flush=True)
     config = EngineConfig(
         model=args.model, device=args.device, kv_blocks=args.kv_blocks, block_size=args.block_size,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -78,23 +166,45 @@ def serve_main(argv: list[str] | None = None) -> int:
         sock = _bind(args.host, args.port)
     except (ChaosError, OSError) as exc:
         print(f"streamchaos stack: cannot start: {exc}", file=sys.stderr)
+        _remove(token_file)
         return 4
     engine.start()
     try:
-        return asyncio.run(_serve(engine, sock, args))
+        return asyncio.run(_serve(engine, sock, args, token, limits))
     finally:
         engine.shutdown(abort_all=True)
+        _remove(token_file)
 
 
-async def _serve(engine: Engine, sock: socket.socket, args: argparse.Namespace) -> int:
+def _remove(path: str | None) -> None:
+    if path is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def uvicorn_config(app: Any, limits: ServerLimits, log_level: str = "warning") -> uvicorn.Config:
+    """The uvicorn settings of the builtin server (a function, so a test can read them)."""
+    import uvicorn
+
+    from .guard import guarded_protocol
+
+    return uvicorn.Config(
+        app, log_level=log_level, access_log=False, lifespan="off", timeout_graceful_shutdown=5,
+        http=guarded_protocol(limits),
+        timeout_keep_alive=limits.keep_alive_timeout,  # type: ignore[arg-type]  # typed int, used in call_later
+        proxy_headers=False, forwarded_allow_ips="",  # X-Forwarded-For is the client's word, not its address
+        server_header=False,
+    )
+
+
+async def _serve(engine: Engine, sock: socket.socket, args: argparse.Namespace, token: str, limits: ServerLimits) -> int:
     import uvicorn
 
     from .server import build_app
 
-    app = build_app(engine, model_name=args.served_model_name or args.model, admin_token=args.admin_token)
+    app = build_app(engine, model_name=args.served_model_name or args.model, admin_token=token)
     stack = app.state.stack
-    config = uvicorn.Config(app, log_level=args.log_level, access_log=False, lifespan="off",
-                            timeout_graceful_shutdown=5, timeout_keep_alive=5)
+    config = uvicorn_config(app, limits, args.log_level)
     loop = asyncio.get_running_loop()
 
     class _Server(uvicorn.Server):
@@ -107,6 +217,7 @@ async def _serve(engine: Engine, sock: socket.socket, args: argparse.Namespace) 
             loop.call_soon_threadsafe(self._drain)
 
         def _drain(self) -> None:
+            stack.leases.close()
             stack.hooks.clear()
             engine.resume()  # a paused engine would not apply the fails
             n = stack.begin_shutdown()
@@ -127,6 +238,7 @@ async def _serve(engine: Engine, sock: socket.socket, args: argparse.Namespace) 
     announcer = asyncio.create_task(announce())
     await server.serve(sockets=[sock])
     announcer.cancel()
+    stack.leases.close()
     await stack.hooks.aclose()
     released = engine.release_reserved_blocks()
     engine.shutdown(abort_all=True)

@@ -27,6 +27,7 @@ from starlette.types import Receive, Scope, Send
 
 from . import protocol
 from .admin import admin_routes
+from .bodies import BodyTooLarge, read_capped
 from .engine import Engine, EngineStopped, InvalidRequest, SamplingParams
 from .metrics import CONTENT_TYPE
 from .protocol import CompletionRequest, RequestInvalid
@@ -187,20 +188,12 @@ class _Collected(Response):
 
 async def _read_body(request: Request, limit: int) -> bytes:
     """The request body, refused with 413 as soon as it passes ``limit`` bytes."""
-    too_large = RequestInvalid(
-        f"request body is larger than {limit} bytes; send a smaller prompt", status=413, code="request_too_large"
-    )
-    length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > limit:
-        raise too_large
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
-    return b"".join(chunks)
+    try:
+        return await read_capped(request, limit)
+    except BodyTooLarge:
+        raise RequestInvalid(
+            f"request body is larger than {limit} bytes; send a smaller prompt", status=413, code="request_too_large"
+        ) from None
 
 
 def _generate_endpoint(chat: bool) -> Callable[[Request], Awaitable[Response]]:
@@ -261,6 +254,7 @@ async def _health(request: Request) -> Response:
     return JSONResponse(
         {
             "status": "ok" if ok else "unavailable",
+            "server": "streamchaos",  # how a runner recognises a builtin stack (then it asks /admin/proof)
             "model": stack.model_name,
             "device": str(stack.engine.device),
             "max_model_len": stack.engine.config.max_model_len,

@@ -14,6 +14,7 @@ import asyncio
 import email.utils
 import json
 import os
+import re
 import struct
 import time
 from decimal import Decimal
@@ -79,21 +80,38 @@ def _no_constants(name: str) -> Any:
 _decoder = json.JSONDecoder(object_pairs_hook=Obj, parse_constant=_no_constants)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _go_strings(value: Any) -> Any:
+    """Lone UTF-16 surrogates (``"\\ud800"``) become U+FFFD, as Go's decoder makes them; a Python
+    str holding one cannot be encoded again and failed the reply with a 500."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, Obj):
+        return Obj((_go_strings(k), _go_strings(v)) for k, v in value)
+    if isinstance(value, list):
+        return [_go_strings(v) for v in value]
+    return value
+
+
 def decode_body(body: bytes) -> Any:
     text = body.decode("utf-8", errors="replace").lstrip(" \t\r\n")
     if not text:
         raise ApiError(400, "bad request body: EOF")
     try:
         value, _ = _decoder.raw_decode(text)
+        return _go_strings(value)
     except json.JSONDecodeError as e:
         if e.pos >= len(text):
             msg = "unexpected EOF"
         else:
             msg = f"invalid character {text[e.pos]!r} looking for beginning of value"
         raise ApiError(400, f"bad request body: {msg}") from None
+    except RecursionError:  # Go stops at 10,000 levels with this message; Python's decoder near 1,000
+        raise ApiError(400, "bad request body: exceeded max depth") from None
     except ValueError as e:
         raise ApiError(400, f"bad request body: {e}") from None
-    return value
 
 
 def _json_kind(v: Any) -> str:

@@ -278,11 +278,18 @@ class LimitDataToxic(Toxic):
 _CHUNKED_END = b"\r\n0\r\n\r\n"
 
 
+BUFFER_HARD_CAP_BYTES = 64 << 20  # what one buffer toxic may hold, whatever max_bytes says (read at each chunk)
+
+
 class BufferToxic(Toxic):
     """Non-standard: hold bytes until the source closes, or a chunked HTTP response ends, or
     ``max_bytes`` are held, or ``max_time`` ms have passed since the first held byte (0 = no such
     limit); then flush as one write. Models a reverse proxy with response buffering on (nginx
-    ``proxy_buffering``), which holds each *response*, not the whole keep-alive connection."""
+    ``proxy_buffering``), which holds each *response*, not the whole keep-alive connection.
+
+    ``max_bytes`` 0 or above ``BUFFER_HARD_CAP_BYTES`` (64 MiB) means the cap: a response or a
+    stream that never ends is flushed every 64 MiB rather than held in memory without bound, as
+    nginx spills to ``proxy_max_temp_file_size`` instead of growing."""
 
     type = "buffer"
     ATTRS = ("max_bytes", "max_time")
@@ -328,7 +335,8 @@ class BufferToxic(Toxic):
             held.append(item.data)
             size += len(item.data)
             tail = b"".join(held[-len(_CHUNKED_END):])[-len(_CHUNKED_END):]  # pieces may be tiny
-            if tail == _CHUNKED_END or (a["max_bytes"] > 0 and size >= a["max_bytes"]):
+            limit = min(a["max_bytes"] or BUFFER_HARD_CAP_BYTES, BUFFER_HARD_CAP_BYTES)
+            if tail == _CHUNKED_END or size >= limit:
                 flush()
 
 

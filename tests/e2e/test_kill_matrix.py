@@ -51,7 +51,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tpx = ToxiproxyThread()
     tpx.start()
     try:
-        yield {"tmp": tmp, "lib": lib, "stack": stack.url, "tpx": tpx.url}
+        yield {"tmp": tmp, "lib": lib, "stack": stack.url, "tpx": tpx.url, "token": stack.admin_token,
+               "admin_headers": stack.admin_headers}
     finally:
         tpx.stop()
         stack.close()
@@ -99,8 +100,9 @@ def assert_nothing_left(world: dict[str, Any], run_dir: Path, state_file: Path) 
     toxics = httpx.get(f"{world['tpx']}/proxies/streamchaos/toxics", timeout=5)
     assert toxics.status_code == 404 or toxics.json() == [], toxics.text
     admin = world["stack"] + "/admin"
-    assert httpx.get(admin + "/faults", timeout=5).json() == {"faults": {}}
-    state = httpx.get(admin + "/state", timeout=5).json()
+    headers = world["admin_headers"]
+    assert httpx.get(admin + "/faults", headers=headers, timeout=5).json() == {"faults": {}}
+    state = httpx.get(admin + "/state", headers=headers, timeout=5).json()
     assert state["kv_blocks_reserved"] == 0, state
     assert read_state(state_file).get("dev0.locked_max", 0) == 0, read_state(state_file)
     for plan in fault_events(run_dir, "plan"):
@@ -115,7 +117,9 @@ def assert_nothing_left(world: dict[str, Any], run_dir: Path, state_file: Path) 
 def test_interrupted_run_leaves_nothing_changed(world: dict[str, Any], sig: signal.Signals, when: str, tmp_path: Path) -> None:
     exp, run_dir, state_file = tmp_path / "exp.yaml", tmp_path / "run", tmp_path / "nvml.state"
     write_experiment(world, exp)
-    env = {**__import__("os").environ, "STREAMCHAOS_NVML_LIB": str(world["lib"]), "FAKE_NVML_STATE": str(state_file)}
+    # the stack's admin token reaches the runner (and its watchdog) by environment, as an operator's would
+    env = {**__import__("os").environ, "STREAMCHAOS_NVML_LIB": str(world["lib"]), "FAKE_NVML_STATE": str(state_file),
+           "STREAMCHAOS_ADMIN_TOKEN": world["token"]}
     runner = subprocess.Popen([sys.executable, "-m", "chaos", "run", str(exp), "--out", str(run_dir), "--quiet"],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -127,8 +131,9 @@ def test_interrupted_run_leaves_nothing_changed(world: dict[str, Any], sig: sign
             # every family really changed something, so "nothing left" below is a real check
             assert read_state(state_file).get("dev0.locked_max", 0) > 0
             assert httpx.get(f"{world['tpx']}/proxies/streamchaos/toxics", timeout=5).json() != []
-            assert set(httpx.get(world["stack"] + "/admin/faults", timeout=5).json()["faults"]) == {"server.stall", "server.timeout"}
-            assert httpx.get(world["stack"] + "/admin/state", timeout=5).json()["kv_blocks_reserved"] > 0
+            headers = world["admin_headers"]
+            assert set(httpx.get(world["stack"] + "/admin/faults", headers=headers, timeout=5).json()["faults"]) == {"server.stall", "server.timeout"}
+            assert httpx.get(world["stack"] + "/admin/state", headers=headers, timeout=5).json()["kv_blocks_reserved"] > 0
             tags = [p["undo"]["tag"] for p in fault_events(run_dir, "plan") if p.get("undo", {}).get("tag")]
             assert any(find_burners(tag) for tag in tags)
         runner.send_signal(sig)

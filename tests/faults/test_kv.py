@@ -29,7 +29,7 @@ def stack() -> Iterator[StackProcess]:
 
 
 def _env(stack: StackProcess, tmp_path: Path, background: Any = None) -> RunContext:
-    target = TargetInfo(kind="builtin", base_url=stack.base_url, admin_url=stack.admin_url)
+    target = TargetInfo(kind="builtin", base_url=stack.base_url, admin_url=stack.admin_url, admin_token=stack.admin_token)
     return RunContext(seed=1, target=target, run_dir=tmp_path, background=background)
 
 
@@ -57,20 +57,21 @@ async def _load(client: httpx.AsyncClient, stack: StackProcess, n: int, max_toke
 def _idle(stack: StackProcess) -> dict[str, Any]:
     deadline = time.monotonic() + 10
     while True:
-        s = httpx.get(stack.admin_url + "/state", timeout=5).json()
+        s = httpx.get(stack.admin_url + "/state", headers=stack.admin_headers, timeout=5).json()
         if (s["num_running"], s["num_waiting"], s["kv_blocks_held"]) == (0, 0, 0) or time.monotonic() > deadline:
             return s
         time.sleep(0.01)
 
 
-def test_reserve_causes_preemption_or_queueing_and_is_released(stack: StackProcess, tmp_path: Path) -> None:
+def test_reserve_causes_preemption_or_queueing_and_is_released(stack: StackProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAMCHAOS_ADMIN_TOKEN", stack.admin_token)  # rollback reads it there
     env = _env(stack, tmp_path)
     fault = _fault({"fraction": 0.75})
     fault = fault.activate(env)
     undo = fault.plan()
 
     async def go() -> dict[str, Any]:
-        async with httpx.AsyncClient(timeout=60) as client:
+        async with httpx.AsyncClient(timeout=60, headers=stack.admin_headers) as client:
             base_replies, base = await _load(client, stack, 3, 190)
             preempt0 = base["num_preemptions"]
             out: dict[str, Any] = {"base": base, "evidence": await fault.inject()}
@@ -92,7 +93,8 @@ def test_reserve_causes_preemption_or_queueing_and_is_released(stack: StackProce
     assert KvPressure.rollback(undo) == {"released": 0}  # idempotent: nothing left to release
 
 
-def test_reserve_by_blocks_and_rollback(stack: StackProcess, tmp_path: Path) -> None:
+def test_reserve_by_blocks_and_rollback(stack: StackProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAMCHAOS_ADMIN_TOKEN", stack.admin_token)  # rollback reads it there
     env = _env(stack, tmp_path)
     fault = _fault({"blocks": 10, "method": "reserve"})
     fault = fault.activate(env)
@@ -108,7 +110,7 @@ class _Background:
     def __init__(self, stack: StackProcess) -> None:
         self.stack = stack
         self.tasks: dict[str, list[asyncio.Task[None]]] = {}
-        self.client = httpx.AsyncClient(timeout=60)
+        self.client = httpx.AsyncClient(timeout=60, headers=stack.admin_headers)
 
     async def _one(self, prompt_chars: int, max_tokens: int) -> None:
         body = {"model": "tiny", "prompt": ("hog " * prompt_chars)[:prompt_chars], "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
@@ -136,7 +138,7 @@ def test_hog_fills_the_pool_and_stops_on_revert(stack: StackProcess, tmp_path: P
         fault = _fault({"method": "hog", "hog_streams": 3, "hog_prompt_chars": 300, "hog_max_tokens": 700})
         fault = fault.activate(env)
         out: dict[str, Any] = {"evidence": await fault.inject()}
-        async with httpx.AsyncClient(timeout=60) as client:
+        async with httpx.AsyncClient(timeout=60, headers=stack.admin_headers) as client:
             _, out["peaks"] = await _load(client, stack, 2, 30)
         out["reverted"] = await fault.revert()
         await background.client.aclose()
@@ -169,7 +171,7 @@ def test_reserve_under_load_tops_up_as_blocks_come_free(stack: StackProcess, tmp
     fault = _fault({"blocks": 56}).activate(env)
 
     async def go() -> dict[str, Any]:
-        async with httpx.AsyncClient(timeout=60) as client:
+        async with httpx.AsyncClient(timeout=60, headers=stack.admin_headers) as client:
             body = {"model": "tiny", "prompt": "busy " * 8, "max_tokens": 300, "ignore_eos": True, "temperature": 0}
             tasks = [asyncio.create_task(client.post(stack.base_url + "/completions", json=body)) for _ in range(3)]
             while (await client.get(stack.admin_url + "/state")).json()["kv_blocks_held"] < 20:
@@ -204,8 +206,8 @@ def test_revert_during_a_top_up_call_counts_the_blocks_it_took(
     real_reserve = AdminClient.reserve
     reply_pending = asyncio.Event()
 
-    async def slow_reply(self: AdminClient, blocks: int) -> int:
-        taken = await real_reserve(self, blocks)
+    async def slow_reply(self: AdminClient, blocks: int, ttl: float | None = None) -> int:
+        taken = await real_reserve(self, blocks, ttl)
         if taken and fault._topup is not None and asyncio.current_task() is fault._topup:
             reply_pending.set()
             await asyncio.sleep(0.3)  # the engine holds the blocks; our reply is late
@@ -216,7 +218,7 @@ def test_revert_during_a_top_up_call_counts_the_blocks_it_took(
     fault = _fault({"blocks": 56}).activate(env)
 
     async def go() -> dict[str, Any]:
-        async with httpx.AsyncClient(timeout=60) as client:
+        async with httpx.AsyncClient(timeout=60, headers=stack.admin_headers) as client:
             body = {"model": "tiny", "prompt": "busy " * 8, "max_tokens": 300, "ignore_eos": True, "temperature": 0}
             tasks = [asyncio.create_task(client.post(stack.base_url + "/completions", json=body)) for _ in range(3)]
             while (await client.get(stack.admin_url + "/state")).json()["kv_blocks_held"] < 20:

@@ -30,14 +30,14 @@ def stack() -> Iterator[StackProcess]:
 
 @pytest.fixture
 def env(stack: StackProcess, tmp_path: Path) -> Iterator[RunContext]:
-    target = TargetInfo(kind="builtin", base_url=stack.base_url, metrics_url=stack.metrics_url, admin_url=stack.admin_url)
+    target = TargetInfo(kind="builtin", base_url=stack.base_url, metrics_url=stack.metrics_url, admin_url=stack.admin_url, admin_token=stack.admin_token)
     yield RunContext(seed=7, target=target, run_dir=tmp_path)
-    httpx.delete(stack.admin_url + "/faults", timeout=5)
+    httpx.delete(stack.admin_url + "/faults", headers=stack.admin_headers, timeout=5)
     _wait_idle(stack)
 
 
 def _state(stack: StackProcess) -> dict[str, Any]:
-    return httpx.get(stack.admin_url + "/state", timeout=5).json()
+    return httpx.get(stack.admin_url + "/state", headers=stack.admin_headers, timeout=5).json()
 
 
 def _wait_idle(stack: StackProcess, timeout: float = 10.0) -> float:
@@ -133,13 +133,14 @@ def test_timeout_fraction_hits_some_requests(stack: StackProcess, env: RunContex
     assert listed["requests_matched"] == statuses.count(504)
 
 
-def test_rollback_deletes_the_hook_fault(stack: StackProcess, env: RunContext) -> None:
+def test_rollback_deletes_the_hook_fault(stack: StackProcess, env: RunContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAMCHAOS_ADMIN_TOKEN", stack.admin_token)  # rollback reads it there
     fault = _fault(ServerTimeout, "orphan", {"where": "send", "every_n": 2})
     fault = fault.activate(env)
     undo = fault.plan()
     asyncio.run(fault.inject())
     assert ServerTimeout.rollback(undo) == {"removed": True}
-    assert httpx.get(stack.admin_url + "/faults", timeout=5).json()["faults"] == {}
+    assert httpx.get(stack.admin_url + "/faults", headers=stack.admin_headers, timeout=5).json()["faults"] == {}
     assert ServerTimeout.rollback(undo) == {"removed": False}
     gone = ServerTimeout.rollback({"admin_url": "http://127.0.0.1:9/admin", "fault_name": "x"})
     assert "gone" in gone["skipped"]

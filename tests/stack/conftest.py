@@ -76,14 +76,19 @@ def check_stream(events: list[Any], *, chat: bool, include_usage: bool) -> tuple
 class Admin:
     """Synchronous reads of a stack's admin API, plus the bounded waits the tests need."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, token: str) -> None:
         self.url = url
+        self.headers = {"Authorization": f"Bearer {token}"}
 
     def state(self) -> dict[str, Any]:
-        return httpx.get(f"{self.url}/admin/state", timeout=5).json()
+        return httpx.get(f"{self.url}/admin/state", headers=self.headers, timeout=5).json()
 
     def requests(self) -> list[dict[str, Any]]:
-        return httpx.get(f"{self.url}/admin/requests", timeout=5).json()["requests"]
+        return httpx.get(f"{self.url}/admin/requests", headers=self.headers, timeout=5).json()["requests"]
+
+    def call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """Any admin request with the token (``path`` below ``/admin``)."""
+        return httpx.request(method, f"{self.url}/admin{path}", headers=self.headers, timeout=5, **kwargs)
 
     def wait(self, pred: Callable[[dict[str, Any]], bool], timeout: float) -> float:
         """Seconds until ``pred(state)`` held; fails the test after ``timeout`` (a hang guard)."""
@@ -133,21 +138,21 @@ def sse() -> Any:
 
 @pytest.fixture
 def admin(stack: StackProcess) -> Iterator[Admin]:
-    a = Admin(stack.url)
+    a = Admin(stack.url, stack.admin_token)
     yield a
-    httpx.delete(f"{stack.url}/admin/faults", timeout=5)
-    httpx.delete(f"{stack.url}/admin/kv/reserve", timeout=5)
+    a.call("DELETE", "/faults")
+    a.call("DELETE", "/kv/reserve")
     a.wait_idle()  # every test leaves the shared stack idle and clean
 
 
 @pytest.fixture
 def queue_admin(queue_stack: StackProcess) -> Iterator[Admin]:
-    a = Admin(queue_stack.url)
+    a = Admin(queue_stack.url, queue_stack.admin_token)
     yield a
     a.wait_idle()
 
 
 @pytest.fixture
 def admin_for() -> Any:
-    """``admin_for(url)``: an ``Admin`` for a stack the test started itself."""
-    return Admin
+    """``admin_for(stack)``: an ``Admin`` for a stack the test started itself."""
+    return lambda proc: Admin(proc.url, proc.admin_token)

@@ -1,4 +1,4 @@
-"""The admin API: loopback-or-token access, bad bodies, hook faults and KV reservation."""
+"""The admin API: token-only access from any address, bad bodies, hook faults and KV reservation."""
 
 from __future__ import annotations
 
@@ -36,10 +36,12 @@ async def _get(app: Any, client: tuple[str, int], path: str, token: str | None =
 @pytest.mark.parametrize(
     ("configured", "client", "sent", "status"),
     [
-        (None, "127.0.0.1", None, 200),
-        (None, "::1", None, 200),
-        (None, "10.1.2.3", None, 403),
+        (None, "127.0.0.1", None, 403),  # no token configured: closed, even to loopback
+        (None, "::1", None, 403),
         (None, "10.1.2.3", "guess", 403),
+        ("s3cret", "127.0.0.1", None, 403),  # loopback alone proves nothing (a same-host proxy relays anyone)
+        ("s3cret", "127.0.0.1", "wrong", 403),
+        ("s3cret", "127.0.0.1", "s3cret", 200),
         ("s3cret", "10.1.2.3", "s3cret", 200),
         ("s3cret", "10.1.2.3", "wrong", 403),
         ("s3cret", "10.1.2.3", None, 403),
@@ -50,11 +52,23 @@ def test_admin_access(engine: Engine, configured: str | None, client: str, sent:
     r = asyncio.run(_get(app, (client, 4242), "/admin/state", sent))
     assert r.status_code == status
     if status == 403:
-        assert "loopback" in r.json()["error"]["message"]
+        assert "admin token" in r.json()["error"]["message"]
     else:
         assert r.json()["kv_blocks_total"] == 64
     # the OpenAI routes are open to everyone
     assert asyncio.run(_get(app, (client, 4242), "/v1/models")).status_code == 200
+
+
+def test_proof_shows_the_token_without_revealing_it(engine: Engine) -> None:
+    from chaos.stack.admin_client import proof_of
+
+    app = build_app(engine, admin_token="s3cret")
+    nonce = "n" * 24
+    r = asyncio.run(_get(app, ("10.1.2.3", 4242), f"/admin/proof?nonce={nonce}"))
+    assert r.status_code == 200 and r.json() == {"server": "streamchaos", "proof": proof_of("s3cret", nonce)}
+    assert "s3cret" not in r.text and proof_of("other", nonce) != r.json()["proof"]
+    assert asyncio.run(_get(app, ("10.1.2.3", 4242), "/admin/proof?nonce=short")).status_code == 400
+    assert asyncio.run(_get(app, ("10.1.2.3", 4242), "/admin/state", r.json()["proof"])).status_code == 403  # never a token
 
 
 @pytest.mark.parametrize(
@@ -70,13 +84,13 @@ def test_admin_access(engine: Engine, configured: str | None, client: str, sent:
     ],
 )
 def test_bad_admin_bodies_are_400(stack: StackProcess, admin: Any, method: str, path: str, body: bytes) -> None:
-    r = httpx.request(method, stack.url + path, content=body, timeout=5)
+    r = httpx.request(method, stack.url + path, content=body, headers=stack.admin_headers, timeout=5)
     assert r.status_code == 400 and r.json()["error"]["message"]
 
 
 def test_admin_client_round_trip(stack: StackProcess, admin: Any) -> None:
     async def go() -> None:
-        async with AdminClient(admin_url_of(stack.base_url)) as client:
+        async with AdminClient(admin_url_of(stack.base_url), stack.admin_token) as client:
             installed = await client.set_fault("t1", {"type": "timeout", "where": "send", "every_n": 5})
             assert installed["spec"]["every_n"] == 5 and installed["expires_in_s"] > 0
             assert list(await client.faults()) == ["t1"]

@@ -37,6 +37,15 @@ BAD_REQUESTS: list[tuple[str, str, bytes, int, str | None]] = [
     ("empty_prompt", "/v1/completions", b'{"model": "tiny", "prompt": ""}', 400, "prompt"),
     ("n_greater_than_one", "/v1/completions", b'{"model": "tiny", "prompt": "x", "n": 2}', 400, "n"),
     ("oversized_body", "/v1/completions", b'{"model": "tiny", "prompt": "' + b"a" * (1 << 20) + b'"}', 413, None),
+    # issue 11, finding 7: each of these was a 500
+    ("lone_surrogate_prompt", "/v1/completions", b'{"model": "tiny", "prompt": "ab\\ud800cd"}', 400, "prompt"),
+    ("lone_surrogate_message", "/v1/chat/completions",
+     b'{"model": "tiny", "messages": [{"role": "user", "content": "\\udc00"}]}', 400, "messages[0].content"),
+    ("lone_surrogate_model", "/v1/completions", b'{"model": "\\ud83d", "prompt": "x"}', 400, "model"),
+    ("nested_100k_deep", "/v1/completions", b'{"model": "tiny", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, None),
+    ("nested_70_deep", "/v1/completions", b'{"model": "tiny", "prompt": "x", "x": ' + b"[" * 70 + b"]" * 70 + b"}", 400, None),
+    ("int_5000_digits", "/v1/completions", b'{"model": "tiny", "prompt": "x", "max_tokens": ' + b"7" * 5000 + b"}", 400, None),
+    ("int_40_digits", "/v1/completions", b'{"model": "tiny", "prompt": "x", "seed": ' + b"7" * 40 + b"}", 400, None),
 ]
 
 
@@ -93,6 +102,35 @@ def test_no_bad_request_class_produces_500(stack: StackProcess, admin: Any) -> N
         if r.status_code >= 400:
             assert "error" in r.json(), (field, value, r.text)
     assert 400 in statuses and 200 in statuses
+
+
+ADMIN_BAD_BODIES: list[tuple[str, str, str, bytes]] = [
+    # 30,000 deep: under the 64 KiB admin cap, far over json.loads' recursion limit (a 500 before)
+    ("deep_json_fault", "PUT", "/faults/x", b"[" * 30_000 + b"]" * 30_000),
+    ("deep_json_reserve", "POST", "/kv/reserve", b'{"blocks": ' + b"[" * 30_000 + b"]" * 30_000 + b"}"),
+    ("long_int_reserve", "POST", "/kv/reserve", b'{"blocks": ' + b"9" * 5000 + b"}"),
+    ("lone_surrogate_fault", "PUT", "/faults/x", b'{"type": "timeout", "where": "\\ud800", "fraction": 1}'),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body"), [c[1:] for c in ADMIN_BAD_BODIES], ids=[c[0] for c in ADMIN_BAD_BODIES])
+def test_bad_admin_json_gets_400(stack: StackProcess, admin: Any, method: str, path: str, body: bytes) -> None:
+    r = admin.call(method, path, content=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"] and "Traceback" not in r.text
+
+
+def test_admin_body_is_refused_by_its_content_length_before_it_is_read(stack: StackProcess, admin: Any) -> None:
+    """A declared 100 MB body gets its 400 at once: the server does not wait for (or buffer) the body."""
+    host, port = stack.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        head = (f"PUT /admin/faults/big HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {stack.admin_token}\r\n"
+                "Content-Type: application/json\r\nContent-Length: 100000000\r\n\r\n{")
+        sock.sendall(head.encode())
+        reply = b""
+        while b"KiB" not in reply and (chunk := sock.recv(65536)):  # the socket timeout bounds each wait
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 400") and b"larger than 64 KiB" in reply, reply[:300]
 
 
 def test_client_that_sends_half_a_body_does_not_hang_the_server(stack: StackProcess, admin: Any) -> None:

@@ -96,6 +96,22 @@ def test_expired_fault_no_longer_fires() -> None:
     assert hooks.describe() == {}
 
 
+def test_a_renewed_fault_lives_one_ttl_past_its_last_renewal() -> None:
+    clock = _Clock()
+    hooks = Hooks(_NoEngine(), clock=clock)
+    hooks.install("f", TimeoutSpec(where="send", fraction=1.0, ttl=5.0))
+    clock.t += 4.0
+    assert hooks.renew("f") is not None
+    clock.t += 4.0  # 8 s after install, 4 s after the renewal: still in force
+    hooks.begin("r")
+    with pytest.raises(asyncio.TimeoutError):
+        hooks.check("r", "send")
+    clock.t += 1.0
+    assert hooks.renew("f") is None  # expired before this renewal came: it stays expired
+    hooks.check("r", "send")
+    assert hooks.describe() == {} and hooks.renew("nope") is None
+
+
 def test_requests_older_than_the_fault_are_spared() -> None:
     clock = _Clock()
     hooks = Hooks(_NoEngine(), clock=clock)

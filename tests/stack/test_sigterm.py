@@ -41,7 +41,7 @@ def test_sigterm_ends_streams_and_exits_zero(sse: Any, admin_for: Any) -> None:
         while first.count(b"data: ") < 3:
             first += decoding.recv(65536)
         queued = sse.open_raw(proc.url, "/v1/completions", body)
-        admin_for(proc.url).wait(lambda s: s["num_waiting"] == 1, timeout=10)
+        admin_for(proc).wait(lambda s: s["num_waiting"] == 1, timeout=10)
         proc.proc.send_signal(signal.SIGTERM)
         code = proc.proc.wait(20)
         assert code == 0, proc.stderr_text()

@@ -257,6 +257,30 @@ def test_buffer_holds_until_upstream_closes(toxiproxy: Server, upstreams) -> Non
 
 
 @pytest.mark.embedded_only
+def test_unlimited_buffer_is_capped(toxiproxy: Server, upstreams, monkeypatch: pytest.MonkeyPatch) -> None:
+    """max_bytes 0 (unlimited) held a response that never ends in memory without bound (issue 11,
+    finding 12); now it is flushed at the hard cap. The cap is lowered here from 64 MiB to 64 KiB
+    (the embedded server runs in this process), so 256 KiB that never ends must come through."""
+    from faults.toxiproxy_server import toxics
+
+    monkeypatch.setattr(toxics, "BUFFER_HARD_CAP_BYTES", 64 * 1024, raising=False)
+    name, port = echo_proxy(toxiproxy, upstreams)
+    toxiproxy.toxic(name, "buffer")  # max_bytes 0, max_time 0: hold until the end that never comes
+    s = connect(port)
+    s.settimeout(5.0)  # a hang guard: the old toxic never sends a byte while the connection is open
+    s.sendall(b"x" * (256 * 1024))
+    got = b""
+    try:
+        while len(got) < 192 * 1024:
+            got += s.recv(65536)
+    except TimeoutError:
+        pass
+    finally:
+        s.close()
+    assert len(got) >= 192 * 1024, f"only {len(got)} bytes came through while the connection stayed open"
+
+
+@pytest.mark.embedded_only
 def test_buffer_limits_flush(toxiproxy: Server, upstreams) -> None:
     p = toxiproxy.create(upstreams.ticker_port)
     toxiproxy.toxic(p["name"], "buffer", max_time=100)
