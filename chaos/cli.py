@@ -7,6 +7,7 @@ Exit codes (DESIGN.md): 0 every SLA as expected, 1 an SLA failed, 2 invalid expe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -19,13 +20,21 @@ __all__ = ["main"]
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from chaos.experiment import load_experiment
-    from chaos.progress import ConsoleProgress
+    from chaos.live import LiveProgress
     from chaos.report import render_summary
     from chaos.runner import run
 
     experiment = load_experiment(args.experiment)
-    listeners = [] if args.quiet else [ConsoleProgress()]
-    result = run(experiment, target_url=args.target_url, out_dir=args.out, seed=args.seed, listeners=listeners)
+    listeners: list[Any] = [] if args.quiet else [LiveProgress()]
+    with contextlib.ExitStack() as stack:
+        if args.metrics_port is not None or args.push_metrics:
+            from chaos.exporter import PrometheusExporter
+
+            exporter = stack.enter_context(PrometheusExporter(port=args.metrics_port, push_url=args.push_metrics))
+            if exporter.url:
+                print(f"metrics: {exporter.url} (for the life of the run)", file=sys.stderr)
+            listeners.append(exporter)
+        result = run(experiment, target_url=args.target_url, out_dir=args.out, seed=args.seed, listeners=listeners)
     print(render_summary(result))
     return result.exit_code
 
@@ -182,7 +191,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--target-url", help="run against this OpenAI-compatible server instead of the experiment's target")
     p.add_argument("--out", help="run directory (default: runs/<time>-<name>)")
     p.add_argument("--seed", type=int, help="override the experiment's seed")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve the run's QoS metrics on 127.0.0.1:PORT/metrics while it runs (0: any free port)")
+    p.add_argument("--push-metrics", metavar="URL", help="push the run's QoS metrics to this Prometheus Pushgateway")
     p.set_defaults(fn=_cmd_run)
     p = sub.add_parser("validate", help="check experiment files; exit 0 valid, 2 invalid")
     p.add_argument("files", nargs="+")

@@ -200,7 +200,7 @@ def _intervals_figure(rows: Sequence[Row], label_a: str, label_b: str) -> tuple[
             lo, hi = ev.get("lower"), ev.get("upper")
             if lo is not None and hi is not None:
                 ax.plot([lo, hi], [y, y], color=colour, lw=5, alpha=0.35, solid_capstyle="butt")
-            ax.plot([_figure(v)], [y], marker="o", ms=5, color=colour, gid=data_gid(f"compare-{row.name}-{row.phase}"))
+            ax.plot([_figure(v) or 0.0], [y], marker="o", ms=5, color=colour, gid=data_gid(f"compare-{row.name}-{row.phase}"))
             points += 1
         budget = (row.b or row.a or {}).get("budget")
         if budget is not None:

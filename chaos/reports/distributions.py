@@ -46,12 +46,14 @@ def _figure(obs: Observations, report: Mapping[str, Any], name: str, verdicts: S
     kind, unit = verdicts[0]["sla"], verdicts[0]["unit"]
     baseline = _baseline(report, verdicts)
     sample_kind = "ttft" if kind == "recovery" else kind
+    judged: list[tuple[str | None, Mapping[str, Any]]]
     if kind == "recovery":
         judged = [(str(v["evidence"].get("judged_phase") or v.get("phase")), v) for v in verdicts]
     else:
         judged = [(v.get("phase"), v) for v in verdicts]
     curves: list[tuple[str | None, Mapping[str, Any] | None]] = list(judged)
-    if baseline is not None and baseline not in [p for p, _ in judged]:
+    several_phases = len(report.get("phases") or []) > 1
+    if baseline is not None and several_phases and baseline not in [p for p, _ in judged]:
         curves.insert(0, (baseline, None))  # the reference, drawn dashed
 
     fig, (ax,) = new_figure(6.6, 3.3)
@@ -75,7 +77,8 @@ def _figure(obs: Observations, report: Mapping[str, Any], name: str, verdicts: S
             q = float(ev["quantile"])
             lo, hi = ev.get("lower"), ev.get("upper")
             if lo is not None or hi is not None:  # the verdict's own interval on its quantile
-                left, right = (lo if lo is not None else x[0]), (hi if hi is not None else x[-1])
+                left = float(lo) if lo is not None else float(x[0])
+                right = float(hi) if hi is not None else float(x[-1])
                 ax.plot([left, right], [q, q], color=colour, lw=4, alpha=0.35, solid_capstyle="butt")
             if verdict.get("figure") is not None and ev.get("decided_by", "quantile") == "quantile":
                 ax.plot([verdict["figure"]], [q], marker="o", ms=4, color=colour)
@@ -85,9 +88,9 @@ def _figure(obs: Observations, report: Mapping[str, Any], name: str, verdicts: S
     if kind in ("ttft", "itl") and budget is not None:
         ax.axvline(budget, color=BUDGET_COLOUR, lw=1, ls="-", label=f"budget {format_value(budget, unit)}")
         highest = max(highest, float(budget))
-        q = (verdicts[0].get("evidence") or {}).get("quantile")
-        if isinstance(q, (int, float)):
-            ax.axhline(q, color="#57606a", lw=0.6, ls=":", label=f"p{round(q * 100, 4):g} level (bar: its interval)")
+        level = (verdicts[0].get("evidence") or {}).get("quantile")
+        if isinstance(level, (int, float)):
+            ax.axhline(level, color="#57606a", lw=0.6, ls=":", label=f"p{round(level * 100, 4):g} level (bar: its interval)")
     stall = (verdicts[0].get("evidence") or {}).get("max_stall_s")
     if kind == "itl" and isinstance(stall, (int, float)):
         ax.axvline(stall, color=BUDGET_COLOUR, lw=1, ls="-.", label=f"max stall {format_value(stall, 's')}")

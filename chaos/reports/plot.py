@@ -50,7 +50,7 @@ SCATTER_POINTS = 4000  # most points of one scatter
 COLOURS = ("#0969da", "#cf222e", "#1a7f37", "#8250df", "#bf8700", "#57606a", "#e16f24", "#1b7c83")
 FAULT_COLOUR = "#cf222e"
 BUDGET_COLOUR = "#cf222e"
-_RC = {
+_RC: dict[str, Any] = {
     "svg.fonttype": "none",  # text stays text: small, searchable, selectable
     "svg.hashsalt": "streamchaos",  # deterministic ids: the same run renders the same page
     "font.size": 9.0,
@@ -90,7 +90,7 @@ def new_figure(width_in: float, height_in: float, rows: int = 1, *, sharex: bool
     """A matplotlib ``Figure`` (not pyplot's) with ``rows`` axes stacked vertically."""
     import matplotlib
 
-    with matplotlib.rc_context(_RC):
+    with matplotlib.rc_context(_RC):  # type: ignore[arg-type]  # its stubs want literal keys
         from matplotlib.figure import Figure
 
         fig = Figure(figsize=(width_in, height_in), layout="constrained")
@@ -105,7 +105,7 @@ def to_svg(fig: Figure, *, label: str) -> str:
     import matplotlib
 
     buf = io.StringIO()
-    with matplotlib.rc_context(_RC):
+    with matplotlib.rc_context(_RC):  # type: ignore[arg-type]  # its stubs want literal keys
         fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
     text = buf.getvalue()
     text = text[text.index("<svg"):]

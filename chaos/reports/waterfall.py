@@ -43,8 +43,8 @@ def sample_streams(streams: list[StreamRecord], rows: int = ROWS) -> list[Stream
         return sent
     odd = [s for s in sent if ending(s) != "complete"][: rows // 2]
     rest = [s for s in sent if ending(s) == "complete"]
-    picks = np.linspace(0, len(rest) - 1, rows - len(odd)).round().astype(int) if rest else []
-    chosen = odd + [rest[i] for i in sorted(set(int(i) for i in picks))]
+    picks: list[int] = np.linspace(0, len(rest) - 1, rows - len(odd)).round().astype(int).tolist() if rest else []
+    chosen = odd + [rest[i] for i in sorted(set(picks))]
     return sorted(chosen, key=lambda s: s.t_sent or 0)
 
 
