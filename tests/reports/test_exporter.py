@@ -37,8 +37,9 @@ def stream(i: int, *, ttft_ms: int = 40, gaps: int = 5, error: bool = False, han
                       t_end=content[-1] + MS, status=200, finish_reason="stop", done_seen=True)
     if error:
         st.error, st.finish_reason, st.done_seen = ErrorInfo("read", "reset"), None, False
-    if hangup:
+    if hangup:  # the client left mid-stream: no finish_reason, no [DONE]
         st.hangup = Hangup("client.disconnect", "after_tokens", content[2])
+        st.finish_reason, st.done_seen = None, False
     if cut:
         st.done_seen = False
     return st

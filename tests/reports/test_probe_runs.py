@@ -139,23 +139,35 @@ def test_report_html_renders_in_headless_chromium(probes: Probes) -> None:
     executable = chromium()
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the dev extra: pip install -e '.[dev]'")
     page_file = probes.slowed / "report.html"
+    # the same checks must catch a page that fetches something or logs an error
+    tampered = probes.slowed.parent / "tampered.html"
+    tampered.write_text(page_file.read_text().replace(
+        "</body>", '<img src="http://127.0.0.1:9/pixel.png"><script>console.error("planted")</script></body>'))
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / "report-probe-slowed.png"
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=executable, args=["--no-sandbox"])
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            console_errors: list[str] = []
-            requests: list[str] = []
-            page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e: console_errors.append(str(e)))
-            page.on("request", lambda r: requests.append(r.url))
-            page.goto(page_file.as_uri(), wait_until="load")
-            plots = page.evaluate(DATA_POINTS_JS)
-            verdict_rows = page.locator("table.verdicts tr.verdict").count()
-            page.screenshot(path=str(shot), full_page=True)
+            def visit(path: Path, screenshot: Path | None = None) -> tuple[list[dict[str, Any]], int, list[str], list[str]]:
+                page = browser.new_page(viewport={"width": 1280, "height": 900})
+                errors: list[str] = []
+                requests: list[str] = []
+                page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+                page.on("pageerror", lambda e: errors.append(str(e)))
+                page.on("request", lambda r: requests.append(r.url))
+                page.goto(path.as_uri(), wait_until="load")
+                plots = page.evaluate(DATA_POINTS_JS)
+                rows = page.locator("table.verdicts tr.verdict").count()
+                if screenshot is not None:
+                    page.screenshot(path=str(screenshot), full_page=True)
+                page.close()
+                return plots, rows, errors, requests
+
+            plots, verdict_rows, console_errors, requests = visit(page_file, shot)
+            _, _, planted_errors, planted_requests = visit(tampered)
         finally:
             browser.close()
+    assert "planted" in " ".join(planted_errors) and "http://127.0.0.1:9/pixel.png" in planted_requests
     names = {p["plot"] for p in plots}
     assert {"timeline", "waterfall", "cdf-ttft", "cdf-itl"} <= names, names
     for plot in plots:
