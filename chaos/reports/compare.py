@@ -191,7 +191,7 @@ def _intervals_figure(rows: Sequence[Row], label_a: str, label_b: str) -> tuple[
     drawn = [r for r in rows if _figure(r.a) is not None and _figure(r.b) is not None]
     if not drawn:
         return "", 0
-    fig, axes = new_figure(7.5, 0.45 + 0.75 * len(drawn), len(drawn))
+    fig, axes = new_figure(7.5, 0.5 + 0.8 * len(drawn), len(drawn), margins_in=(1.0, 0.2, 0.25, 0.3), hspace_in=0.45)
     points = 0
     for ax, row in zip(axes, drawn):
         for y, v, colour in ((1, row.a, COLOURS[5]), (0, row.b, COLOURS[1] if row.flagged else COLOURS[0])):

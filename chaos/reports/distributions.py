@@ -56,7 +56,7 @@ def _figure(obs: Observations, report: Mapping[str, Any], name: str, verdicts: S
     if baseline is not None and several_phases and baseline not in [p for p, _ in judged]:
         curves.insert(0, (baseline, None))  # the reference, drawn dashed
 
-    fig, (ax,) = new_figure(6.6, 3.3)
+    fig, (ax,) = new_figure(6.6, 3.3, margins_in=(0.65, 0.15, 0.1, 0.5))
     points, lowest, highest = 0, float("inf"), 0.0
     order = [p["name"] for p in report.get("phases") or []]
     for phase, verdict in curves:

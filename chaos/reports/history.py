@@ -129,7 +129,7 @@ def _trend_figure(runs: Sequence[Run], key: tuple[str, str]) -> tuple[str, int]:
     if not points:
         return "", 0
     colours = {"pass": COLOURS[2], "fail": COLOURS[1], "inconclusive": COLOURS[4]}
-    fig, (ax,) = new_figure(5.2, 2.2)
+    fig, (ax,) = new_figure(5.2, 2.4, margins_in=(0.7, 0.15, 0.25, 0.65))
     xs = [i for i, _ in points]
     ax.plot(xs, [v["figure"] for _, v in points], color="#8c959f", lw=0.8)
     for i, v in points:

@@ -173,7 +173,7 @@ def render_timeline(report: Mapping[str, Any], obs: Observations) -> str:
     ) if p is not None]
     if not panels:
         return '<p class="muted">Nothing was observed over time.</p>'
-    fig, axes = new_figure(10.0, 1.1 + 1.55 * len(panels), len(panels), sharex=True)
+    fig, axes = new_figure(10.0, 1.2 + 1.55 * len(panels), len(panels), sharex=True, margins_in=(0.8, 0.65, 0.6, 0.5))
     points = sum(draw(ax) for (_, draw), ax in zip(panels, axes))
     decorate_time_axes(axes, phase_windows(dict(report), end), fault_windows(dict(report), end), end, run_start(dict(report), obs))
     caption = "Top to bottom: " + "; ".join(what for what, _ in panels) + ". Shaded columns alternate phases; red bands are faults in force."

@@ -53,7 +53,7 @@ def render_waterfall(report: Mapping[str, Any], obs: Observations) -> str:
     if not streams:
         return '<p class="muted">No streams were sent.</p>'
     end = run_end(dict(report), obs)
-    fig, (ax,) = new_figure(10.0, 1.0 + 0.16 * len(streams))
+    fig, (ax,) = new_figure(10.0, 1.1 + 0.16 * len(streams), margins_in=(1.2, 0.65, 0.6, 0.5))
     spans_x: list[float] = []
     spans_y: list[float] = []
     ticks_x: list[float] = []

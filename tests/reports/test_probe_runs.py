@@ -177,3 +177,16 @@ def test_report_html_renders_in_headless_chromium(probes: Probes) -> None:
     assert requests == [page_file.as_uri()], requests  # the page itself, nothing else
     assert shot.stat().st_size > 10_000
     print(f"screenshot: {shot}")
+
+
+def test_report_json_keeps_its_keys_and_adds_the_environment_and_fault_plans(probes: Probes) -> None:
+    import json
+
+    report = json.loads((probes.slowed / "report.json").read_text())
+    assert {"experiment", "description", "seed", "status", "exit_code", "error", "start", "end", "duration_s", "target",
+            "proxy", "phases", "faults", "gpu", "load", "verdicts"} <= set(report)  # the contract as it was
+    env = report["environment"]
+    assert env["versions"]["streamchaos"] and env["python"] and env["host"] and env["target"]["kind"] == "builtin"
+    assert env["proxy"]["why"]  # which proxy server, and why that one
+    (fault,) = report["faults"]
+    assert fault["plan"] and fault["undo"] and fault["evidence"] and fault["injected_at"] is not None

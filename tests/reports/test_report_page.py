@@ -122,3 +122,19 @@ def test_waterfall_sample_shows_abnormal_streams_first() -> None:
     abnormal = [s for s in obs.population() if not s.complete]
     assert len(sample) == ROWS
     assert sum(1 for s in sample if not s.complete) == min(len(abnormal), ROWS // 2)
+
+
+def test_gpu_clock_and_power_are_drawn_where_sampled_and_faults_show_plan_evidence_undo() -> None:
+    from chaos.observations import MetricSample
+
+    report, obs = synthetic_run(streams=200, seconds=20)
+    assert "sc-data-gpu-clock" not in render_html(report, obs)  # not sampled: no panel
+    for i in range(50):
+        t = obs.t0 + i * 400_000_000
+        obs.add(MetricSample("gpu_sm_clock_mhz", {"gpu": "0"}, 1980.0 if i < 25 else 990.0, t))
+        obs.add(MetricSample("gpu_power_watts", {"gpu": "0"}, 300.0 if i < 25 else 180.0, t))
+    page = render_html(report, obs)
+    assert "sc-data-gpu-clock" in page and "sc-data-gpu-power" in page
+    fault = page[page.index('<div class="fault" data-fault="slow">'):]
+    assert "plan (journaled before the inject)" in fault and "latency_downstream" in fault  # the plan's undo
+    assert "latency_ms" in fault and "removed" in fault  # inject evidence, what the revert undid
