@@ -7,25 +7,34 @@ Exit codes (DESIGN.md): 0 every SLA as expected, 1 an SLA failed, 2 invalid expe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from chaos.errors import ChaosError, ExperimentInvalid
+from chaos.errors import ChaosError, ExperimentInvalid, UsageError
 
 __all__ = ["main"]
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from chaos.experiment import load_experiment
-    from chaos.progress import ConsoleProgress
+    from chaos.live import LiveProgress
     from chaos.report import render_summary
     from chaos.runner import run
 
     experiment = load_experiment(args.experiment)
-    listeners = [] if args.quiet else [ConsoleProgress()]
-    result = run(experiment, target_url=args.target_url, out_dir=args.out, seed=args.seed, listeners=listeners)
+    listeners: list[Any] = [] if args.quiet else [LiveProgress()]
+    with contextlib.ExitStack() as stack:
+        if args.metrics_port is not None or args.push_metrics:
+            from chaos.exporter import PrometheusExporter
+
+            exporter = stack.enter_context(PrometheusExporter(port=args.metrics_port, push_url=args.push_metrics))
+            if exporter.url:
+                print(f"metrics: {exporter.url} (for the life of the run)", file=sys.stderr)
+            listeners.append(exporter)
+        result = run(experiment, target_url=args.target_url, out_dir=args.out, seed=args.seed, listeners=listeners)
     print(render_summary(result))
     return result.exit_code
 
@@ -96,19 +105,82 @@ def _cmd_rollback(args: argparse.Namespace) -> int:
     return 4 if failed else 0
 
 
+def _read_report(run_dir: str | Path) -> dict[str, Any]:
+    path = Path(run_dir) / "report.json"
+    if not path.is_file():
+        raise UsageError(f"{path} does not exist: run `streamchaos run` with --out {run_dir} first")
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UsageError(f"{path}: not a readable report.json ({exc})") from None
+    if not isinstance(report, dict) or "verdicts" not in report:
+        raise UsageError(f"{path}: not a streamchaos report (no `verdicts`)")
+    return report
+
+
+def _write_page(path: Path, text: str) -> None:
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--html {path}: cannot write it ({exc.strerror})") from None
+    print(f"page: {path}")
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from chaos.reports.compare import compare_reports, compare_table, render_compare
+
+    dir_a, dir_b = (Path(d) for d in args.compare)
+    a, b = _read_report(dir_a), _read_report(dir_b)
+    rows = compare_reports(a, b, alpha=args.alpha, min_change=args.min_change)
+    label_a, label_b = f"A {dir_a.name}", f"B {dir_b.name}"
+    if a.get("experiment") != b.get("experiment"):
+        print(f"note: comparing different experiments ({a.get('experiment')} and {b.get('experiment')})")
+    for line in compare_table(rows, label_a, label_b):
+        print(line)
+    flagged = [r for r in rows if r.flagged]
+    print(f"{len(flagged)} flagged" if flagged else "nothing flagged")
+    _write_page(Path(args.html) if args.html else dir_b / "compare.html", render_compare(a, b, rows, label_a, label_b))
+    return 1 if flagged else 0
+
+
+def _cmd_history(args: argparse.Namespace) -> int:
+    from chaos.reports.history import history_lines, load_runs, regressions, render_history
+
+    root = Path(args.history)
+    runs = load_runs(root, args.experiment)
+    transitions = regressions(runs, alpha=args.alpha, min_change=args.min_change)
+    for line in history_lines(runs, transitions):
+        print(line)
+    _write_page(Path(args.html) if args.html else root / "history.html", render_history(runs, transitions))
+    return 1 if transitions and any(r.flagged for r in transitions[-1].rows) else 0  # the latest run regressed
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from chaos.render import from_report, verdict_table
 
-    path = Path(args.run_dir) / "report.json"
-    if not path.is_file():
-        raise ChaosError(f"{path} does not exist: run `streamchaos run` with --out {args.run_dir} first")
-    report = json.loads(path.read_text(encoding="utf-8"))
+    if args.compare:
+        return _cmd_compare(args)
+    if args.history:
+        return _cmd_history(args)
+    if not args.run_dir:
+        raise UsageError("report: give RUN_DIR, --compare RUN_A RUN_B or --history DIR")
+    report = _read_report(args.run_dir)
     print(f"{report['experiment']}: {report['status']} (exit {report['exit_code']}), {report['load']['streams']} streams")
     for fault in report["faults"]:
         print(f"  fault {fault['name']} ({fault['kind']}): injected {fault['injected_at']}s, reverted {fault['reverted_at']}s")
     for line in verdict_table(from_report(report["verdicts"])):
         print("  " + line)
     return int(report["exit_code"])
+
+
+def _fraction(text: str) -> float:
+    """``10%`` or ``0.1`` (argparse turns the ValueError into a usage error, exit 2)."""
+    from chaos.units import parse_fraction
+
+    try:
+        return parse_fraction(text)
+    except Exception as exc:  # noqa: BLE001 - whatever the parser raises is a usage error here
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -119,7 +191,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--target-url", help="run against this OpenAI-compatible server instead of the experiment's target")
     p.add_argument("--out", help="run directory (default: runs/<time>-<name>)")
     p.add_argument("--seed", type=int, help="override the experiment's seed")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve the run's QoS metrics on 127.0.0.1:PORT/metrics while it runs (0: any free port)")
+    p.add_argument("--push-metrics", metavar="URL", help="push the run's QoS metrics to this Prometheus Pushgateway")
     p.set_defaults(fn=_cmd_run)
     p = sub.add_parser("validate", help="check experiment files; exit 0 valid, 2 invalid")
     p.add_argument("files", nargs="+")
@@ -136,8 +211,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--target-url", help="the run's target (its admin API may be contacted); the journal alone is not trusted")
     p.add_argument("--toxiproxy-url", help="the run's Toxiproxy API (also TOXIPROXY_URL); the journal alone is not trusted")
     p.set_defaults(fn=_cmd_rollback)
-    p = sub.add_parser("report", help="print a finished run's report")
-    p.add_argument("run_dir")
+    p = sub.add_parser("report", help="print a finished run's report; compare two runs; a history page over many")
+    p.add_argument("run_dir", nargs="?")
+    p.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"),
+                   help="each SLA's figure in both runs, the change, and whether it is significant; exit 1 when flagged")
+    p.add_argument("--history", metavar="DIR", help="one page over the runs in DIR (one experiment): trends, streaks, regressions")
+    p.add_argument("--experiment", help="with --history: the experiment to show when DIR holds several")
+    p.add_argument("--html", metavar="FILE", help="where the page goes (default: RUN_B/compare.html, DIR/history.html)")
+    p.add_argument("--alpha", type=float, default=0.05, help="significance of Fisher's test on shares (default 0.05)")
+    p.add_argument("--min-change", type=_fraction, default=0.10, metavar="FRACTION",
+                   help="smallest relative change flagged as a regression (default 10%%)")
     p.set_defaults(fn=_cmd_report)
     sub.add_parser("stack", help="`stack serve ...`: the builtin streaming stack (see `stack serve --help`)")
     sub.add_parser("toxiproxy", help="`toxiproxy serve ...`: the embedded Toxiproxy server")

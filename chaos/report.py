@@ -19,21 +19,28 @@ from chaos.render import verdict_label, verdict_line, verdict_table
 if TYPE_CHECKING:
     from chaos.runner import Result
 
-__all__ = ["ReportWriter", "fault_timeline", "render_summary", "report_dict", "write_reports"]
+__all__ = ["ENVIRONMENT_NOTES", "ReportWriter", "environment", "fault_timeline", "render_summary", "report_dict", "write_reports"]
+
+# Notes that describe the environment rather than what happened (shown in the report's environment section).
+ENVIRONMENT_NOTES = ("target", "proxy", "engine_profile", "profile", "preflight", "warmup", "client_lag")
 
 
 def fault_timeline(obs: Observations) -> list[dict[str, Any]]:
-    """Each fault with its inject/revert times in seconds from the run's start, and evidence."""
+    """Each fault with its inject/revert times in seconds from the run's start, its plan (the undo
+    journaled before the inject), the undo recorded after it, and the evidence of inject and revert."""
     by_name: dict[str, dict[str, Any]] = {}
     for event in obs.faults:
         entry = by_name.setdefault(
             event.fault,
             {"name": event.fault, "kind": event.kind, "phase": event.phase, "injected_at": None, "reverted_at": None,
-             "evidence": {}, "revert_evidence": {}, "errors": []},
+             "evidence": {}, "revert_evidence": {}, "errors": [], "plan": {}, "undo": {}},
         )
         at = round((event.t - obs.t0) / 1e9, 4)
-        if event.action == "inject":
+        if event.action == "plan":
+            entry["plan"] = event.undo  # what the inject will change and how to undo it, journaled first
+        elif event.action == "inject":
             entry["injected_at"], entry["evidence"] = at, event.evidence
+            entry["undo"] = event.undo or entry["plan"]
         elif event.action in ("revert", "rollback"):
             entry["reverted_at"], entry["revert_evidence"] = at, event.evidence
         elif event.action == "error":
@@ -60,6 +67,17 @@ def gpu_summary(obs: Observations) -> dict[str, Any]:
             gpu["memory_used_bytes_max"] = max(gpu.get("memory_used_bytes_max", sample.value), sample.value)
     for gpu in out.values():
         gpu["reasons_seen"] = hex(gpu["reasons_seen"])
+    return out
+
+
+def environment(obs: Observations) -> dict[str, Any]:
+    """Host, versions, target, proxy (and why that one), engine profile, warm-up: the run's notes on them."""
+    out: dict[str, Any] = {}
+    for note in obs.notes:
+        if note.topic == "environment":
+            out.update(note.data)
+        elif note.topic in ENVIRONMENT_NOTES:
+            out[note.topic] = {**out.get(note.topic, {}), **note.data}  # a restarted target adds to its facts
     return out
 
 
@@ -102,6 +120,7 @@ def report_dict(result: Result) -> dict[str, Any]:
             for p in obs.phases
         ],
         "faults": fault_timeline(obs),
+        "environment": environment(obs),
         "gpu": gpu_summary(obs),
         "load": {
             "streams": len(population),
@@ -158,7 +177,7 @@ def write_reports(result: Result, *, json_name: str = "report.json", html_name: 
     report = report_dict(result)
     (out / json_name).write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
     if html_name:
-        from chaos.html_report import render_html
+        from chaos.reports.page import render_html
 
         (out / html_name).write_text(render_html(report, result.observations), encoding="utf-8")
     if junit_name:

@@ -28,6 +28,7 @@ from chaos.context import ClientPolicy, ProxyInfo, RunContext, TargetInfo
 from chaos.errors import ChaosError, FaultError, FaultRevertFailed
 from chaos.events import EventBus, RunFinished, RunListener, RunStarted, Stage, VerdictsReady
 from chaos.experiment.model import Experiment, PhaseSpec
+from chaos.hostinfo import environment_facts
 from chaos.journal import JOURNAL_NAME, Journal, prepare_run_dir
 from chaos.load import LoadDriver, running_load
 from chaos.observations import FaultEvent, Note, Observations, PhaseWindow
@@ -123,6 +124,7 @@ class Runner:
         journal = self.journal = Journal(self.out_dir / JOURNAL_NAME, exp.name, t0, started)
         self.events = EventBus([journal, *self.listeners, ReportWriter()])
         self.events.emit(RunStarted(exp.name, str(self.out_dir), t0, started, tuple((p.name, p.duration) for p in exp.phases)))
+        self._note("environment", environment_facts())  # versions and host, for the report
         outcome = await self._attempt()
         lag = self.load.lag_stats() if self.load is not None else {}
         if lag:
