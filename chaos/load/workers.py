@@ -18,7 +18,7 @@ from typing import Any
 
 from chaos.errors import SetupFailed
 from chaos.load.generator import LoadGenerator
-from chaos.load.lag import lag_summary
+from chaos.load.lag import delay_summary, lag_summary
 from chaos.load.workload import LoadSettings, LoadSpecLike
 from chaos.observations import StreamRecord
 from faults.base import ClientPolicy, ClientRule
@@ -54,7 +54,9 @@ def make_load(
 
 
 def _worker_main(conn: multiprocessing.connection.Connection, config: dict[str, Any]) -> None:
-    asyncio.run(_worker(conn, config))
+    from chaos.load.loop import run
+
+    run(_worker(conn, config))  # uvloop when installed: the worker's loop is ours to choose
 
 
 async def _worker(conn: multiprocessing.connection.Connection, config: dict[str, Any]) -> None:
@@ -84,9 +86,12 @@ async def _worker(conn: multiprocessing.connection.Connection, config: dict[str,
     def lag_samples() -> list[float]:
         return list(gen.lag.samples)
 
+    def send_delays() -> dict[str, list[float]]:
+        return {phase: list(samples) for phase, samples in gen.send_delays.items()}
+
     async def with_lag(call: Any) -> Any:
         value = await call
-        return {"value": value, "lag": lag_samples(), "stats": gen.stats()}
+        return {"value": value, "lag": lag_samples(), "stats": gen.stats(), "send_delay": send_delays()}
 
     while True:
         seq, cmd, *args = await inbox.get()
@@ -100,7 +105,8 @@ async def _worker(conn: multiprocessing.connection.Connection, config: dict[str,
             await asyncio.gather(*tasks, return_exceptions=True)
             await gen.aclose()
             if seq >= 0:
-                conn.send(("reply", seq, True, {"value": None, "lag": lag_samples(), "stats": gen.stats()}))
+                conn.send(("reply", seq, True, {"value": None, "lag": lag_samples(), "stats": gen.stats(),
+                                                "send_delay": send_delays()}))
             break
         else:
             call = {
@@ -145,6 +151,7 @@ class WorkerPool:
         self._seq = itertools.count()
         self._pending: dict[int, tuple[asyncio.Future[list[Any]], list[Any], set[int]]] = {}
         self._lag: dict[int, list[float]] = {}
+        self._send_delay: dict[int, dict[str, list[float]]] = {}
         self._stats: dict[int, dict[str, Any]] = {}
         self.lag_threshold = spec.lag_threshold
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -215,6 +222,7 @@ class WorkerPool:
             del self._pending[seq]
             return
         self._lag[i] = value["lag"]
+        self._send_delay[i] = value.get("send_delay", {})
         self._stats[i] = value["stats"]
         results[i] = value["value"]
         waiting.discard(i)
@@ -293,6 +301,11 @@ class WorkerPool:
         merged["workers"] = {i: lag_summary(s, self.lag_threshold) for i, s in sorted(self._lag.items())}
         merged["saturated"] = merged["saturated"] or any(w["saturated"] for w in merged["workers"].values())
         return merged
+
+    def send_delay_stats(self) -> dict[str, dict[str, Any]]:
+        """Per phase, the workers' open-loop send delay merged, as of their last reply."""
+        phases = sorted({p for d in self._send_delay.values() for p in d})
+        return {p: delay_summary(itertools.chain.from_iterable(d.get(p, ()) for d in self._send_delay.values())) for p in phases}
 
     def stats(self) -> dict[str, Any]:
         keys = ("sent", "in_flight", "overflows", "abandoned")
