@@ -1,6 +1,6 @@
-"""Server faults: asyncio timeouts and event-loop / engine stalls inside the builtin stack.
+"""Server faults: asyncio timeouts, event-loop / engine stalls and Nagle on, inside the builtin stack.
 
-Both act through the stack's admin API (``chaos.stack.admin_client``): inject installs a hook fault
+All act through the stack's admin API (``chaos.stack.admin_client``): inject installs a hook fault
 named after the experiment's fault, revert deletes it. Only the builtin target has that API; on any
 other target ``check`` says so and names the faults that work everywhere.
 """
@@ -19,7 +19,7 @@ from chaos.params import Param, Schema
 from chaos.stack.admin_client import AdminClient
 from faults.base import Fault, FaultEnv, register
 
-__all__ = ["ServerStall", "ServerTimeout", "delete_hook_fault", "require_admin"]
+__all__ = ["ServerNagle", "ServerStall", "ServerTimeout", "delete_hook_fault", "require_admin"]
 
 
 def require_admin(kind: str, env: FaultEnv, alternatives: str) -> str:
@@ -138,3 +138,33 @@ class ServerStall(_HookFault):
             "duration": float(self.params["duration"]),
             "every": float(self.params["every"]),
         }
+
+
+@register
+class ServerNagle(_HookFault):
+    """Nagle's algorithm back on (TCP_NODELAY off) for the stack's accepted connections, live and new.
+
+    The trap of a server that never sets TCP_NODELAY: on a keep-alive connection the first SSE
+    event after the headers waits for the client's delayed ACK (~40 ms on Linux), so TTFT grows by
+    that on every request but a connection's first. Evidence is read back from the sockets.
+    """
+
+    kind = "server.nagle"
+    summary = "turn Nagle back on (TCP_NODELAY off) for the builtin stack's connections, live and new"
+    alternatives = "network.latency or network.slicer"
+    schema = Schema(params=())
+
+    def spec(self, env: FaultEnv) -> dict[str, Any]:
+        return {"type": "nagle"}
+
+    async def inject(self, env: FaultEnv) -> dict[str, Any]:
+        evidence = await super().inject(env)
+        sockets = (evidence.get("installed") or {}).get("connections") or {}
+        # how many live connections have Nagle on now, as getsockopt reports it
+        return {**evidence, "connections_open": sockets.get("open"), "connections_nagle_on": sockets.get("nagle_on")}
+
+    async def revert(self, env: FaultEnv) -> dict[str, Any]:
+        evidence = await super().revert(env)
+        async with AdminClient(require_admin(self.kind, env, self.alternatives), env.target.admin_token) as admin:
+            after = (await admin.state()).get("connections") or {}
+        return {**evidence, "after": after}  # nagle_on 0: TCP_NODELAY restored on every live connection

@@ -88,6 +88,7 @@ def state_of(stack: Stack) -> dict[str, Any]:
     stats["server_live_requests"] = len(stack.live)
     stats["engine_paused"] = bool(getattr(stack.engine, "paused", False))
     stats["faults"] = sorted(stack.hooks.describe())
+    stats["connections"] = stack.connections.census()  # TCP_NODELAY read back from the accepted sockets
     return stats
 
 

@@ -23,6 +23,7 @@ from chaos.errors import ChaosError
 from .engine import Engine, IncrementalDetokenizer, SamplingParams, TokenOutput
 from .hooks import Hooks
 from .metrics import StackMetrics
+from .sockets import Connections
 
 __all__ = ["Delta", "Generation", "GenerationFailed", "Stack", "stack_of"]
 
@@ -59,7 +60,8 @@ class Stack:
         self.admin_token = admin_token
         self.max_body_bytes = max_body_bytes
         self.metrics = StackMetrics(engine.stats, model_name, versions)
-        self.hooks = Hooks(engine)
+        self.connections = Connections()  # accepted TCP connections, registered by serve.py's protocol
+        self.hooks = Hooks(engine, connections=self.connections)
         engine.step_hook = self.hooks.engine_step
         self.live: dict[str, Generation] = {}
         self.shutting_down = False

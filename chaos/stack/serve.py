@@ -48,7 +48,9 @@ def build_parser(prog: str = "streamchaos stack serve") -> argparse.ArgumentPars
 
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted sockets only when the listener says
+    # TCP (the protocol class below sets it too, and is what server.nagle switches)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.set_inheritable(True)
@@ -88,13 +90,17 @@ def serve_main(argv: list[str] | None = None) -> int:
 
 async def _serve(engine: Engine, sock: socket.socket, args: argparse.Namespace) -> int:
     import uvicorn
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
     from .server import build_app
+    from .sockets import protocol_class
 
     app = build_app(engine, model_name=args.served_model_name or args.model, admin_token=args.admin_token)
     stack = app.state.stack
-    config = uvicorn.Config(app, log_level=args.log_level, access_log=False, lifespan="off",
-                            timeout_graceful_shutdown=5, timeout_keep_alive=5)
+    # uvicorn's own HTTP protocol (httptools when installed, else h11), registering each accepted
+    # connection so TCP_NODELAY is set on it and server.nagle can reach it
+    config = uvicorn.Config(app, http=protocol_class(AutoHTTPProtocol, stack.connections), log_level=args.log_level,
+                            access_log=False, lifespan="off", timeout_graceful_shutdown=5, timeout_keep_alive=5)
     loop = asyncio.get_running_loop()
 
     class _Server(uvicorn.Server):
