@@ -212,6 +212,8 @@ class Runner:
             status, exit_code = "failed", 4
             error = "; ".join(revert_errors)
         lag = generator.lag_stats() if generator is not None else {}
+        if generator is not None and lag:  # per phase, the open loop's own send delay (empty in closed loop)
+            lag["send_delay"] = generator.send_delay_stats()
         obs = journal.observations
         if lag:
             journal.append(Note(topic="client_lag", t=time.monotonic_ns(), data=lag))
