@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from chaos.load.http1 import Connection, H1Client
+from chaos.load.http1 import Connection, ConnectionClosed, H1Client
 from chaos.load.sse import SSEEvent, SSEOverflow, SSEParser
 from chaos.observations import ErrorInfo, Hangup, StreamRecord
 from faults.base import ClientPlan
@@ -430,6 +430,10 @@ async def stream_request(
         return record
     except ValueError as exc:  # a URL or header this client cannot send
         record.error = ErrorInfo("protocol", f"cannot send the request: {exc}"[:500])
+        record.t_end = time.monotonic_ns()
+        return record
+    except ConnectionClosed as exc:  # the client was closed before this request got a connection
+        record.error = ErrorInfo("connect", str(exc))
         record.t_end = time.monotonic_ns()
         return record
     except OSError as exc:  # the connect failed: refused, unreachable, no such host

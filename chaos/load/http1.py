@@ -135,13 +135,16 @@ class Connection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def close(self) -> None:
-        """Close the TCP connection (the server sees the disconnect); detaches the sink first."""
-        self.sink = None
+        """Close the TCP connection (the server sees the disconnect); a response still attached
+        fails as a cut read (the client closing under it, e.g. ``H1Client.aclose``)."""
+        sink, self.sink = self.sink, None
         if not self.closed:
             self.closed = True
             self.client._forget(self)
             if self.transport is not None:
                 self.transport.close()
+            if sink is not None and not self.complete:
+                sink.on_failed(time.monotonic_ns(), "read", "the client closed the connection")
 
     # ---- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -188,7 +191,7 @@ class Connection(asyncio.Protocol):
         sink.on_failed(t, "read", message)
 
     def _fail(self, kind: str, message: str) -> None:
-        sink = self.sink
+        sink, self.sink = self.sink, None
         self.close()
         if sink is not None:
             sink.on_failed(self.t_read, kind, message)
