@@ -108,6 +108,15 @@ class SSEParser:
             self._skip_lf = False
             if chunk[:1] == b"\n":
                 chunk = chunk[1:]
+        if (
+            not self._buf and not self._fields and chunk[:6] == b"data: " and chunk[-2:] == b"\n\n"
+            and chunk.count(b"\n") == 2 and b"\r" not in chunk and len(chunk) <= self.max_event_bytes
+        ):
+            # the common read of a token stream: exactly one complete one-line event (the general
+            # path below gives the same event; this one skips the line splitting)
+            value, bad = decode_counting(chunk[6:-2])
+            self.utf8_errors += bad
+            return [SSEEvent(value)]
         buf = self._buf + chunk if self._buf else chunk
         if b"\r" not in buf:
             if b"\n" not in buf:
