@@ -320,7 +320,7 @@ def orchestrate(args: argparse.Namespace) -> None:
             for workers in (int(w) for w in args.workers.split(",")):
                 if workers > streams:
                     continue
-                clients = ["ours"] + (["aiohttp"] if anchor and workers == 1 else [])
+                clients = [c for c in args.clients.split(",") if c == "ours" or (c == "aiohttp" and anchor and workers == 1)]
                 got: dict[str, dict[str, Any]] = {}
                 for client in clients:
                     row = _client_process(args, client, streams, workers, url, server.pid)
@@ -349,6 +349,7 @@ def main() -> None:
     parser.add_argument("--tick", type=float, default=0.02, help="seconds between a stream's events")
     parser.add_argument("--seconds", type=float, default=5.0, help="measured window per row")
     parser.add_argument("--warmup", type=float, default=1.5, help="seconds before the window (connects, first requests)")
+    parser.add_argument("--clients", default="ours,aiohttp", help="which clients to run: ours, aiohttp (the anchor)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
