@@ -12,7 +12,7 @@ processes) each client runs in its own process against the same server, side by 
 
 Columns: events/s delivered (in the measured window) and as a share of offered (N / tick), the
 client's event-loop lag p50/p99 (same monitor in both), client CPU-ms per 1,000 events (all its
-processes, window only), TTFT p50/p99 (sent → first content), the server's CPU use (% of one core)
+processes, window only) and its CPU use (% of one core: on a shared machine, what it got), TTFT p50/p99 (sent → first content), the server's CPU use (% of one core)
 and which process saturated: ``server`` when it used ≥ 90% of a core, ``client`` when its lag p99
 exceeded the threshold or a process of it used ≥ 90% of a core. Prints figures; asserts nothing.
 
@@ -286,12 +286,13 @@ def _client_process(args: argparse.Namespace, client: str, streams: int, workers
 
 
 HEADER = (f"{'streams':>7} {'workers':>7} {'client':>8} {'offered/s':>9} {'events/s':>9} {'share':>6} {'lag p50':>8} {'lag p99':>8} "
-          f"{'CPU-ms/1k':>9} {'TTFT p50':>8} {'TTFT p99':>8} {'server CPU':>10} {'errors':>6}  saturated")
+          f"{'CPU-ms/1k':>9} {'client CPU':>10} {'TTFT p50':>8} {'TTFT p99':>8} {'server CPU':>10} {'errors':>6}  saturated")
 
 
 def _fmt(row: dict[str, Any]) -> str:
     return (f"{row['streams']:>7} {row['workers']:>7} {row['client']:>8} {row['offered_per_s']:>9.0f} {row['events_per_s']:>9.0f} "
             f"{row['share_of_offered']:>6.0%} {row['lag_p50_ms']:>6.2f}ms {row['lag_p99_ms']:>6.1f}ms {row['cpu_ms_per_1k_events']:>9.0f} "
+            f"{row['client_cpu_util']:>9.0%} "
             f"{row['ttft_p50_ms']:>6.1f}ms {row['ttft_p99_ms']:>6.1f}ms {row['server_cpu_util']:>9.0%} {row['errors']:>6}  {row['saturated']}")
 
 
