@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from chaos.load.http1 import Connection, ConnectionClosed, H1Client
-from chaos.load.sse import SSEEvent, SSEOverflow, SSEParser
+from chaos.load.sse import DEFAULT_MAX_EVENT_BYTES, SSEEvent, SSEOverflow, SSEParser
 from chaos.observations import ErrorInfo, Hangup, StreamRecord
 from faults.base import ClientPlan
 
@@ -74,9 +74,9 @@ class _HttpError(Exception):
 class _Stream:
     """The per-request state machine fed with (stamp, bytes)."""
 
-    def __init__(self, record: StreamRecord) -> None:
+    def __init__(self, record: StreamRecord, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
         self.record = record
-        self.parser = SSEParser()
+        self.parser = SSEParser(max_event_bytes)
         self.text: list[str] = []
         self.finished = False
 
@@ -346,15 +346,17 @@ async def stream_request(
     request_timeout: float = 600.0,
     headers: Mapping[str, str] | None = None,
     queued_grace_s: float = 0.05,
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
 ) -> StreamRecord:
     """Send ``body`` to ``url`` as a stream and fill ``record``; never raises except on cancellation.
 
     ``queued_grace_s``: a ``hangup_while_queued`` plan hangs up when the response headers arrive or
     after this long, whichever is first, and always before reading any body byte.
+    ``max_event_bytes``: an SSE line or event longer than this fails the stream (``protocol``).
     """
     plan = plan or ClientPlan()
     fault = plan.faults[0] if plan.faults else ""
-    state = _Stream(record)
+    state = _Stream(record, max_event_bytes)
     hang_after = plan.hangup_after_s
     if plan.hangup_while_queued:
         hang_after = queued_grace_s if hang_after is None else min(hang_after, queued_grace_s)

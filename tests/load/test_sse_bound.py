@@ -55,3 +55,16 @@ async def test_the_client_counts_an_sse_error_and_hangs_up(mock_server: Threaded
     assert rec.sse_errors == 1 and not rec.complete
     assert rec.bytes_received < 3 * MiB  # it stopped reading: the rest never came in
     assert mock_server.wait_for(lambda: bool(mock_server.requests) and mock_server.requests[0].disconnected)
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_the_bound_is_configurable_per_request(mock_server: ThreadedMockServer) -> None:
+    body = {"model": "m", "stream": True, "max_tokens": 2, "mock": {"long_line": 5000}}
+    async with make_http_client(2) as http:
+        tight = await stream_request(http, mock_server.base_url + "/completions", body, StreamRecord(id="t", phase="p"),
+                                     request_timeout=20, max_event_bytes=4096)
+        loose = await stream_request(http, mock_server.base_url + "/completions", body, StreamRecord(id="u", phase="p"),
+                                     request_timeout=20, max_event_bytes=8192)
+    assert tight.error is not None and "4096 bytes" in tight.error.message
+    assert loose.error is None  # 5,000 bytes fit: the long line just joins the first event (a JSON error)
