@@ -127,6 +127,8 @@ class Runner:
         self._note("environment", environment_facts())  # versions and host, for the report
         outcome = await self._attempt()
         lag = self.load.lag_stats() if self.load is not None else {}
+        if self.load is not None and lag:  # per phase, the open loop's own send delay (empty in closed loop)
+            lag["send_delay"] = self.load.send_delay_stats()
         if lag:
             self._note("client_lag", lag)
         verdicts: list[Verdict] = []

@@ -14,21 +14,41 @@ if TYPE_CHECKING:
     from chaos.experiment.model import Experiment
     from chaos.runner import Result
 
-__all__ = ["TIMING_SLAS", "judge_all", "replay"]
+__all__ = ["TIMING_SLAS", "client_lateness", "judge_all", "replay"]
 
 # Verdicts a saturated load generator can falsify: its own lag inflates every measured time.
 TIMING_SLAS = frozenset({"ttft", "itl", "throughput", "recovery"})
 
 
-def _within_client_lag(verdict: Verdict, client_lag: dict[str, Any]) -> bool:
-    """Could the generator's own lag explain this failure? Only for times over budget by less than it.
+def client_lateness(client_lag: dict[str, Any], phase: str | None) -> tuple[bool, float, str]:
+    """(saturated, how late the client ran in seconds, why) for a verdict of ``phase`` (None: all).
+
+    Two signs of a client that cannot keep up, each judged at its p99 against the lag threshold:
+    its event loop waking late (``p99_ms``), and, under open-loop arrivals, its own send delay
+    (``send_delay``: per phase, sent minus when the request could have gone, the in-flight cap's
+    queueing left out). Either inflates every time it stamps; the larger is what it can explain.
+    """
+    threshold_ms = float(client_lag.get("threshold_ms") or 0.0)
+    loop_ms = float(client_lag.get("p99_ms") or 0.0)
+    delays = client_lag.get("send_delay") or {}
+    scoped = [d for p, d in delays.items() if phase is None or p == phase]
+    send_ms = max((float(d.get("p99_ms") or 0.0) for d in scoped if d.get("samples")), default=0.0)
+    why = []
+    if client_lag.get("saturated"):
+        why.append(f"event-loop lag p99 {loop_ms:.1f}ms > {threshold_ms:g}ms")
+    if threshold_ms and send_ms > threshold_ms:
+        why.append(f"send delay p99 {send_ms:.1f}ms > {threshold_ms:g}ms")
+    return bool(why), max(loop_ms, send_ms) / 1000.0, "; ".join(why)
+
+
+def _within_client_lag(verdict: Verdict, lag_s: float) -> bool:
+    """Could the generator's own lateness explain this failure? Only for times over budget by less than it.
 
     A figure 500 ms over a TTFT budget is not explained by a client whose event loop runs 30 ms
     late; one 10 ms over is, and is reported inconclusive rather than blamed on the server.
     """
     if verdict.sla not in TIMING_SLAS:
         return False
-    lag_s = float(client_lag.get("p99_ms") or 0.0) / 1000.0
     if isinstance(verdict.evidence.get("excess_s"), (int, float)):
         return float(verdict.evidence["excess_s"]) <= lag_s  # a ratio verdict that says its excess in seconds
     if verdict.unit != "s" or verdict.figure is None or verdict.budget is None:
@@ -40,15 +60,16 @@ def judge_all(experiment: Experiment, obs: Observations, *, client_lag: dict[str
     """One verdict per SLA entry and scoped phase, with ``expect`` and the entry's name applied."""
     from sla import judge
 
-    saturated = bool(client_lag and client_lag.get("saturated"))
     verdicts: list[Verdict] = []
     for entry in experiment.sla:
         for phase in entry.phases or (None,):
             verdict = judge(obs, entry.kind, entry.params, phase, parsed=True)
             verdict = replace(verdict, expect=entry.expect, name=entry.name)
-            if saturated and verdict.status == "fail" and _within_client_lag(verdict, client_lag or {}):
+            saturated, late_s, why = client_lateness(client_lag or {}, phase)
+            if saturated and verdict.status == "fail" and _within_client_lag(verdict, late_s):
                 # a slow client is never mistaken for a slow server
-                evidence = dict(verdict.evidence, inconclusive_cause="load generator saturated", client_lag=client_lag)
+                evidence = dict(verdict.evidence, inconclusive_cause="load generator saturated", saturated_because=why,
+                                client_lag=client_lag)
                 verdict = replace(verdict, status="inconclusive", evidence=evidence)
             verdicts.append(verdict)
     return verdicts

@@ -1,6 +1,6 @@
-"""Server faults: asyncio timeouts and event-loop / engine stalls inside the builtin stack.
+"""Server faults: asyncio timeouts, event-loop / engine stalls and Nagle on, inside the builtin stack.
 
-Both act through the stack's admin API (``chaos.stack.admin_client``): inject installs a hook fault
+All act through the stack's admin API (``chaos.stack.admin_client``): inject installs a hook fault
 named after the experiment's fault under a short lease that a task renews while it is injected;
 revert stops the renewals and deletes it, and a runner that dies leaves it for one lease at most.
 Only the builtin target has that API; on any other target activation says so and names the faults
@@ -24,7 +24,7 @@ from faults.base import Fault, Injection, register
 if TYPE_CHECKING:
     from chaos.experiment.model import Experiment
 
-__all__ = ["ServerStall", "ServerTimeout", "require_admin"]
+__all__ = ["ServerNagle", "ServerStall", "ServerTimeout", "require_admin"]
 
 
 def require_admin(kind: str, ctx: RunContext, alternatives: str) -> str:
@@ -75,12 +75,13 @@ class _HookFault(Fault):
     """Faults that are one hook fault in the stack: shared activation and rollback."""
 
     alternatives = "client.timeout or network faults"
+    injection = _HookInjection
 
     def hook_spec(self, ctx: RunContext) -> dict[str, Any]:
         raise NotImplementedError
 
     def activate(self, ctx: RunContext) -> Injection:
-        return _HookInjection(self, ctx, require_admin(self.kind, ctx, self.alternatives))
+        return self.injection(self, ctx, require_admin(self.kind, ctx, self.alternatives))
 
     @classmethod
     def rollback(cls, undo: Mapping[str, Any]) -> dict[str, Any]:
@@ -157,3 +158,39 @@ class ServerStall(_HookFault):
 
     def hook_spec(self, ctx: RunContext) -> dict[str, Any]:
         return {"type": "stall", "where": self.where, "duration": self.duration, "every": self.every}
+
+
+class _NagleInjection(_HookInjection):
+    """The nagle hook, with evidence read back from the stack's sockets before and after."""
+
+    async def inject(self) -> dict[str, Any]:
+        evidence = await super().inject()
+        sockets = (evidence.get("installed") or {}).get("connections") or {}
+        # how many live connections have Nagle on now, as getsockopt reports it
+        return {**evidence, "connections_open": sockets.get("open"), "connections_nagle_on": sockets.get("nagle_on")}
+
+    async def revert(self) -> dict[str, Any]:
+        evidence = await super().revert()
+        async with AdminClient(self.admin_url, self.ctx.target.admin_token) as admin:
+            after = (await admin.state()).get("connections") or {}
+        return {**evidence, "after": after}  # nagle_on 0: TCP_NODELAY restored on every live connection
+
+
+@register
+@dataclass(frozen=True, kw_only=True)
+class ServerNagle(_HookFault):
+    """Nagle's algorithm back on (TCP_NODELAY off) for the stack's accepted connections, live and new.
+
+    The trap of a server that never sets TCP_NODELAY: on a keep-alive connection the first SSE
+    event after the headers waits for the client's delayed ACK (~40 ms on Linux), so TTFT grows by
+    that on every request but a connection's first. Evidence is read back from the sockets.
+    """
+
+    kind = "server.nagle"
+    summary = "turn Nagle back on (TCP_NODELAY off) for the builtin stack's connections, live and new"
+    alternatives = "network.latency or network.slicer"
+    schema = Schema(params=())
+    injection = _NagleInjection
+
+    def hook_spec(self, ctx: RunContext) -> dict[str, Any]:
+        return {"type": "nagle"}

@@ -11,6 +11,10 @@ a client that left while queued) are excluded and counted in the evidence; `erro
 `early_close` judge them.
 Time to first byte is reported beside the figure: a TTFB far below TTFT points at a server or a
 proxy that holds content back (a buffering proxy shows TTFT equal to end-to-end latency).
+Under open-loop arrivals the evidence also gives the schedule delay (scheduled → sent: a client
+backlog, or the in-flight cap's queue) and TTFT measured from the scheduled time, as its own
+figure: a user who arrived on schedule waited that long, whatever the client's queue hid
+(coordinated omission; the failure of ``vllm bench serve`` reported as vLLM #54101).
 """
 
 from __future__ import annotations
@@ -80,6 +84,12 @@ def ttft(obs: Observations, params: Mapping[str, Any], phase: str | None) -> Ver
     evidence["no_content"] = len(no_content)
     evidence["no_content_by_reason"] = dict(Counter(content_less_reason(st) for st in no_content))
     evidence["no_content_ids"] = [st.id for st in no_content[:MAX_IDS]]
+    scheduled = [st for st in population if st.t_scheduled is not None and st.t_sent is not None]
+    if scheduled:  # open loop: what the arrival schedule saw, beside what the wire saw
+        evidence["schedule_delay"] = summary_s([max(0, st.t_sent - st.t_scheduled) for st in scheduled], shown)  # type: ignore[operator]
+        evidence["ttft_from_scheduled"] = summary_s(
+            [st.t_first_content - st.t_scheduled for st in scheduled if st.t_first_content is not None], shown  # type: ignore[operator]
+        )
     slowest = sorted(with_content, key=lambda st: st.ttft_ns or 0, reverse=True)[:3]
     evidence["slowest"] = [{"id": st.id, "ttft_s": s(st.ttft_ns)} for st in slowest]
     return Verdict(

@@ -1,9 +1,24 @@
-"""One streaming request over httpx → a filled ``StreamRecord``, shaped by the request's ``ClientPlan``.
+"""One streaming request → a filled ``StreamRecord``, shaped by the request's ``ClientPlan``.
 
-Every stamp comes from ``time.monotonic_ns()`` and is taken when bytes arrive, before any JSON is
-parsed, so parsing cost never shows up as server latency. Nothing here raises for what a server
-does wrong: errors, early closes and malformed events all end up as fields of the record. Only
-cancellation (the generator draining) propagates, after the record has been marked ``cancelled``.
+The request goes over ``chaos.load.http1`` (an asyncio Protocol per keep-alive connection, httptools
+for framing): its cost per event is flat in the number of streams, where httpx's pool was O(N) per
+response close. Stamps, all from ``time.monotonic_ns()``:
+
+- ``t_sent``: when the request leaves this process: the start of the TCP connect on a new
+  connection, the write of the request bytes on a kept-alive one;
+- ``t_headers``, ``t_first_byte`` and every event: the socket read that delivered the bytes, taken
+  in ``data_received`` before any parsing, so parsing cost never shows up as server latency.
+
+A client that reads as the bytes come (no pacing in its plan) is fed straight from
+``data_received`` and its task wakes once per request, not once per read. A slow or impatient
+client (read delay, byte-rate cap, per-read timeout) consumes reads from a queue in its own task,
+and the socket is not read while it holds unread bytes (``pause_reading``), so the kernel buffers
+fill and the server feels the back-pressure. A hang-up closes the TCP connection; a stream that
+ended cleanly gives its connection back for the slot's next request.
+
+Nothing here raises for what a server does wrong: errors, early closes and malformed events all
+end up as fields of the record. Only cancellation (the generator draining) propagates, after the
+record has been marked ``cancelled``.
 """
 
 from __future__ import annotations
@@ -11,39 +26,26 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-import httpx
-
-from chaos.load.sse import SSEEvent, SSEParser
+from chaos.load.http1 import Connection, ConnectionClosed, H1Client
+from chaos.load.sse import DEFAULT_MAX_EVENT_BYTES, SSEEvent, SSEOverflow, SSEParser
 from chaos.observations import ErrorInfo, Hangup, StreamRecord
 from chaos.context import ClientPlan
 
-__all__ = ["make_http_client", "stream_request"]
+__all__ = ["StreamClient", "make_http_client", "stream_request"]
 
 _BODY_LIMIT = 64 * 1024  # how much of an error body to read
 _RATE_SLICE_S = 0.05  # a rate-capped reader consumes this much time's worth of bytes per step
-# httpcore trace events that mark the request leaving this process: a TCP connect begins (a new
-# connection) or the request line and headers begin to be written (a kept-alive one)
-_SENT_EVENTS = frozenset({
-    "connection.connect_tcp.started", "connection.connect_unix_socket.started",
-    "http11.send_request_headers.started", "http2.send_request_headers.started",
-})
-_HEADERS_EVENTS = frozenset({"http11.receive_response_headers.complete", "http2.receive_response_headers.complete"})
+
+StreamClient = H1Client
 
 
-def make_http_client(connections: int, *, api_key: str | None = None, connect_timeout: float = 10.0) -> httpx.AsyncClient:
-    """A keep-alive HTTP/1.1 client whose pool holds ``connections`` streams without queueing."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    return httpx.AsyncClient(
-        http1=True,
-        http2=False,
-        headers=headers,
-        limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections, keepalive_expiry=30.0),
-        # read timeouts are ours (per plan, and the overall request timeout); httpx's would race them
-        timeout=httpx.Timeout(connect=connect_timeout, read=None, write=connect_timeout, pool=None),
-    )
+def make_http_client(connections: int, *, api_key: str | None = None, connect_timeout: float = 10.0) -> H1Client:
+    """A keep-alive HTTP/1.1 client that keeps up to ``connections`` idle connections per origin."""
+    return H1Client(connections, api_key=api_key, connect_timeout=connect_timeout)
 
 
 class _Hangup(Exception):
@@ -53,12 +55,28 @@ class _Hangup(Exception):
         self.reason = reason
 
 
+class _Failed(Exception):
+    """Internal: the stream failed (``kind`` as in ``ErrorInfo``)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        self.kind = kind
+        self.message = message
+
+
+class _HttpError(Exception):
+    """Internal: a non-2xx response, its (bounded) body read."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        self.status = status
+        self.body = body
+
+
 class _Stream:
     """The per-request state machine fed with (stamp, bytes)."""
 
-    def __init__(self, record: StreamRecord) -> None:
+    def __init__(self, record: StreamRecord, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
         self.record = record
-        self.parser = SSEParser()
+        self.parser = SSEParser(max_event_bytes)
         self.text: list[str] = []
         self.finished = False
 
@@ -68,7 +86,14 @@ class _Stream:
         rec.bytes_received += len(chunk)
         if rec.t_first_byte is None:
             rec.t_first_byte = t
-        for event in self.parser.feed(chunk):
+        try:
+            events = self.parser.feed(chunk)
+        except SSEOverflow as exc:
+            for event in exc.events:
+                self.event(t, event)
+            rec.sse_errors += 1  # the stream is abandoned: one framing error, and a protocol failure
+            raise _Failed("protocol", str(exc)) from None
+        for event in events:
             self.event(t, event)
 
     def finish(self, t: int, *, flush: bool = True) -> None:
@@ -134,35 +159,6 @@ class _Stream:
                 rec.finish_reason = str(choice["finish_reason"])
 
 
-def _error_kind(exc: BaseException) -> str:
-    if isinstance(exc, httpx.TimeoutException):
-        return "timeout"
-    if isinstance(exc, httpx.ConnectError):
-        return "connect"
-    if isinstance(exc, httpx.RemoteProtocolError):
-        # a peer that closes mid-body is a cut stream, not a protocol violation
-        return "read" if "peer closed" in str(exc) else "protocol"
-    if isinstance(exc, (httpx.NetworkError, OSError)):
-        return "read"
-    if isinstance(exc, httpx.ProtocolError):
-        return "protocol"
-    return "read"
-
-
-def _http_message(status: int, body: bytes) -> str:
-    try:
-        obj = json.loads(body)
-        err = obj.get("error", obj) if isinstance(obj, dict) else obj
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])[:500]
-        if isinstance(err, str):
-            return err[:500]
-    except ValueError:
-        pass
-    text = body.decode("utf-8", errors="replace").strip()
-    return text[:500] or f"HTTP {status}"
-
-
 async def _paced(raw: AsyncIterator[bytes], plan: ClientPlan) -> AsyncIterator[bytes]:
     """Yield network reads as a slow or impatient client would consume them."""
     rate = plan.read_rate_bps
@@ -199,8 +195,149 @@ async def _paced(raw: AsyncIterator[bytes], plan: ClientPlan) -> AsyncIterator[b
             yield piece
 
 
+
+
+class _Exchange:
+    """The ``ResponseSink`` of one request on one connection.
+
+    ``ready`` resolves when the stream needs nothing more from the socket side: ``"done"`` (the
+    response ended; the record is complete), ``"pull"`` (2xx headers arrived and a paced consumer
+    takes over the body through ``reads()``), or with an internal exception (``_Hangup``,
+    ``_Failed``, ``_HttpError``) that ``stream_request`` turns into the record's outcome.
+    """
+
+    __slots__ = ("state", "record", "plan", "conn", "pull", "ready", "queue", "waiter", "ended", "failure", "error_body")
+
+    def __init__(self, state: _Stream, plan: ClientPlan, conn: Connection, pull: bool) -> None:
+        self.state = state
+        self.record = state.record
+        self.plan = plan
+        self.conn = conn
+        self.pull = pull
+        self.ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.queue: deque[bytes] = deque()
+        self.waiter: asyncio.Future[None] | None = None
+        self.ended = False
+        self.failure: _Failed | None = None
+        self.error_body: bytearray | None = None
+
+    def _resolve(self, value: str | BaseException) -> None:
+        if self.ready.done():
+            return
+        if isinstance(value, BaseException):
+            self.ready.set_exception(value)
+        else:
+            self.ready.set_result(value)
+
+    def _wake(self) -> None:
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # ---- ResponseSink (called from the connection's data_received) --------------------------------
+
+    def on_headers(self, t: int, status: int, headers: dict[str, str]) -> None:
+        rec = self.record
+        rec.t_headers = t
+        rec.status = status
+        if self.plan.hangup_while_queued:
+            self._resolve(_Hangup("while_queued"))
+            return
+        if not 200 <= status < 300:
+            self.error_body = bytearray()
+            return
+        if "text/event-stream" not in headers.get("content-type", ""):
+            rec.sse_errors += 1  # a 2xx that is not an event stream; parse what comes anyway
+        if self.pull:
+            self._resolve("pull")
+
+    def on_body(self, t: int, data: bytes) -> None:
+        if self.ready.done() and not self.pull:
+            return  # decided (a hang-up): the rest of this read is not ours to count
+        if self.error_body is not None:
+            self.error_body += data
+            if len(self.error_body) >= _BODY_LIMIT:
+                self._resolve(_HttpError(self.record.status or 0, bytes(self.error_body)))
+            return
+        if self.pull:
+            self.queue.append(data)
+            self.conn.pause_reading()  # the consumer asks for the next read when it is ready
+            self._wake()
+            return
+        try:
+            self.state.feed(t, data)
+        except _Failed as exc:
+            self._resolve(exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - a bug of ours: reported on the record, never lost
+            self._resolve(exc)
+            return
+        after = self.plan.hangup_after_tokens
+        if after is not None and len(self.record.t_content) >= after:
+            self._resolve(_Hangup("after_tokens"))
+
+    def on_complete(self, t: int) -> None:
+        if self.error_body is not None:
+            self._resolve(_HttpError(self.record.status or 0, bytes(self.error_body)))
+            return
+        if self.pull and self.ready.done():
+            self.ended = True
+            self._wake()
+            return
+        if not self.ready.done():
+            self.state.finish(t)
+            rec = self.record
+            if rec.t_end is None or not rec.done_seen:
+                rec.t_end = t
+            self._resolve("done")
+
+    def on_failed(self, t: int, kind: str, message: str) -> None:
+        failure = _Failed(kind, message)
+        if self.pull and self.ready.done():
+            self.failure = failure  # delivered after the reads already queued, as a socket would
+            self._wake()
+            return
+        self._resolve(failure)
+
+    # ---- the paced consumer's side ---------------------------------------------------------------
+
+    async def reads(self) -> AsyncIterator[bytes]:
+        """Body reads in order; the socket is read only while this consumer waits for one."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if self.queue:
+                yield self.queue.popleft()
+                continue
+            if self.ended:
+                return
+            if self.failure is not None:
+                raise self.failure
+            self.waiter = loop.create_future()
+            self.conn.resume_reading()
+            await self.waiter
+
+
+def _http_message(status: int, body: bytes) -> str:
+    try:
+        obj = json.loads(body)
+        err = obj.get("error", obj) if isinstance(obj, dict) else obj
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])[:500]
+        if isinstance(err, str):
+            return err[:500]
+    except ValueError:
+        pass
+    text = body.decode("utf-8", errors="replace").strip()
+    return text[:500] or f"HTTP {status}"
+
+
+def _paces(plan: ClientPlan) -> bool:
+    """Whether this client consumes reads at its own pace (and so needs its own task per read)."""
+    return plan.read_delay_s > 0 or bool(plan.read_rate_bps) or plan.read_timeout_s is not None
+
+
 async def stream_request(
-    http: httpx.AsyncClient,
+    http: H1Client,
     url: str,
     body: Mapping[str, Any],
     record: StreamRecord,
@@ -209,81 +346,78 @@ async def stream_request(
     request_timeout: float = 600.0,
     headers: Mapping[str, str] | None = None,
     queued_grace_s: float = 0.05,
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
 ) -> StreamRecord:
     """Send ``body`` to ``url`` as a stream and fill ``record``; never raises except on cancellation.
 
     ``queued_grace_s``: a ``hangup_while_queued`` plan hangs up when the response headers arrive or
     after this long, whichever is first, and always before reading any body byte.
+    ``max_event_bytes``: an SSE line or event longer than this fails the stream (``protocol``).
     """
     plan = plan or ClientPlan()
     fault = plan.faults[0] if plan.faults else ""
-    state = _Stream(record)
-    sent_at_network = False
-    headers_at: int | None = None
-
-    async def trace(event: str, info: Mapping[str, Any]) -> None:
-        # Re-stamp t_sent where the request actually leaves: between the stamp below and the first
-        # socket operation, httpx/httpcore pass several awaits (pool hand-out, connection and state
-        # locks), and with many streams on the loop each of them waits behind other streams' reads;
-        # that client-side wait (milliseconds at concurrency 16) is not the server's TTFT.
-        # Likewise t_headers is the moment httpcore has parsed the status line and headers, not after
-        # httpx's own response processing and the awaits on the way back up.
-        nonlocal sent_at_network, headers_at
-        if not sent_at_network and event in _SENT_EVENTS:
-            sent_at_network = True
-            record.t_sent = time.monotonic_ns()
-        elif headers_at is None and event in _HEADERS_EVENTS:
-            headers_at = time.monotonic_ns()
-
-    request = http.build_request("POST", url, json=dict(body), headers=dict(headers or {}), extensions={"trace": trace})
+    state = _Stream(record, max_event_bytes)
     hang_after = plan.hangup_after_s
     if plan.hangup_while_queued:
         hang_after = queued_grace_s if hang_after is None else min(hang_after, queued_grace_s)
-    response: httpx.Response | None = None
+    conn: Connection | None = None
+    exchange: _Exchange | None = None
+    slot = False
     record.t_sent = time.monotonic_ns()  # provisional: kept if the request never reaches a connection
     try:
         async with asyncio.timeout(hang_after) as hang_cm, asyncio.timeout(request_timeout) as req_cm:
             try:
-                response = await http.send(request, stream=True)
-                record.t_headers = headers_at or time.monotonic_ns()
-                record.status = response.status_code
-                if plan.hangup_while_queued:
-                    raise _Hangup("while_queued")
-                if not 200 <= response.status_code < 300:
-                    raw = b""
-                    async for part in response.aiter_raw():
-                        raw += part
-                        if len(raw) >= _BODY_LIMIT:
-                            break
-                    record.error = ErrorInfo("http", _http_message(response.status_code, raw), response.status_code)
-                    record.t_end = time.monotonic_ns()
-                    return record
-                if "text/event-stream" not in response.headers.get("content-type", ""):
-                    record.sse_errors += 1  # a 2xx that is not an event stream; parse what comes anyway
-                async for chunk in _paced(response.aiter_raw(), plan):
+                target = http.target(url)
+                payload = http.encode(target, body, headers)
+                await http.acquire_slot()
+                slot = True
+                conn = http.idle_connection(target)
+                if conn is None:
+                    record.t_sent = time.monotonic_ns()  # the request leaves as the connect begins
+                    conn = await http.connect(target)
+                else:
+                    record.t_sent = time.monotonic_ns()  # the request bytes are written now
+                exchange = _Exchange(state, plan, conn, pull=_paces(plan))
+                conn.send(payload, exchange)
+                if await exchange.ready == "pull":
+                    async for chunk in _paced(exchange.reads(), plan):
+                        t = time.monotonic_ns()
+                        state.feed(t, chunk)
+                        if plan.hangup_after_tokens is not None and len(record.t_content) >= plan.hangup_after_tokens:
+                            raise _Hangup("after_tokens")
                     t = time.monotonic_ns()
-                    state.feed(t, chunk)
-                    if plan.hangup_after_tokens is not None and len(record.t_content) >= plan.hangup_after_tokens:
-                        raise _Hangup("after_tokens")
-                t = time.monotonic_ns()
-                state.finish(t)
-                if record.t_end is None or not record.done_seen:
-                    record.t_end = t
+                    state.finish(t)
+                    if record.t_end is None or not record.done_seen:
+                        record.t_end = t
+                http.release(conn)
+                conn = None
                 return record
             except _Hangup as hang:
                 record.hangup = Hangup(fault, hang.reason, time.monotonic_ns())
                 record.t_end = record.hangup.t
                 return record
+            except _HttpError as err:
+                record.error = ErrorInfo("http", _http_message(err.status, err.body), err.status)
+                record.t_end = time.monotonic_ns()
+                if conn is not None and conn.complete:
+                    http.release(conn)  # the error body was read to its end: the connection is clean
+                    conn = None
+                return record
             finally:
-                if response is not None:
-                    # an unfinished response closes its TCP connection (httpcore never pools it),
-                    # so the server sees the disconnect
-                    await _close(response)
+                if conn is not None:
+                    # an unfinished response closes its TCP connection, so the server sees the disconnect
+                    conn.close()
+                if slot:
+                    http.release_slot()
     except TimeoutError:
         now = time.monotonic_ns()
         if hang_cm.expired() and not req_cm.expired():
             reason = "while_queued" if plan.hangup_while_queued and record.t_first_byte is None else "after_time"
             record.hangup = Hangup(fault, reason, now)
+        elif not req_cm.expired():  # neither of ours: the connect's own timeout
+            record.error = ErrorInfo("timeout", f"the TCP connect took longer than {http.connect_timeout:g}s")
+        elif exchange is None:
+            record.error = ErrorInfo("timeout", f"no connection within the request timeout of {request_timeout:g}s")
         else:
             record.error = ErrorInfo("timeout", f"no complete response within the request timeout of {request_timeout:g}s")
         record.t_end = now
@@ -292,16 +426,21 @@ async def stream_request(
         record.error = ErrorInfo("cancelled", "the stream was still open when the load generator stopped waiting")
         record.t_end = time.monotonic_ns()
         raise
-    except (httpx.HTTPError, OSError) as exc:
-        record.error = ErrorInfo(_error_kind(exc), f"{type(exc).__name__}: {exc}"[:500])
+    except _Failed as failed:
+        record.error = ErrorInfo(failed.kind, failed.message[:500])
+        record.t_end = time.monotonic_ns()
+        return record
+    except ValueError as exc:  # a URL or header this client cannot send
+        record.error = ErrorInfo("protocol", f"cannot send the request: {exc}"[:500])
+        record.t_end = time.monotonic_ns()
+        return record
+    except ConnectionClosed as exc:  # the client was closed before this request got a connection
+        record.error = ErrorInfo("connect", str(exc))
+        record.t_end = time.monotonic_ns()
+        return record
+    except OSError as exc:  # the connect failed: refused, unreachable, no such host
+        record.error = ErrorInfo("connect", f"{type(exc).__name__}: {exc}"[:500])
         record.t_end = time.monotonic_ns()
         return record
     finally:
         state.finish(record.t_end or time.monotonic_ns(), flush=False)
-
-
-async def _close(response: httpx.Response) -> None:
-    try:
-        await response.aclose()
-    except Exception:  # noqa: BLE001 - closing a broken connection may fail; it is closed either way
-        pass

@@ -1,10 +1,19 @@
 """The load driver of one process: closed- or open-loop arrivals of streaming requests → StreamRecords.
 
-Closed loop (``concurrency``): that many slots each send back-to-back. Open loop (``rate``): a
-seeded Gamma arrival process whose schedule never waits for the server (coordinated-omission
-free); each record keeps ``t_scheduled`` (when the arrival process wanted it sent) apart from
-``t_sent``, and arrivals beyond the in-flight safety cap wait client-side and are counted as
-overflows. It also serves as the ``BackgroundLoad`` that faults use for their own streams.
+Closed loop (``concurrency``): that many slots each send back-to-back, each slot in effect on its
+own kept-alive connection. Open loop (``rate``): a seeded Gamma arrival process whose schedule
+never waits for the server (coordinated-omission free); each record keeps ``t_scheduled`` (when
+the arrival process wanted it sent) apart from ``t_sent``. Arrivals beyond the in-flight safety cap
+wait client-side, as scheduled times in a bounded queue (no task each), and are counted as
+overflows; those still queued at the deadline, or beyond the queue's bound, are abandoned.
+
+Coordinated omission made visible: the generator also keeps, per phase, its own *send delay*:
+``t_sent`` minus the moment the request could have gone (its scheduled time, or the moment a slot
+freed for an arrival that had to queue). That is the client's lateness alone, apart from the
+in-flight cap's queueing; ``lag_stats()`` reports it beside the event-loop lag, and a p99 above
+the lag threshold marks the client saturated (``chaos.verify``).
+
+It also serves as the ``BackgroundLoad`` that faults use for their own streams.
 """
 
 from __future__ import annotations
@@ -13,21 +22,22 @@ import asyncio
 import functools
 import random
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import httpx
-
 from chaos.errors import ExperimentInvalid
-from chaos.load.client import make_http_client, stream_request
-from chaos.load.lag import LagMonitor
+from chaos.load.client import StreamClient, make_http_client, stream_request
+from chaos.load.lag import LagMonitor, delay_summary
 from chaos.load.workload import LoadSpecLike, Prompt, Workload, build_body, endpoint_url, gamma_gaps, synthetic_text
 from chaos.observations import ErrorInfo, Hangup, StreamRecord
 from chaos.context import ClientPolicy
 
-__all__ = ["DEFAULT_INFLIGHT_CAP", "LoadGenerator"]
+__all__ = ["BACKLOG_CAP", "DEFAULT_INFLIGHT_CAP", "LoadGenerator"]
 
 DEFAULT_INFLIGHT_CAP = 1024  # open loop without a concurrency bound: per process, as GuideLLM does
+BACKLOG_CAP = 65_536  # open-loop arrivals queued for a slot (an int pair each); beyond it: abandoned
+SEND_DELAY_KEEP = 100_000  # send-delay samples kept per phase (newest)
 
 
 CONNECT_BACKOFF_S = 0.05  # a closed-loop slot's pause after a refused connect
@@ -67,21 +77,21 @@ class LoadGenerator:
         # with a rate, a concurrency (if given) is the client's in-flight bound
         self.inflight_cap = spec.concurrency if spec.concurrency else DEFAULT_INFLIGHT_CAP
         self.overflows = 0  # open-loop arrivals that found the in-flight cap full and waited
-        self.abandoned = 0  # of those, arrivals still waiting at the deadline: never sent
+        self.abandoned = 0  # of those, arrivals never sent: still queued at the deadline, or the queue was full
         self.sent = 0
         self._next = 0
-        self._http: httpx.AsyncClient | None = None
-        self._bg_http: httpx.AsyncClient | None = None
+        self._http: StreamClient | None = None
+        self._bg_http: StreamClient | None = None
+        self.send_delays: dict[str, deque[float]] = {}  # phase → seconds late, newest last
         self._inflight: set[asyncio.Task[StreamRecord]] = set()
         self._bg: dict[str, tuple[list[asyncio.Task[None]], set[asyncio.Task[StreamRecord]]]] = {}
         self._bg_count = 0
         self._bg_stopping: set[str] = set()
         self.lag = LagMonitor(threshold_s=spec.lag_threshold)
-        self._slots_free: asyncio.Semaphore | None = None
 
     # ---- request plumbing -------------------------------------------------------------------
 
-    def _client(self) -> httpx.AsyncClient:
+    def _client(self) -> StreamClient:
         if self._http is None:
             self._http = make_http_client(self.inflight_cap, api_key=self.api_key)
         return self._http
@@ -105,7 +115,8 @@ class LoadGenerator:
             background=background,
         )
 
-    def _spawn(self, n: int, t_scheduled: int | None) -> asyncio.Task[StreamRecord]:
+    def _spawn(self, n: int, t_scheduled: int | None, t_ready: int | None = None) -> asyncio.Task[StreamRecord]:
+        """Start request ``n``; ``t_ready``: when it could have gone (open loop), for the send delay."""
         request_id = f"{self.worker_index}-{n}"
         body, prompt = self.workload.request(n)
         record = self._record(request_id, body, prompt)
@@ -124,7 +135,17 @@ class LoadGenerator:
         )
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
+        if t_ready is not None:
+            task.add_done_callback(functools.partial(self._note_send_delay, record, t_ready))
         return task
+
+    def _note_send_delay(self, record: StreamRecord, t_ready: int, _task: asyncio.Task[StreamRecord]) -> None:
+        if record.t_sent is None:
+            return
+        samples = self.send_delays.get(record.phase)
+        if samples is None:
+            samples = self.send_delays[record.phase] = deque(maxlen=SEND_DELAY_KEEP)
+        samples.append(max(0, record.t_sent - t_ready) / 1e9)
 
     def _launch(self, record: StreamRecord, make: Callable[[], Awaitable[StreamRecord]], bg_fault: str | None = None) -> asyncio.Task[StreamRecord]:
         async def run() -> StreamRecord:
@@ -185,8 +206,7 @@ class LoadGenerator:
     async def _open_loop(self, deadline_ns: int) -> None:
         rate = float(self.spec.rate or 0.0)
         gaps = gamma_gaps(random.Random(f"{self.seed}:{self.worker_index}:arrivals"), rate, self.spec.burstiness)
-        sem = self._slots_free = asyncio.Semaphore(self.inflight_cap)
-        waiting: set[asyncio.Task[None]] = set()
+        slots = _Slots(self.inflight_cap)
         t_next = time.monotonic_ns()
         try:
             while True:
@@ -199,39 +219,43 @@ class LoadGenerator:
                 n = self._claim()
                 if n is None:
                     # every request is claimed: those queued for a slot still go out (until the deadline)
-                    if waiting:
-                        await asyncio.wait(set(waiting))
+                    if slots.backlog:
+                        slots.drained = asyncio.get_running_loop().create_future()
+                        await slots.drained
                     return
                 # the schedule only ever advances by its own gaps: a slow server never delays it
-                if not sem.locked():
-                    await sem.acquire()  # free slot: returns at once
-                    self._spawn_in_slot(n, t_next)
+                if slots.free > 0:
+                    slots.free -= 1
+                    self._spawn_in_slot(slots, n, t_next, t_next)
                 else:
                     self.overflows += 1
-                    task = asyncio.get_running_loop().create_task(self._admit(n, t_next))
-                    waiting.add(task)
-                    task.add_done_callback(waiting.discard)
+                    if len(slots.backlog) < BACKLOG_CAP:
+                        slots.backlog.append((n, t_next))  # a scheduled time, not a task
+                    else:
+                        self.abandoned += 1  # the queue is full: never sent
         finally:
             # arrivals still queued for a slot at the deadline are abandoned, never sent
-            self.abandoned += len(waiting)
-            for task in waiting:
-                task.cancel()
+            self.abandoned += len(slots.backlog)
+            slots.backlog.clear()
+            slots.closed = True
 
-    async def _admit(self, n: int, t_scheduled: int) -> None:
-        sem = self._slots_free
-        assert sem is not None
-        await sem.acquire()
-        self._spawn_in_slot(n, t_scheduled)
-
-    def _spawn_in_slot(self, n: int, t_scheduled: int) -> None:
-        sem = self._slots_free
-        assert sem is not None
+    def _spawn_in_slot(self, slots: _Slots, n: int, t_scheduled: int, t_ready: int) -> None:
         try:
-            task = self._spawn(n, t_scheduled)
+            task = self._spawn(n, t_scheduled, t_ready)
         except BaseException:
-            sem.release()
+            slots.free += 1
             raise
-        task.add_done_callback(lambda _t: sem.release())
+        task.add_done_callback(functools.partial(self._slot_freed, slots))
+
+    def _slot_freed(self, slots: _Slots, _task: asyncio.Task[StreamRecord]) -> None:
+        """A request of this run ended: its slot goes to the oldest queued arrival, or is freed."""
+        if slots.backlog and not slots.closed:
+            n, t_scheduled = slots.backlog.popleft()
+            if not slots.backlog and slots.drained is not None and not slots.drained.done():
+                slots.drained.set_result(None)
+            self._spawn_in_slot(slots, n, t_scheduled, time.monotonic_ns())
+            return
+        slots.free += 1
 
     async def drain(self, timeout: float) -> int:
         """Wait for in-flight streams; cancel those still open after ``timeout``; return that count."""
@@ -262,6 +286,10 @@ class LoadGenerator:
     def lag_stats(self) -> dict[str, Any]:
         """The generator's own event-loop lag: p50/p99/max in ms, samples, threshold, saturated."""
         return self.lag.summary()
+
+    def send_delay_stats(self) -> dict[str, dict[str, Any]]:
+        """Per phase, the open loop's send delay (p50/p99/max in ms, samples); empty in closed loop."""
+        return {phase: delay_summary(samples) for phase, samples in self.send_delays.items()}
 
     def stats(self) -> dict[str, Any]:
         return {"sent": self.sent, "in_flight": len(self._inflight), "overflows": self.overflows, "abandoned": self.abandoned, "inflight_cap": self.inflight_cap}
@@ -323,6 +351,18 @@ class LoadGenerator:
         finally:
             self._bg_stopping.discard(fault)
         return len(running)
+
+
+class _Slots:
+    """One open-loop run's in-flight slots and its bounded queue of arrivals waiting for one."""
+
+    __slots__ = ("free", "backlog", "closed", "drained")
+
+    def __init__(self, cap: int) -> None:
+        self.free = cap
+        self.backlog: deque[tuple[int, int]] = deque()  # (request number, scheduled time)
+        self.closed = False  # the run's arrival process ended: nothing more is admitted
+        self.drained: asyncio.Future[None] | None = None  # set when the backlog empties (max_requests)
 
 
 def _mark_stopped(record: StreamRecord, fault: str, t: int) -> None:

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["LagMonitor", "lag_summary"]
+__all__ = ["LagMonitor", "delay_summary", "lag_summary"]
 
 
 def _quantile(ordered: list[float], q: float) -> float:
@@ -36,6 +36,17 @@ def lag_summary(samples_s: Iterable[float], threshold_s: float) -> dict[str, Any
         "samples": len(ordered),
         "threshold_ms": threshold_s * 1e3,
         "saturated": bool(ordered) and p99 > threshold_s,
+    }
+
+
+def delay_summary(samples_s: Iterable[float]) -> dict[str, Any]:
+    """``{"p50_ms", "p99_ms", "max_ms", "samples"}`` of delays in seconds (the open loop's send delay)."""
+    ordered = sorted(samples_s)
+    return {
+        "p50_ms": _quantile(ordered, 0.50) * 1e3,
+        "p99_ms": _quantile(ordered, 0.99) * 1e3,
+        "max_ms": (ordered[-1] if ordered else 0.0) * 1e3,
+        "samples": len(ordered),
     }
 
 

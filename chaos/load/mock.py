@@ -16,6 +16,7 @@ A request may carry a ``"mock"`` object in its JSON body to shape its own respon
     invalid_utf8_at: int  put a raw 0xFF byte into that content event's text
     bad_json_at: int    send a data line that is not JSON in place of that content event
     split_writes: bool  write every byte as its own chunk (multibyte characters split anywhere)
+    long_line: int      first send this many bytes of one ``data:`` line that never ends (64 KiB writes)
     crlf / no_space / comments / data_after_done: bool   framing variants
 
 The server records each request (``MockRequest``): tokens sent, whether and when the client
@@ -28,6 +29,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -67,6 +69,7 @@ class MockSSEServer:
         self.max_active = 0
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(self._connection, self.host, self.port)
@@ -87,11 +90,25 @@ class MockSSEServer:
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
+    def nodelay(self) -> list[bool]:
+        """TCP_NODELAY of every live accepted connection, as the kernel reports it (call on its loop)."""
+        states = []
+        for writer in list(self._writers):
+            sock = writer.get_extra_info("socket")
+            if sock is not None and sock.fileno() >= 0:
+                states.append(bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)))
+        return states
+
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
         self.connections_opened += 1
+        self._writers.add(writer)
+        sock = writer.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            # small SSE writes must go out at once; asyncio sets this only for listeners made with IPPROTO_TCP
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -110,6 +127,7 @@ class MockSSEServer:
             pass
         finally:
             self.connections_closed += 1
+            self._writers.discard(writer)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
@@ -201,6 +219,13 @@ class MockSSEServer:
         if chat:  # the role chunk goes out at once, as servers that announce early do
             await send(event(chunk(None, None) | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}))
         await pause(float(mock.get("first_delay_s", 0.0)))
+        if mock.get("long_line"):  # a server gone wrong: one line without end, megabytes long
+            left = int(mock["long_line"])
+            await send(b"data: ")
+            while left > 0:
+                piece = min(left, 65536)
+                await send(b"x" * piece)
+                left -= piece
         for i in range(tokens):
             if i:
                 await pause(tick)
@@ -266,6 +291,13 @@ class ThreadedMockServer:
     @property
     def requests(self) -> list[MockRequest]:
         return self.server.requests
+
+    def nodelay(self) -> list[bool]:
+        """``MockSSEServer.nodelay`` read on the server's own loop."""
+        async def read() -> list[bool]:
+            return self.server.nodelay()
+
+        return asyncio.run_coroutine_threadsafe(read(), self._loop).result(10)
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
         """Poll ``predicate`` (it reads state the server thread writes) until true or timeout."""

@@ -14,9 +14,21 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["SSEEvent", "SSEParser", "decode_counting"]
+__all__ = ["DEFAULT_MAX_EVENT_BYTES", "SSEEvent", "SSEOverflow", "SSEParser", "decode_counting"]
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
+DEFAULT_MAX_EVENT_BYTES = 1 << 20  # 1 MiB: far above any token event, far below what hurts a client
+
+
+class SSEOverflow(ValueError):
+    """A line or an event grew past the parser's bound: the stream is broken (or hostile).
+
+    ``events``: the events the same read completed before the bound was hit; they are real.
+    """
+
+    def __init__(self, message: str, events: list[SSEEvent] | None = None) -> None:
+        super().__init__(message)
+        self.events: list[SSEEvent] = events or []
 
 
 @dataclass(frozen=True)
@@ -64,10 +76,19 @@ def _utf8_length(lead: int) -> int:
 
 
 class SSEParser:
-    """Feed network reads with ``feed``; call ``close`` at end of stream for a trailing event."""
+    """Feed network reads with ``feed``; call ``close`` at end of stream for a trailing event.
 
-    def __init__(self) -> None:
+    ``max_event_bytes`` bounds both an unterminated line and the data of one event: a server that
+    never sends a line end (or a blank line) must not grow a client's memory without bound, so
+    ``feed`` raises ``SSEOverflow`` instead, and the caller stops reading the stream.
+    """
+
+    def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
+        if max_event_bytes < 1:
+            raise ValueError(f"max_event_bytes must be at least 1, found {max_event_bytes}")
+        self.max_event_bytes = max_event_bytes
         self._buf = b""
+        self._data_bytes = 0  # size of the data lines of the current event so far
         self._skip_lf = False  # the previous read ended in CR: a leading LF belongs to it
         self._data: list[str] = []
         self._event: str | None = None
@@ -87,9 +108,19 @@ class SSEParser:
             self._skip_lf = False
             if chunk[:1] == b"\n":
                 chunk = chunk[1:]
+        if (
+            not self._buf and not self._fields and chunk[:6] == b"data: " and chunk[-2:] == b"\n\n"
+            and chunk.count(b"\n") == 2 and b"\r" not in chunk and len(chunk) <= self.max_event_bytes
+        ):
+            # the common read of a token stream: exactly one complete one-line event (the general
+            # path below gives the same event; this one skips the line splitting)
+            value, bad = decode_counting(chunk[6:-2])
+            self.utf8_errors += bad
+            return [SSEEvent(value)]
         buf = self._buf + chunk if self._buf else chunk
         if b"\r" not in buf:
             if b"\n" not in buf:
+                self._check_line(buf)
                 self._buf = buf
                 return []
             parts = buf.split(b"\n")
@@ -99,11 +130,21 @@ class SSEParser:
                 self._skip_lf = True
         self._buf = parts.pop()
         events: list[SSEEvent] = []
-        for raw in parts:
-            event = self._line(raw)
-            if event is not None:
-                events.append(event)
+        try:
+            for raw in parts:
+                event = self._line(raw)
+                if event is not None:
+                    events.append(event)
+            self._check_line(self._buf)
+        except SSEOverflow as exc:
+            exc.events = events
+            raise
         return events
+
+    def _check_line(self, pending: bytes) -> None:
+        if len(pending) > self.max_event_bytes:
+            self._buf = b""  # let go of it: the stream is abandoned
+            raise SSEOverflow(f"an SSE line grew past {self.max_event_bytes} bytes without a line end")
 
     def close(self) -> list[SSEEvent]:
         """End of stream: an unterminated last line or event is returned with ``terminated=False``."""
@@ -129,6 +170,10 @@ class SSEParser:
             value = value[1:]
         self._fields = True
         if name == "data":
+            self._data_bytes += len(raw)
+            if self._data_bytes > self.max_event_bytes:
+                self._data = []
+                raise SSEOverflow(f"an SSE event grew past {self.max_event_bytes} bytes of data without a blank line")
             self._data.append(value)
         elif name == "event":
             self._event = value
@@ -142,6 +187,7 @@ class SSEParser:
         data = "\n".join(self._data) if self._data else None
         event = SSEEvent(data, self._event, self._id)
         self._data = []
+        self._data_bytes = 0
         self._event = None
         self._id = None
         self._fields = False

@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import multiprocessing
 import multiprocessing.connection
+import os
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
+from chaos.context import ClientPolicy, ClientRule
 from chaos.errors import SetupFailed
 from chaos.load.generator import LoadGenerator
-from chaos.load.lag import lag_summary
+from chaos.load.lag import delay_summary, lag_summary
 from chaos.load.workload import LoadSettings, LoadSpecLike
 from chaos.observations import StreamRecord
-from chaos.context import ClientPolicy, ClientRule
 
 __all__ = ["LoadDriver", "WorkerPool", "make_load", "running_load", "split_evenly"]
 
@@ -46,6 +48,7 @@ class LoadDriver(Protocol):
     async def start(self, fault: str, streams: int, prompt_chars: int, max_tokens: int) -> None: ...
     async def stop(self, fault: str) -> int: ...
     def lag_stats(self) -> dict[str, Any]: ...
+    def send_delay_stats(self) -> dict[str, dict[str, Any]]: ...
     def stats(self) -> dict[str, Any]: ...
 
 
@@ -91,15 +94,28 @@ def make_load(
 # ---- the worker process ------------------------------------------------------------------------
 
 
-def _worker_main(conn: multiprocessing.connection.Connection, config: dict[str, Any]) -> None:
-    asyncio.run(_worker(conn, config))
+def _watch(loop: asyncio.AbstractEventLoop, conn: multiprocessing.connection.Connection, callback: Callable[[], None]) -> None:
+    """``loop.add_reader`` on a pipe's read end, which stays blocking: uvloop makes a watched fd
+    non-blocking, and ``Connection.recv`` of a message still being written would then fail midway.
+    Each pipe carries one direction only, so the write ends are never made non-blocking (a full
+    pipe would otherwise raise BlockingIOError in ``send`` and lose a record)."""
+    loop.add_reader(conn.fileno(), callback)
+    os.set_blocking(conn.fileno(), True)
 
 
-async def _worker(conn: multiprocessing.connection.Connection, config: dict[str, Any]) -> None:
+def _worker_main(inbox: multiprocessing.connection.Connection, outbox: multiprocessing.connection.Connection,
+                 config: dict[str, Any]) -> None:
+    from chaos.load.loop import run
+
+    run(_worker(inbox, outbox, config))  # uvloop when installed: the worker's loop is ours to choose
+
+
+async def _worker(conn: multiprocessing.connection.Connection, out: multiprocessing.connection.Connection,
+                  config: dict[str, Any]) -> None:
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
     policy = ClientPolicy(rules=dict(config.pop("rules")))
-    gen = LoadGenerator(config.pop("spec"), policy=policy, sink=lambda r: conn.send(("record", r)), **config)
+    gen = LoadGenerator(config.pop("spec"), policy=policy, sink=lambda r: out.send(("record", r)), **config)
 
     def pump() -> None:
         try:
@@ -109,22 +125,25 @@ async def _worker(conn: multiprocessing.connection.Connection, config: dict[str,
             loop.remove_reader(conn.fileno())
             inbox.put_nowait((-1, "close"))  # the parent is gone: stop
 
-    loop.add_reader(conn.fileno(), pump)
+    _watch(loop, conn, pump)
     tasks: set[asyncio.Task[None]] = set()
 
     async def reply(seq: int, call: Any) -> None:
         try:
             value = await call
-            conn.send(("reply", seq, True, value))
+            out.send(("reply", seq, True, value))
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the parent, never lost
-            conn.send(("reply", seq, False, f"{type(exc).__name__}: {exc}"))
+            out.send(("reply", seq, False, f"{type(exc).__name__}: {exc}"))
 
     def lag_samples() -> list[float]:
         return list(gen.lag.samples)
 
+    def send_delays() -> dict[str, list[float]]:
+        return {phase: list(samples) for phase, samples in gen.send_delays.items()}
+
     async def with_lag(call: Any) -> Any:
         value = await call
-        return {"value": value, "lag": lag_samples(), "stats": gen.stats()}
+        return {"value": value, "lag": lag_samples(), "stats": gen.stats(), "send_delay": send_delays()}
 
     while True:
         seq, cmd, *args = await inbox.get()
@@ -138,7 +157,8 @@ async def _worker(conn: multiprocessing.connection.Connection, config: dict[str,
             await asyncio.gather(*tasks, return_exceptions=True)
             await gen.aclose()
             if seq >= 0:
-                conn.send(("reply", seq, True, {"value": None, "lag": lag_samples(), "stats": gen.stats()}))
+                out.send(("reply", seq, True, {"value": None, "lag": lag_samples(), "stats": gen.stats(),
+                                                "send_delay": send_delays()}))
             break
         else:
             call = {
@@ -153,6 +173,7 @@ async def _worker(conn: multiprocessing.connection.Connection, config: dict[str,
             task.add_done_callback(tasks.discard)
     loop.remove_reader(conn.fileno())
     conn.close()
+    out.close()
 
 
 # ---- the parent side ---------------------------------------------------------------------------
@@ -183,6 +204,7 @@ class WorkerPool:
         self._seq = itertools.count()
         self._pending: dict[int, tuple[asyncio.Future[list[Any]], list[Any], set[int]]] = {}
         self._lag: dict[int, list[float]] = {}
+        self._send_delay: dict[int, dict[str, list[float]]] = {}
         self._stats: dict[int, dict[str, Any]] = {}
         self.lag_threshold = spec.lag_threshold
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -190,7 +212,8 @@ class WorkerPool:
         conc = split_evenly(spec.concurrency, count) if spec.concurrency is not None else [None] * count
         reqs = split_evenly(spec.max_requests, count) if spec.max_requests is not None else [None] * count
         ctx = multiprocessing.get_context("spawn")
-        self._conns: list[multiprocessing.connection.Connection] = []
+        self._conns: list[multiprocessing.connection.Connection] = []  # parent → worker i (commands)
+        self._inboxes: list[multiprocessing.connection.Connection] = []  # worker i → parent (records, replies)
         self._procs: list[multiprocessing.process.BaseProcess] = []
         for i in range(count):
             part = LoadSettings.of(
@@ -204,11 +227,15 @@ class WorkerPool:
                 "spec": part, "base_url": base_url, "model": model, "seed": seed, "api_key": api_key,
                 "worker_index": i, "workers": count, "rules": dict(policy.rules),
             }
-            parent, child = ctx.Pipe(duplex=True)
-            proc = ctx.Process(target=_worker_main, args=(child, config), name=f"streamchaos-load-{i}", daemon=True)
+            # one pipe per direction (see _watch): commands down, records and replies up
+            down_r, down_w = ctx.Pipe(duplex=False)
+            up_r, up_w = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_worker_main, args=(down_r, up_w, config), name=f"streamchaos-load-{i}", daemon=True)
             proc.start()
-            child.close()
-            self._conns.append(parent)
+            down_r.close()
+            up_w.close()
+            self._conns.append(down_w)
+            self._inboxes.append(up_r)
             self._procs.append(proc)
         policy.on_change.append(self._rules_changed)
         self._policy = policy
@@ -220,11 +247,11 @@ class WorkerPool:
         if self._loop is loop:
             return
         self._loop = loop
-        for i, conn in enumerate(self._conns):
-            loop.add_reader(conn.fileno(), self._pump, i)
+        for i, inbox in enumerate(self._inboxes):
+            _watch(loop, inbox, functools.partial(self._pump, i))
 
     def _pump(self, i: int) -> None:
-        conn = self._conns[i]
+        conn = self._inboxes[i]
         try:
             while conn.poll():
                 self._message(i, conn.recv())
@@ -253,6 +280,7 @@ class WorkerPool:
             del self._pending[seq]
             return
         self._lag[i] = value["lag"]
+        self._send_delay[i] = value.get("send_delay", {})
         self._stats[i] = value["stats"]
         results[i] = value["value"]
         waiting.discard(i)
@@ -332,6 +360,11 @@ class WorkerPool:
         merged["saturated"] = merged["saturated"] or any(w["saturated"] for w in merged["workers"].values())
         return merged
 
+    def send_delay_stats(self) -> dict[str, dict[str, Any]]:
+        """Per phase, the workers' open-loop send delay merged, as of their last reply."""
+        phases = sorted({p for d in self._send_delay.values() for p in d})
+        return {p: delay_summary(itertools.chain.from_iterable(d.get(p, ()) for d in self._send_delay.values())) for p in phases}
+
     def stats(self) -> dict[str, Any]:
         keys = ("sent", "in_flight", "overflows", "abandoned")
         return {k: sum(s.get(k, 0) for s in self._stats.values()) for k in keys} | {"workers": self.count}
@@ -351,12 +384,14 @@ class WorkerPool:
                 if proc.is_alive():
                     proc.kill()  # our own child, by its pid; it ignored a close request
                     await loop.run_in_executor(None, proc.join, 5)
-            for conn in self._conns:
+            for conn in self._inboxes:
                 if self._loop is not None:
                     try:
                         self._loop.remove_reader(conn.fileno())
                     except (OSError, ValueError):
                         pass
+                conn.close()
+            for conn in self._conns:
                 conn.close()
             self._dead.update({i: "closed" for i in range(self.count)})
 

@@ -108,6 +108,7 @@ def state_of(stack: Stack) -> dict[str, Any]:
     stats["faults"] = sorted(stack.hooks.describe())
     stats["leases"] = stack.leases.describe()
     stats["expired_leases"] = list(stack.leases.expired)
+    stats["connections"] = stack.connections.census()  # TCP_NODELAY read back from the accepted sockets
     return stats
 
 

@@ -8,6 +8,8 @@ Hook points, all designed up front so later faults never touch the request path 
     send          in the event loop, before each SSE event (or the JSON body) is written
     event_loop    a task that blocks the loop with CPU work (a tokenizer holding the GIL)
     engine        a task that pauses the engine thread (Engine.pause / resume)
+    connections   the accepted TCP connections (``sockets.Connections``): a ``nagle`` fault turns
+                  TCP_NODELAY off on live and new connections while it is installed
 
 A hook fault is installed from a JSON spec (``parse_spec``), held under a lease of ``ttl`` seconds
 that its holder renews (``renew``) and after which it expires by itself, and removed by name. Timeout faults pick requests deterministically: the k-th
@@ -34,6 +36,7 @@ __all__ = [
     "MAX_LIFETIME_S",
     "HookSpecInvalid",
     "Hooks",
+    "NagleSpec",
     "StallSpec",
     "TimeoutSpec",
     "parse_spec",
@@ -74,7 +77,15 @@ class StallSpec:
     type: str = "stall"
 
 
-Spec = TimeoutSpec | StallSpec
+@dataclass(frozen=True)
+class NagleSpec:
+    """Nagle's algorithm back on (TCP_NODELAY off) for every accepted connection, live and new."""
+
+    ttl: float = MAX_LIFETIME_S
+    type: str = "nagle"
+
+
+Spec = TimeoutSpec | StallSpec | NagleSpec
 
 
 def _number(raw: Mapping[str, Any], key: str, *, lo: float, hi: float, default: float | None = None) -> float:
@@ -122,7 +133,10 @@ def parse_spec(raw: object) -> Spec:
         if every <= duration:
             raise HookSpecInvalid(f"'every' ({every:g}s) must be longer than 'duration' ({duration:g}s), or nothing would run between stalls")
         return StallSpec(where=where, duration=duration, every=every, ttl=ttl)
-    raise HookSpecInvalid(f"'type' must be 'timeout' or 'stall', found {kind!r}")
+    if kind == "nagle":
+        _no_extra(raw, {"type", "ttl"})
+        return NagleSpec(ttl=ttl)
+    raise HookSpecInvalid(f"'type' must be 'timeout', 'stall' or 'nagle', found {kind!r}")
 
 
 def _no_extra(raw: Mapping[str, Any], allowed: set[str]) -> None:
@@ -141,6 +155,13 @@ def _current_task() -> asyncio.Task[Any] | None:
 class Pausable(Protocol):
     def pause(self) -> None: ...
     def resume(self) -> None: ...
+
+
+class NagleSwitch(Protocol):
+    """What a ``nagle`` fault needs of the stack's connections (``sockets.Connections``)."""
+
+    def set_nagle(self, on: bool) -> int: ...
+    def census(self) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -174,8 +195,10 @@ class _Installed:
 class Hooks:
     """The hook faults in force and the checks the request path calls at each hook point."""
 
-    def __init__(self, engine: Pausable, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, engine: Pausable, clock: Callable[[], float] = time.monotonic,
+                 connections: NagleSwitch | None = None) -> None:
         self._engine = engine
+        self._connections = connections
         self._clock = clock
         self._faults: dict[str, _Installed] = {}
         self._arrivals: dict[str, float] = {}  # request id → arrival time, for ``after``
@@ -186,15 +209,20 @@ class Hooks:
 
     def install(self, name: str, spec: Spec) -> dict[str, Any]:
         """Install (or replace) a hook fault; stall faults start their task in the running loop."""
+        if isinstance(spec, NagleSpec) and self._connections is None:
+            raise HookSpecInvalid("a nagle fault needs the stack's connection registry, and this stack has none")
         self.remove(name)
         now = self._clock()
         entry = _Installed(name=name, spec=spec, installed_at=now, renewed_at=now)
         if isinstance(spec, StallSpec):
             runner = self._stall_loop if spec.where == "event_loop" else self._stall_engine
             entry.task = asyncio.get_running_loop().create_task(runner(entry), name=f"hook-stall-{name}")
+        elif isinstance(spec, NagleSpec):
+            entry.task = asyncio.get_running_loop().create_task(self._expire(entry), name=f"hook-nagle-{name}")
         with self._lock:
             self._faults[name] = entry
-        return entry.describe(self._clock())
+        self._apply_nagle()
+        return self._describe(entry, self._clock())
 
     def remove(self, name: str) -> bool:
         with self._lock:
@@ -203,6 +231,8 @@ class Hooks:
             return False
         if entry.task is not None and entry.task is not _current_task():
             entry.task.cancel()  # its finally resumes a paused engine
+        if isinstance(entry.spec, NagleSpec):
+            self._apply_nagle()
         return True
 
     def renew(self, name: str) -> dict[str, Any] | None:
@@ -213,7 +243,21 @@ class Hooks:
             if entry is None or entry.expired(now):
                 return None
             entry.renewed_at = now
-        return entry.describe(now)
+        return self._describe(entry, now)
+
+    def _apply_nagle(self) -> None:
+        """Nagle on while any nagle fault is installed, off (TCP_NODELAY) otherwise."""
+        if self._connections is None:
+            return
+        with self._lock:
+            wanted = any(isinstance(f.spec, NagleSpec) for f in self._faults.values())
+        self._connections.set_nagle(wanted)
+
+    def _describe(self, entry: _Installed, now: float) -> dict[str, Any]:
+        out = entry.describe(now)
+        if isinstance(entry.spec, NagleSpec) and self._connections is not None:
+            out["connections"] = self._connections.census()  # read back from the sockets
+        return out
 
     def clear(self) -> int:
         names = list(self._faults)
@@ -225,7 +269,8 @@ class Hooks:
         self._purge()
         now = self._clock()
         with self._lock:
-            return {name: f.describe(now) for name, f in sorted(self._faults.items())}
+            entries = sorted(self._faults.items())
+        return {name: self._describe(f, now) for name, f in entries}
 
     async def aclose(self) -> None:
         """Remove every fault and wait for stall tasks to finish (the engine is resumed)."""
@@ -314,6 +359,12 @@ class Hooks:
                 pass
             entry.stalls += 1
             await asyncio.sleep(spec.every - spec.duration)
+        self.remove(entry.name)
+
+    async def _expire(self, entry: _Installed) -> None:
+        """A fault with no work of its own (nagle) still ends when its lease runs out unrenewed."""
+        while not entry.expired(self._clock()):
+            await asyncio.sleep(max(0.001, entry.spec.ttl - (self._clock() - entry.renewed_at)))
         self.remove(entry.name)
 
     async def _stall_engine(self, entry: _Installed) -> None:

@@ -24,6 +24,7 @@ from .engine import Engine, IncrementalDetokenizer, SamplingParams, TokenOutput
 from .hooks import Hooks
 from .leases import Leases
 from .metrics import StackMetrics
+from .sockets import Connections
 
 __all__ = ["Delta", "Generation", "GenerationFailed", "Stack", "stack_of"]
 
@@ -60,7 +61,8 @@ class Stack:
         self.admin_token = admin_token
         self.max_body_bytes = max_body_bytes
         self.metrics = StackMetrics(engine.stats, model_name, versions)
-        self.hooks = Hooks(engine)
+        self.connections = Connections()  # accepted TCP connections, registered by serve.py's protocol
+        self.hooks = Hooks(engine, connections=self.connections)
         self.leases = Leases()  # hook faults and the KV reservation end by themselves unless renewed
         engine.step_hook = self.hooks.engine_step
         self.live: dict[str, Generation] = {}

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     import uvicorn
 
     from .engine import Engine
+    from .sockets import Connections
 
 __all__ = ["ADMIN_TOKEN_ENV", "READY_PREFIX", "ServeUsageError", "build_parser", "read_token_file", "resolve_admin_token", "serve_main"]
 
@@ -127,7 +128,9 @@ def _limits(args: argparse.Namespace) -> ServerLimits:
 
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted sockets only when the listener says
+    # TCP (the protocol class below sets it too, and is what server.nagle switches)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.set_inheritable(True)
@@ -182,15 +185,22 @@ def _remove(path: str | None) -> None:
             os.unlink(path)
 
 
-def uvicorn_config(app: Any, limits: ServerLimits, log_level: str = "warning") -> uvicorn.Config:
-    """The uvicorn settings of the builtin server (a function, so a test can read them)."""
+def uvicorn_config(app: Any, limits: ServerLimits, log_level: str = "warning", connections: Connections | None = None) -> uvicorn.Config:
+    """The uvicorn settings of the builtin server (a function, so a test can read them).
+
+    The HTTP protocol is uvicorn's own h11 one with the connection limits (``guard``), wrapped to
+    register every accepted connection in ``connections``, which sets TCP_NODELAY on it and lets
+    ``server.nagle`` reach it (``sockets``).
+    """
     import uvicorn
 
     from .guard import guarded_protocol
+    from .sockets import protocol_class
 
+    protocol = guarded_protocol(limits)
     return uvicorn.Config(
         app, log_level=log_level, access_log=False, lifespan="off", timeout_graceful_shutdown=5,
-        http=guarded_protocol(limits),
+        http=protocol_class(protocol, connections) if connections is not None else protocol,
         timeout_keep_alive=limits.keep_alive_timeout,  # type: ignore[arg-type]  # typed int, used in call_later
         proxy_headers=False, forwarded_allow_ips="",  # X-Forwarded-For is the client's word, not its address
         server_header=False,
@@ -204,7 +214,7 @@ async def _serve(engine: Engine, sock: socket.socket, args: argparse.Namespace, 
 
     app = build_app(engine, model_name=args.served_model_name or args.model, admin_token=token)
     stack = app.state.stack
-    config = uvicorn_config(app, limits, args.log_level)
+    config = uvicorn_config(app, limits, args.log_level, stack.connections)
     loop = asyncio.get_running_loop()
 
     class _Server(uvicorn.Server):

@@ -120,6 +120,17 @@ def check_engine_crash(result: Any) -> None:
     assert crash
 
 
+def check_nagle(result: Any) -> None:
+    """server.nagle really turned TCP_NODELAY off on the stack's live connections, read back from the
+    sockets, and its revert turned it on again; ttft caught it only in the nagle phase."""
+    inject = next(e for e in result.observations.faults if e.action == "inject")
+    revert = next(e for e in result.observations.faults if e.action == "revert")
+    assert inject.evidence["connections_nagle_on"] >= 1 and inject.evidence["connections_nagle_on"] == inject.evidence["connections_open"]
+    assert revert.evidence["after"]["nagle_on"] == 0 and revert.evidence["after"]["nagle_wanted"] is False
+    status = {v.name or v.sla: v.status for v in result.verdicts if v.sla == "ttft"}
+    assert status == {"ttft": "pass", "ttft_sees_nagle": "fail"}, status
+
+
 def check_html_report(result: Any) -> None:
     """report.html: every plot drawn with data, a row per verdict, a block per injected fault."""
     import re
@@ -147,6 +158,7 @@ EXTRA: dict[str, Callable[[Any], None]] = {
     "connection-resets": check_connection_resets,
     "buffering-proxy": check_buffering_proxy,
     "disconnect-storm": check_disconnect_storm,
+    "nagle": check_nagle,
 }
 
 

@@ -47,7 +47,7 @@ async def _load(client: httpx.AsyncClient, stack: StackProcess, n: int, max_toke
     body = {"model": "tiny", "prompt": "pressure " * 4, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
     tasks = [asyncio.create_task(client.post(stack.base_url + "/completions", json=body)) for _ in range(n)]
     while not all(t.done() for t in tasks):
-        state = (await client.get(stack.admin_url + "/state")).json()
+        state = (await client.get(stack.admin_url + "/state", headers=stack.admin_headers)).json()
         for key, peak in peaks.items():
             peaks[key] = max(peak, state[key])
         await asyncio.sleep(0.01)
@@ -174,11 +174,11 @@ def test_reserve_under_load_tops_up_as_blocks_come_free(stack: StackProcess, tmp
         async with httpx.AsyncClient(timeout=60, headers=stack.admin_headers) as client:
             body = {"model": "tiny", "prompt": "busy " * 8, "max_tokens": 300, "ignore_eos": True, "temperature": 0}
             tasks = [asyncio.create_task(client.post(stack.base_url + "/completions", json=body)) for _ in range(3)]
-            while (await client.get(stack.admin_url + "/state")).json()["kv_blocks_held"] < 20:
+            while (await client.get(stack.admin_url + "/state", headers=stack.admin_headers)).json()["kv_blocks_held"] < 20:
                 await asyncio.sleep(0.01)
             out: dict[str, Any] = {"evidence": await fault.inject()}
             deadline = asyncio.get_running_loop().time() + 10
-            while (state := (await client.get(stack.admin_url + "/state")).json())["kv_blocks_reserved"] < 56:
+            while (state := (await client.get(stack.admin_url + "/state", headers=stack.admin_headers)).json())["kv_blocks_reserved"] < 56:
                 assert asyncio.get_running_loop().time() < deadline, "the reservation never reached its target"
                 await asyncio.sleep(0.02)
             out["squeezed"] = state  # 8 blocks left: no 300-token request fits, they all wait
@@ -221,7 +221,7 @@ def test_revert_during_a_top_up_call_counts_the_blocks_it_took(
         async with httpx.AsyncClient(timeout=60, headers=stack.admin_headers) as client:
             body = {"model": "tiny", "prompt": "busy " * 8, "max_tokens": 300, "ignore_eos": True, "temperature": 0}
             tasks = [asyncio.create_task(client.post(stack.base_url + "/completions", json=body)) for _ in range(3)]
-            while (await client.get(stack.admin_url + "/state")).json()["kv_blocks_held"] < 20:
+            while (await client.get(stack.admin_url + "/state", headers=stack.admin_headers)).json()["kv_blocks_held"] < 20:
                 await asyncio.sleep(0.01)
             evidence = await fault.inject()
             await asyncio.wait_for(reply_pending.wait(), 30)  # a top-up took blocks; its reply is pending

@@ -17,7 +17,7 @@ import pytest
 from chaos.errors import FaultUnsupported
 from chaos.stack.process import StackProcess
 from chaos.context import RunContext, TargetInfo
-from faults.server import ServerStall, ServerTimeout
+from faults.server import ServerNagle, ServerStall, ServerTimeout
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -183,3 +183,37 @@ def test_stall_makes_a_gap_in_token_arrival(stack: StackProcess, env: RunContext
     assert stall * 0.75 <= max(gaps) <= stall * 4, f"longest gap {max(gaps):.3f}s, stall {stall}s"
     assert result["reverted"]["last_seen"]["stalls"] == 1
     assert not _state(stack)["engine_paused"]
+
+
+# ---- server.nagle ------------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_nagle_inject_turns_nodelay_off_on_live_connections_and_revert_restores(stack: StackProcess, env: RunContext) -> None:
+    fault = _fault(ServerNagle, "nagle", {}).activate(env)
+    host, port = stack.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=15) as live:
+        live.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert live.recv(4096).startswith(b"HTTP/1.1 200")
+        injected = await fault.inject()
+        assert injected["installed"]["spec"]["type"] == "nagle"
+        # the live connection and the admin client's own: every one read back with Nagle on
+        assert injected["connections_nagle_on"] == injected["connections_open"] >= 2, injected
+        with socket.create_connection((host, int(port)), timeout=15) as new:  # accepted while the fault is in force
+            new.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert new.recv(4096).startswith(b"HTTP/1.1 200")
+            state = _state(stack)
+        assert state["connections"]["nagle_wanted"] is True, state
+        assert state["connections"]["nodelay_on"] == 0 and state["connections"]["open"] >= 3, state
+        reverted = await fault.revert()
+        assert reverted["removed"] is True
+        assert reverted["after"]["nagle_on"] == 0 and reverted["after"]["nodelay_on"] == reverted["after"]["open"] >= 2
+    assert (await fault.revert())["removed"] is False  # idempotent
+
+
+def test_nagle_on_another_target_is_unsupported(tmp_path: Path) -> None:
+    env = RunContext(seed=1, target=TargetInfo(kind="openai", base_url="http://127.0.0.1:1/v1"), run_dir=tmp_path)
+    with pytest.raises(FaultUnsupported, match="admin API"):
+        _fault(ServerNagle, "n", {}).activate(env)
+    _params, problems = ServerNagle.schema.parse({"delay": "1ms"})
+    assert problems and "unknown key" in problems[0][1]

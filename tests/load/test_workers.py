@@ -52,3 +52,33 @@ async def test_two_workers_merge_records_and_follow_phase_and_rule_changes(
     assert all(r.hangup is None for r in records if r.phase == "one")
     assert lag["samples"] > 0 and set(lag["workers"]) == {0, 1}
     assert all(not p.is_alive() for p in pool._procs)
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(60)
+async def test_no_record_is_lost_when_the_parent_falls_behind(
+    mock_server: ThreadedMockServer, make_spec: Callable[..., LoadSettings]
+) -> None:
+    # Workers stream records up a pipe; when the parent stops reading, the pipe fills. A worker
+    # whose write end was non-blocking (uvloop makes a watched fd so; a duplex pipe shares one fd
+    # for both ends) raised BlockingIOError there and dropped records; one pipe per direction
+    # keeps the write blocking: the worker waits and nothing is lost.
+    import asyncio as aio
+
+    records: list[StreamRecord] = []
+    mock_server.server.tick_s = 0.0
+    pool = make_load(make_spec(concurrency=8, workers=2, max_tokens=(2, 2)), base_url=mock_server.base_url, model="m",
+                     seed=6, policy=ClientPolicy(), sink=records.append)
+    assert isinstance(pool, WorkerPool)
+    try:
+        await pool.ready()
+        run = aio.create_task(pool.run(time.monotonic_ns() + int(1.5 * S)))
+        await aio.sleep(0.3)
+        time.sleep(0.8)  # the parent's loop stalls: nothing reads the pipes while the workers send
+        await run
+        await pool.drain(10)
+        sent = pool.stats()["sent"]
+    finally:
+        await pool.aclose()
+    assert sent > 100
+    assert len(records) == sent and len({r.id for r in records}) == sent

@@ -172,3 +172,34 @@ def test_clamped_values_never_crash(embedded_server, upstreams) -> None:
             assert c.get("/version").status_code == 200
         finally:
             c.delete("/proxies/clamp")
+
+
+def test_both_sockets_of_a_proxied_connection_have_tcp_nodelay(embedded_server, upstreams) -> None:
+    """The accepted client socket and the dialled upstream socket, read back on the server's loop:
+    a proxy that leaves Nagle on either side adds its own delayed-ACK waits to every small write."""
+    import socket as socketlib
+
+    api = httpx.Client(base_url=embedded_server.url, trust_env=False)
+    name = f"nodelay-{os.getpid()}"
+    created = api.post("/proxies", json={"name": name, "listen": "127.0.0.1:0", "upstream": f"127.0.0.1:{upstreams.echo_port}"})
+    assert created.status_code == 201, created.text
+    try:
+        s = connect(port_of(created.json()))
+        s.sendall(b"ping")
+        assert recv_exact(s, 4) == b"ping"  # the upstream side is connected and carrying data
+
+        async def read() -> list[tuple[int, int]]:
+            proxy = embedded_server.server.proxies[name]
+            out = []
+            for conn in proxy.conns:
+                pair = [t.get_extra_info("socket").getsockopt(socketlib.IPPROTO_TCP, socketlib.TCP_NODELAY)
+                        for t in (conn.client, conn.upstream)]
+                out.append((pair[0], pair[1]))
+            return out
+
+        states = asyncio.run_coroutine_threadsafe(read(), embedded_server._loop).result(10)
+        s.close()
+    finally:
+        api.delete(f"/proxies/{name}")
+        api.close()
+    assert states and all(client and upstream for client, upstream in states), states

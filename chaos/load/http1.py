@@ -1,0 +1,353 @@
+"""A small HTTP/1.1 client for streamed responses: one asyncio ``Protocol`` per connection, httptools.
+
+Why not httpx on the hot path: httpcore 1.0's pool walks every connection whenever a response
+closes (``_assign_requests_to_connections``, O(N) per close, so O(N²) per turnover of N streams;
+upstream httpcore #1035); at 256 streams with request turnover it spent 73% of the run there.
+Here a connection is handed out and taken back in O(1) (a LIFO stack of idle connections per
+origin), so the cost per event is flat in the number of streams.
+
+A response is delivered to a ``ResponseSink`` straight from ``data_received``: every callback
+carries the stamp of the socket read that delivered its bytes (``time.monotonic_ns()`` taken
+before any parsing). httptools (llhttp, in C) frames the response; chosen over h11 by measurement
+(``benchmarks/bench_http_parser.py``). A sink that wants to read slowly calls ``pause_reading``:
+the socket is then no longer read, so the kernel buffers fill and the server feels back-pressure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import httptools
+
+from chaos.errors import ChaosError
+
+__all__ = ["Connection", "ConnectionClosed", "H1Client", "ResponseSink", "Target"]
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+class ConnectionClosed(ChaosError):
+    """The connection went away before the response was complete (a cut stream)."""
+
+
+class ResponseSink(Protocol):
+    """Receives one response; every ``t`` is the monotonic ns stamp of the read that carried it."""
+
+    def on_headers(self, t: int, status: int, headers: dict[str, str]) -> None: ...
+    def on_body(self, t: int, data: bytes) -> None: ...
+    def on_complete(self, t: int) -> None: ...
+    def on_failed(self, t: int, kind: str, message: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one URL's requests go: origin (scheme, host, port), the Host header and the path."""
+
+    scheme: str
+    host: str
+    port: int
+    host_header: str
+    path: str
+
+    @property
+    def origin(self) -> tuple[str, str, int]:
+        return (self.scheme, self.host, self.port)
+
+
+def parse_target(url: str) -> Target:
+    """``http://h:p/v1/completions`` → Target; a clear error for what this client cannot speak."""
+    parts = urlsplit(url)
+    if parts.scheme not in _DEFAULT_PORTS:
+        raise ValueError(f"cannot stream from {url!r}: the URL must start with http:// or https://")
+    if not parts.hostname:
+        raise ValueError(f"cannot stream from {url!r}: the URL has no host")
+    port = parts.port or _DEFAULT_PORTS[parts.scheme]
+    host = parts.hostname
+    shown = f"[{host}]" if ":" in host else host
+    host_header = shown if parts.port in (None, _DEFAULT_PORTS[parts.scheme]) else f"{shown}:{port}"
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return Target(parts.scheme, host, port, host_header, path)
+
+
+def _check_header(name: str, value: str) -> None:
+    if any(c in name or c in value for c in "\r\n\0") or not name or ":" in name:
+        raise ValueError(f"header {name!r}: names and values must not contain CR, LF or NUL (and names no ':')")
+
+
+class Connection(asyncio.Protocol):
+    """One TCP (or TLS) connection; carries one response at a time to its current sink."""
+
+    __slots__ = (
+        "client", "origin", "transport", "parser", "sink", "t_read", "status", "headers", "keep_alive",
+        "complete", "closed", "framed", "idle_since", "reading_paused",
+    )
+
+    def __init__(self, client: H1Client, origin: tuple[str, str, int]) -> None:
+        self.client = client
+        self.origin = origin
+        self.transport: asyncio.Transport | None = None
+        self.parser: httptools.HttpResponseParser | None = None
+        self.sink: ResponseSink | None = None
+        self.t_read = 0
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.keep_alive = False
+        self.complete = False
+        self.closed = False
+        self.framed = False  # the body has a length or is chunked (else it ends at EOF)
+        self.idle_since = 0.0
+        self.reading_paused = False
+
+    # ---- use by the request side -----------------------------------------------------------------
+
+    @property
+    def reusable(self) -> bool:
+        """Open, idle, and the last response left it clean for the next request."""
+        return not self.closed and self.transport is not None and not self.transport.is_closing()
+
+    def send(self, payload: bytes, sink: ResponseSink) -> None:
+        """Write one request and route its response to ``sink``."""
+        assert self.transport is not None
+        self.sink = sink
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.headers = {}
+        self.keep_alive = False
+        self.complete = False
+        self.framed = False
+        self.transport.write(payload)
+
+    def pause_reading(self) -> None:
+        if not self.reading_paused and self.transport is not None and not self.closed:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.reading_paused and self.transport is not None and not self.closed:
+            self.reading_paused = False
+            self.transport.resume_reading()
+
+    def close(self) -> None:
+        """Close the TCP connection (the server sees the disconnect); a response still attached
+        fails as a cut read (the client closing under it, e.g. ``H1Client.aclose``)."""
+        sink, self.sink = self.sink, None
+        if not self.closed:
+            self.closed = True
+            self.client._forget(self)
+            if self.transport is not None:
+                self.transport.close()
+            if sink is not None and not self.complete:
+                sink.on_failed(time.monotonic_ns(), "read", "the client closed the connection")
+
+    # ---- asyncio.Protocol ----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio.Transport subclasses
+
+    def data_received(self, data: bytes) -> None:
+        self.t_read = time.monotonic_ns()  # the stamp of this read, before anything is parsed
+        parser, sink = self.parser, self.sink
+        if parser is None or sink is None or self.complete:
+            # bytes nobody asked for (after a complete response, or on an idle connection): the
+            # connection's framing can no longer be trusted
+            self.close()
+            return
+        try:
+            parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail("protocol", "the server switched protocols (upgrade) on a streaming request")
+        except httptools.HttpParserError as exc:
+            self._fail("protocol", f"malformed HTTP response: {exc}")
+
+    def eof_received(self) -> bool:
+        return False  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        t = time.monotonic_ns()
+        was_closed = self.closed
+        self.closed = True
+        self.client._forget(self)
+        sink, self.sink = self.sink, None
+        if sink is None or self.complete or was_closed:
+            return
+        if self.status and not self.framed:
+            # no Content-Length and not chunked: the body ends where the connection does
+            self.complete = True
+            sink.on_complete(t)
+            return
+        if exc is None:
+            message = "peer closed connection without sending complete message body"
+            if not self.status:
+                message = "server disconnected without sending a response"
+        else:
+            message = f"{type(exc).__name__}: {exc}"
+        sink.on_failed(t, "read", message)
+
+    def _fail(self, kind: str, message: str) -> None:
+        sink, self.sink = self.sink, None
+        self.close()
+        if sink is not None:
+            sink.on_failed(self.t_read, kind, message)
+
+    # ---- httptools callbacks (called from inside feed_data) ------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        parser = self.parser
+        assert parser is not None
+        status = parser.get_status_code()
+        if 100 <= status < 200 or self.complete:
+            return  # an interim response (100 Continue; the real one follows), or bytes after the end
+        self.status = status
+        self.keep_alive = parser.should_keep_alive()
+        self.framed = "content-length" in self.headers or "chunked" in self.headers.get("transfer-encoding", "").lower()
+        if self.sink is not None:
+            self.sink.on_headers(self.t_read, status, self.headers)
+
+    def on_body(self, body: bytes) -> None:
+        if self.sink is not None:
+            self.sink.on_body(self.t_read, body)
+
+    def on_message_complete(self) -> None:
+        if not self.status:
+            return  # the end of an interim response
+        self.complete = True
+        sink, self.sink = self.sink, None
+        if sink is not None:
+            sink.on_complete(self.t_read)
+
+
+class H1Client:
+    """Keep-alive HTTP/1.1 connections, O(1) to hand out and take back, per origin.
+
+    ``connections`` bounds the exchanges in flight at once (``slot()``: a request beyond it waits
+    client-side, before ``t_sent``, as httpx's pool limit made it) and the idle connections kept
+    per origin. A closed-loop slot takes a connection and gives it back, so in effect each slot
+    owns one persistent connection.
+    """
+
+    def __init__(
+        self,
+        connections: int,
+        *,
+        api_key: str | None = None,
+        connect_timeout: float = 10.0,
+        keepalive_expiry: float = 30.0,
+    ) -> None:
+        self.max_idle = max(1, connections)
+        self.limit = max(1, connections)
+        self._slots: asyncio.Semaphore | None = None
+        self.connect_timeout = connect_timeout
+        self.keepalive_expiry = keepalive_expiry
+        self._base_headers = "User-Agent: streamchaos\r\nAccept: */*\r\nContent-Type: application/json\r\n"
+        if api_key:
+            _check_header("Authorization", f"Bearer {api_key}")
+            self._base_headers += f"Authorization: Bearer {api_key}\r\n"
+        self._idle: dict[tuple[str, str, int], list[Connection]] = {}
+        self._open: set[Connection] = set()
+        self._targets: dict[str, Target] = {}
+        self._ssl: ssl.SSLContext | None = None
+        self.connects = 0  # connections opened, for tests and benchmarks
+        self.closed = False
+
+    async def __aenter__(self) -> H1Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def target(self, url: str) -> Target:
+        target = self._targets.get(url)
+        if target is None:
+            target = self._targets[url] = parse_target(url)
+        return target
+
+    def encode(self, target: Target, body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> bytes:
+        """The request bytes of a JSON POST (compact JSON, UTF-8, as httpx encodes it)."""
+        payload = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        extra = ""
+        for name, value in (headers or {}).items():
+            _check_header(name, value)
+            extra += f"{name}: {value}\r\n"
+        head = (
+            f"POST {target.path} HTTP/1.1\r\nHost: {target.host_header}\r\n{self._base_headers}{extra}"
+            f"Content-Length: {len(payload)}\r\n\r\n"
+        )
+        return head.encode("latin-1") + payload
+
+    async def acquire_slot(self) -> None:
+        """Wait for one of the ``connections`` exchange slots (no wait while fewer are in flight)."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.limit)
+        await self._slots.acquire()
+
+    def release_slot(self) -> None:
+        assert self._slots is not None
+        self._slots.release()
+
+    def idle_connection(self, target: Target) -> Connection | None:
+        """A kept-alive connection to ``target``'s origin, or None: O(1) apart from dead ones skipped."""
+        stack = self._idle.get(target.origin)
+        now = time.monotonic()
+        while stack:
+            conn = stack.pop()
+            if conn.reusable and now - conn.idle_since < self.keepalive_expiry:
+                return conn
+            conn.close()
+        return None
+
+    async def connect(self, target: Target) -> Connection:
+        """Open a new connection (raises OSError, or TimeoutError after ``connect_timeout``)."""
+        if self.closed:
+            raise ConnectionClosed("the HTTP client is closed")
+        loop = asyncio.get_running_loop()
+        ssl_ctx: ssl.SSLContext | None = None
+        if target.scheme == "https":
+            if self._ssl is None:
+                self._ssl = ssl.create_default_context()
+            ssl_ctx = self._ssl
+        conn = Connection(self, target.origin)
+        async with asyncio.timeout(self.connect_timeout):
+            await loop.create_connection(lambda: conn, target.host, target.port, ssl=ssl_ctx,
+                                         server_hostname=target.host if ssl_ctx else None)
+        self.connects += 1
+        if self.closed:
+            conn.close()
+            raise ConnectionClosed("the HTTP client was closed while connecting")
+        self._open.add(conn)
+        return conn
+
+    def release(self, conn: Connection) -> None:
+        """Take back a connection whose response ended cleanly; close it if it cannot be reused."""
+        conn.sink = None
+        conn.resume_reading()
+        if self.closed or not conn.complete or not conn.keep_alive or not conn.reusable:
+            conn.close()
+            return
+        stack = self._idle.setdefault(conn.origin, [])
+        if len(stack) >= self.max_idle:
+            conn.close()
+            return
+        conn.idle_since = time.monotonic()
+        stack.append(conn)
+
+    def _forget(self, conn: Connection) -> None:
+        self._open.discard(conn)
+
+    async def aclose(self) -> None:
+        """Close every connection, idle or busy."""
+        self.closed = True
+        for conn in list(self._open):
+            conn.close()
+        self._open.clear()
+        self._idle.clear()
+        await asyncio.sleep(0)  # let the transports run their close callbacks
