@@ -149,6 +149,7 @@ async def _window(start_at: float, end_at: float, pids: list[int], server_pid: i
 
 async def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     from chaos.load.workers import WorkerPool, make_load
+    from chaos.load.workload import LoadTarget
     from chaos.load.workload import LoadSettings, PromptSettings
     from chaos.observations import StreamRecord
     from chaos.context import ClientPolicy
@@ -157,7 +158,7 @@ async def run_ours(args: argparse.Namespace) -> dict[str, Any]:
                         request_timeout=60.0, include_usage=False, lag_threshold=LAG_THRESHOLD_S,
                         prompts=PromptSettings(min_chars=32, max_chars=64))
     records: list[StreamRecord] = []
-    load = make_load(spec, base_url=args.url, model="bench", seed=0, policy=ClientPolicy(), sink=records.append)
+    load = make_load(spec, LoadTarget(args.url, "bench", 0), policy=ClientPolicy(), sink=records.append)
     pids = [os.getpid()]
     if isinstance(load, WorkerPool):
         await load.ready()

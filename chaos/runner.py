@@ -30,7 +30,7 @@ from chaos.events import EventBus, RunFinished, RunListener, RunStarted, Stage, 
 from chaos.experiment.model import Experiment, PhaseSpec
 from chaos.hostinfo import environment_facts
 from chaos.journal import JOURNAL_NAME, Journal, prepare_run_dir
-from chaos.load import LoadDriver, running_load
+from chaos.load import LoadDriver, LoadTarget, running_load
 from chaos.observations import FaultEvent, Note, Observations, PhaseWindow
 from chaos.report import ReportWriter
 from chaos.scraper import MetricScraper
@@ -241,9 +241,9 @@ class Runner:
         ctx = RunContext(seed=exp.seed, target=target.info, run_dir=self.out_dir, safety=exp.safety,
                          clients=ClientPolicy(), proxy=self.proxy)
         ctx.restart_target = self._restarter(target, ctx)
-        load = self.load = await resources.enter_async_context(running_load(
-            exp.load, base_url=load_url, model=exp.load.model or target.info.model, seed=exp.seed,
-            policy=ctx.clients, sink=emit, api_key=exp.target.api_key))
+        load_target = LoadTarget(base_url=load_url, model=exp.load.model or target.info.model, seed=exp.seed,
+                                 api_key=exp.target.api_key)
+        load = self.load = await resources.enter_async_context(running_load(exp.load, load_target, policy=ctx.clients, sink=emit))
         ctx.background = load  # kv.pressure hog sends its own streams through it
         self.injections = {fault.name: fault.activate(ctx) for _, fault in exp.faults()}
         if any(injection.outlives_runner for injection in self.injections.values()):

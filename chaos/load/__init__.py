@@ -6,5 +6,6 @@ from chaos.load.generator import LoadGenerator
 from chaos.load.lag import LagMonitor, lag_summary
 from chaos.load.sse import SSEEvent, SSEParser
 from chaos.load.workers import LoadDriver, WorkerPool, make_load, running_load
+from chaos.load.workload import LoadTarget
 
-__all__ = ["LagMonitor", "LoadDriver", "LoadGenerator", "SSEEvent", "SSEParser", "WorkerPool", "lag_summary", "make_load", "running_load"]
+__all__ = ["LagMonitor", "LoadDriver", "LoadGenerator", "LoadTarget", "SSEEvent", "SSEParser", "WorkerPool", "lag_summary", "make_load", "running_load"]

@@ -29,7 +29,7 @@ from typing import Any
 from chaos.errors import ExperimentInvalid
 from chaos.load.client import StreamClient, make_http_client, stream_request
 from chaos.load.lag import LagMonitor, delay_summary
-from chaos.load.workload import LoadSpecLike, Prompt, Workload, build_body, endpoint_url, gamma_gaps, synthetic_text
+from chaos.load.workload import LoadSpecLike, LoadTarget, Prompt, Workload, build_body, endpoint_url, gamma_gaps, synthetic_text
 from chaos.observations import ErrorInfo, Hangup, StreamRecord
 from chaos.context import ClientPolicy
 
@@ -49,30 +49,24 @@ class LoadGenerator:
     def __init__(
         self,
         spec: LoadSpecLike,
+        target: LoadTarget,
         *,
-        base_url: str,
-        model: str,
-        seed: int,
         policy: ClientPolicy,
         sink: Callable[[StreamRecord], None],
-        api_key: str | None = None,
         worker_index: int = 0,
         workers: int = 1,
     ) -> None:
         if spec.concurrency is None and spec.rate is None:
             raise ExperimentInvalid("load: give concurrency (closed loop) or rate (open loop, requests/s)")
         self.spec = spec
-        self.base_url = base_url
-        self.model = model
-        self.seed = seed
+        self.target = target
         self.policy = policy
         self.sink = sink
-        self.api_key = api_key
         self.worker_index = worker_index
         self.workers = workers
         self.phase = ""
-        self.url = endpoint_url(base_url, spec.endpoint)
-        self.workload = Workload(spec, model=model, seed=seed, worker_index=worker_index)
+        self.url = endpoint_url(target.base_url, spec.endpoint)
+        self.workload = Workload(spec, model=target.model, seed=target.seed, worker_index=worker_index)
         self.open_loop = spec.rate is not None
         # with a rate, a concurrency (if given) is the client's in-flight bound
         self.inflight_cap = spec.concurrency if spec.concurrency else DEFAULT_INFLIGHT_CAP
@@ -93,7 +87,7 @@ class LoadGenerator:
 
     def _client(self) -> StreamClient:
         if self._http is None:
-            self._http = make_http_client(self.inflight_cap, api_key=self.api_key)
+            self._http = make_http_client(self.inflight_cap, api_key=self.target.api_key)
         return self._http
 
     def _claim(self) -> int | None:
@@ -123,7 +117,7 @@ class LoadGenerator:
         record.t_scheduled = t_scheduled
         # the plan is drawn from a generator seeded by the request id: the same request gets the
         # same client behaviour in every replay, whatever the timing
-        plan = self.policy.plan(random.Random(f"{self.seed}:client:{request_id}"))
+        plan = self.policy.plan(random.Random(f"{self.target.seed}:client:{request_id}"))
         self.sent += 1
         http = self._client()
         task = self._launch(
@@ -205,7 +199,7 @@ class LoadGenerator:
 
     async def _open_loop(self, deadline_ns: int) -> None:
         rate = float(self.spec.rate or 0.0)
-        gaps = gamma_gaps(random.Random(f"{self.seed}:{self.worker_index}:arrivals"), rate, self.spec.burstiness)
+        gaps = gamma_gaps(random.Random(f"{self.target.seed}:{self.worker_index}:arrivals"), rate, self.spec.burstiness)
         slots = _Slots(self.inflight_cap)
         t_next = time.monotonic_ns()
         try:
@@ -301,7 +295,7 @@ class LoadGenerator:
         if fault in self._bg:
             await self.stop(fault)
         if self._bg_http is None:
-            self._bg_http = make_http_client(max(streams, 1) + 16, api_key=self.api_key)
+            self._bg_http = make_http_client(max(streams, 1) + 16, api_key=self.target.api_key)
         tasks: set[asyncio.Task[StreamRecord]] = set()
         loop = asyncio.get_running_loop()
         slots = [loop.create_task(self._bg_slot(fault, i, prompt_chars, max_tokens, tasks)) for i in range(streams)]
@@ -312,10 +306,10 @@ class LoadGenerator:
         while True:
             self._bg_count += 1
             request_id = f"{self.worker_index}-bg-{fault}-{self._bg_count}"
-            rng = random.Random(f"{self.seed}:{request_id}")
+            rng = random.Random(f"{self.target.seed}:{request_id}")
             prompt = Prompt(text=synthetic_text(rng, prompt_chars, "ascii"))
             body = build_body(
-                self.spec.endpoint, self.model, prompt,
+                self.spec.endpoint, self.target.model, prompt,
                 max_tokens=max_tokens, temperature=self.spec.temperature, ignore_eos=True,
                 include_usage=self.spec.include_usage,
             )

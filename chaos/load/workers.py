@@ -23,7 +23,7 @@ from chaos.context import ClientPolicy, ClientRule
 from chaos.errors import SetupFailed
 from chaos.load.generator import LoadGenerator
 from chaos.load.lag import delay_summary, lag_summary
-from chaos.load.workload import LoadSettings, LoadSpecLike
+from chaos.load.workload import LoadSettings, LoadSpecLike, LoadTarget
 from chaos.observations import StreamRecord
 
 __all__ = ["LoadDriver", "WorkerPool", "make_load", "running_load", "split_evenly"]
@@ -54,17 +54,10 @@ class LoadDriver(Protocol):
 
 @contextlib.asynccontextmanager
 async def running_load(
-    spec: LoadSpecLike,
-    *,
-    base_url: str,
-    model: str,
-    seed: int,
-    policy: ClientPolicy,
-    sink: Callable[[StreamRecord], None],
-    api_key: str | None = None,
+    spec: LoadSpecLike, target: LoadTarget, *, policy: ClientPolicy, sink: Callable[[StreamRecord], None],
 ) -> AsyncIterator[LoadDriver]:
     """The load driver while entered; on exit every open stream is cancelled (recorded) and it closes."""
-    driver = make_load(spec, base_url=base_url, model=model, seed=seed, policy=policy, sink=sink, api_key=api_key)
+    driver = make_load(spec, target, policy=policy, sink=sink)
     try:
         yield driver
     finally:
@@ -75,20 +68,12 @@ async def running_load(
 
 
 def make_load(
-    spec: LoadSpecLike,
-    *,
-    base_url: str,
-    model: str,
-    seed: int,
-    policy: ClientPolicy,
-    sink: Callable[[StreamRecord], None],
-    api_key: str | None = None,
+    spec: LoadSpecLike, target: LoadTarget, *, policy: ClientPolicy, sink: Callable[[StreamRecord], None],
 ) -> LoadGenerator | WorkerPool:
     """A ``LoadGenerator`` for ``workers: 1``, a ``WorkerPool`` above."""
-    kwargs: dict[str, Any] = {"base_url": base_url, "model": model, "seed": seed, "policy": policy, "sink": sink, "api_key": api_key}
     if max(1, spec.workers) > 1:
-        return WorkerPool(spec, **kwargs)
-    return LoadGenerator(spec, **kwargs)
+        return WorkerPool(spec, target, policy=policy, sink=sink)
+    return LoadGenerator(spec, target, policy=policy, sink=sink)
 
 
 # ---- the worker process ------------------------------------------------------------------------
@@ -115,7 +100,7 @@ async def _worker(conn: multiprocessing.connection.Connection, out: multiprocess
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
     policy = ClientPolicy(rules=dict(config.pop("rules")))
-    gen = LoadGenerator(config.pop("spec"), policy=policy, sink=lambda r: out.send(("record", r)), **config)
+    gen = LoadGenerator(config.pop("spec"), config.pop("target"), policy=policy, sink=lambda r: out.send(("record", r)), **config)
 
     def pump() -> None:
         try:
@@ -185,14 +170,10 @@ class WorkerPool:
     def __init__(
         self,
         spec: LoadSpecLike,
+        target: LoadTarget,
         *,
-        base_url: str,
-        model: str,
-        seed: int,
         policy: ClientPolicy,
         sink: Callable[[StreamRecord], None],
-        api_key: str | None = None,
-        worker_index: int = 0,
         workers: int | None = None,
     ) -> None:
         count = max(1, workers if workers is not None else spec.workers)
@@ -224,8 +205,7 @@ class WorkerPool:
                 workers=count,
             )
             config = {
-                "spec": part, "base_url": base_url, "model": model, "seed": seed, "api_key": api_key,
-                "worker_index": i, "workers": count, "rules": dict(policy.rules),
+                "spec": part, "target": target, "worker_index": i, "workers": count, "rules": dict(policy.rules),
             }
             # one pipe per direction (see _watch): commands down, records and replies up
             down_r, down_w = ctx.Pipe(duplex=False)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -18,6 +18,7 @@ from chaos.errors import ExperimentInvalid
 __all__ = [
     "LoadSettings",
     "LoadSpecLike",
+    "LoadTarget",
     "Prompt",
     "PromptSettings",
     "PromptSpecLike",
@@ -96,6 +97,17 @@ class LoadSpecLike(Protocol):
     def lag_threshold(self) -> float: ...
     @property
     def prompts(self) -> PromptSpecLike: ...
+
+
+@dataclass(frozen=True)
+class LoadTarget:
+    """Where and as whom the load is sent: the API root (the proxy's when there is one), the model
+    name requests carry, the run's seed (prompts, arrivals and client draws) and the API key."""
+
+    base_url: str
+    model: str
+    seed: int
+    api_key: str | None = field(default=None, repr=False)  # a secret: never printed
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import pytest
 
 from chaos.load.generator import LoadGenerator
 from chaos.load.mock import ThreadedMockServer
-from chaos.load.workload import LoadSettings
+from chaos.load.workload import LoadSettings, LoadTarget
 from chaos.observations import StreamRecord
 from chaos.context import ClientPolicy
 from chaos.load.rules import DisconnectRule
@@ -22,7 +22,7 @@ S = 1_000_000_000
 
 def generator(spec: LoadSettings, server: ThreadedMockServer, records: list[StreamRecord],
               policy: ClientPolicy | None = None, seed: int = 1) -> LoadGenerator:
-    return LoadGenerator(spec, base_url=server.base_url, model="m", seed=seed, policy=policy or ClientPolicy(), sink=records.append)
+    return LoadGenerator(spec, LoadTarget(server.base_url, "m", seed), policy=policy or ClientPolicy(), sink=records.append)
 
 
 async def test_closed_loop_keeps_concurrency_in_flight_until_the_deadline(

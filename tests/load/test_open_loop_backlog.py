@@ -12,7 +12,7 @@ import pytest
 from chaos.load import generator as generator_module
 from chaos.load.generator import LoadGenerator
 from chaos.load.mock import ThreadedMockServer
-from chaos.load.workload import LoadSettings
+from chaos.load.workload import LoadSettings, LoadTarget
 from chaos.observations import StreamRecord
 from chaos.context import ClientPolicy
 
@@ -24,7 +24,7 @@ async def run_against_a_stall(server: ThreadedMockServer, spec: LoadSettings, se
     """Drive ``spec`` for ``seconds`` while every response stalls; the most tasks seen on the loop."""
     server.server.tick_s = 30.0  # each stream sends one token, then nothing for the rest of the test
     records: list[StreamRecord] = []
-    gen = LoadGenerator(spec, base_url=server.base_url, model="m", seed=2, policy=ClientPolicy(), sink=records.append)
+    gen = LoadGenerator(spec, LoadTarget(server.base_url, "m", 2), policy=ClientPolicy(), sink=records.append)
     most = 0
 
     async def census() -> None:
@@ -72,7 +72,7 @@ async def test_a_freed_slot_goes_to_the_oldest_queued_arrival(mock_server: Threa
     records: list[StreamRecord] = []
     spec = make_spec(concurrency=2, rate=60.0, max_tokens=(8, 8))
     mock_server.server.tick_s = 0.02  # 8 tokens ≈ 0.15 s per stream: arrivals queue, then go out in order
-    gen = LoadGenerator(spec, base_url=mock_server.base_url, model="m", seed=5, policy=ClientPolicy(), sink=records.append)
+    gen = LoadGenerator(spec, LoadTarget(mock_server.base_url, "m", 5), policy=ClientPolicy(), sink=records.append)
     start = time.monotonic_ns()
     await gen.run(start + S)
     await gen.drain(10)

@@ -9,7 +9,7 @@ import pytest
 
 from chaos.load.mock import ThreadedMockServer
 from chaos.load.workers import WorkerPool, make_load, split_evenly
-from chaos.load.workload import LoadSettings
+from chaos.load.workload import LoadSettings, LoadTarget
 from chaos.observations import StreamRecord
 from chaos.context import ClientPolicy
 from chaos.load.rules import DisconnectRule
@@ -29,7 +29,7 @@ async def test_two_workers_merge_records_and_follow_phase_and_rule_changes(
     records: list[StreamRecord] = []
     policy = ClientPolicy()
     spec = make_spec(concurrency=4, workers=2, max_tokens=(4, 4))
-    pool = make_load(spec, base_url=mock_server.base_url, model="m", seed=4, policy=policy, sink=records.append)
+    pool = make_load(spec, LoadTarget(mock_server.base_url, "m", 4), policy=policy, sink=records.append)
     assert isinstance(pool, WorkerPool) and pool.count == 2
     try:
         await pool.ready()
@@ -67,8 +67,8 @@ async def test_no_record_is_lost_when_the_parent_falls_behind(
 
     records: list[StreamRecord] = []
     mock_server.server.tick_s = 0.0
-    pool = make_load(make_spec(concurrency=8, workers=2, max_tokens=(2, 2)), base_url=mock_server.base_url, model="m",
-                     seed=6, policy=ClientPolicy(), sink=records.append)
+    pool = make_load(make_spec(concurrency=8, workers=2, max_tokens=(2, 2)), LoadTarget(mock_server.base_url, "m", 6),
+                     policy=ClientPolicy(), sink=records.append)
     assert isinstance(pool, WorkerPool)
     try:
         await pool.ready()
