@@ -57,8 +57,9 @@ def test_list_prints_both_catalogues(capsys: pytest.CaptureFixture[str]) -> None
 def test_verify_rejudges_a_finished_run_against_other_budgets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     exp, run_dir = tmp_path / "exp.yaml", tmp_path / "run"
     exp.write_text(yaml.safe_dump(SHORT), encoding="utf-8")
-    assert main(["run", str(exp), "--out", str(run_dir), "--quiet"]) == 0
+    code = main(["run", str(exp), "--out", str(run_dir), "--quiet"])
     report = json.loads((run_dir / "report.json").read_text())
+    assert code == 0, json.dumps([v for v in report["verdicts"] if not v["ok"]] or report.get("error"), indent=1)[:3000]
     assert {v["sla"] for v in report["verdicts"]} == {"ttft", "errors"} and report["status"] == "completed"
     assert main(["verify", str(run_dir)]) == 0  # same budgets: same outcome, from the journal alone
     strict = tmp_path / "strict.yaml"
