@@ -112,15 +112,41 @@ def _cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    path = Path(args.run_dir) / "report.json"
+    run_dir = Path(args.run_dir)
+    if args.as_ == "vllm-bench":
+        from chaos.observations import Observations
+        from chaos.vllm_bench import render_vllm_bench, vllm_bench_figures
+
+        journal = run_dir / "journal.jsonl"
+        if not journal.is_file():
+            raise ChaosError(f"{journal} does not exist: give a run directory written by `streamchaos run --out`")
+        obs = Observations.load(journal)
+        if args.phase is not None and obs.phase(args.phase) is None and not any(s.phase == args.phase for s in obs.streams):
+            known = ", ".join(p.name for p in obs.phases) or "none"
+            raise ChaosError(f"{run_dir}: no phase {args.phase!r} in this run; phases: {known}")
+        print(render_vllm_bench(vllm_bench_figures(obs, args.phase), obs.experiment))
+        return 0
+    path = run_dir / "report.json"
     if not path.is_file():
         raise ChaosError(f"{path} does not exist: run `streamchaos run` with --out {args.run_dir} first")
     report = json.loads(path.read_text(encoding="utf-8"))
     print(f"{report['experiment']}: {report['status']} (exit {report['exit_code']}), {report['load']['streams']} streams")
     for fault in report["faults"]:
         print(f"  fault {fault['name']} ({fault['kind']}): injected {fault['injected_at']}s, reverted {fault['reverted_at']}s")
+    definitions: list[str] = []
     for v in report["verdicts"]:
-        print(f"  {v['name'] or v['sla']:<16} {v['phase'] or 'run':<12} {v['status']:<13} figure={v['figure']} budget={v['budget']} {v['unit']} n={v['samples']}")
+        evidence = v.get("evidence") or {}
+        n_eff = evidence.get("n_eff")
+        eff = f" n_eff={n_eff:g}" if isinstance(n_eff, (int, float)) and n_eff < v["samples"] else ""
+        print(f"  {v['name'] or v['sla']:<16} {v['phase'] or 'run':<12} {v['status']:<13} figure={v['figure']} "
+              f"budget={v['budget']} {v['unit']} n={v['samples']}{eff}")
+        for line in ([evidence["definition"]] if "definition" in evidence else []) + list(evidence.get("definitions", [])):
+            if line not in definitions:
+                definitions.append(line)
+    if definitions:
+        print("definitions:")
+        for line in definitions:
+            print(f"  {line}")
     return int(report["exit_code"])
 
 
@@ -149,6 +175,9 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=_cmd_rollback)
     p = sub.add_parser("report", help="print a finished run's report")
     p.add_argument("run_dir")
+    p.add_argument("--as", dest="as_", choices=["verdicts", "vllm-bench"], default="verdicts",
+                   help="verdicts (default), or the run's figures under vLLM bench serve's names")
+    p.add_argument("--phase", help="with --as vllm-bench: only this phase's streams")
     p.set_defaults(fn=_cmd_report)
     sub.add_parser("stack", help="`stack serve ...`: the builtin streaming stack (see `stack serve --help`)")
     sub.add_parser("toxiproxy", help="`toxiproxy serve ...`: the embedded Toxiproxy server")

@@ -135,13 +135,21 @@ def _fmt(value: float | None, unit: str) -> str:
     return f"{value:.4g} {unit}".strip()
 
 
+def _samples(v: Any) -> str:
+    """``n``, or ``n (n_eff 41)`` when correlation made the samples worth fewer independent ones."""
+    n_eff = v.evidence.get("n_eff") if isinstance(v.evidence, dict) else None
+    if isinstance(n_eff, (int, float)) and n_eff < v.samples:
+        return f"{v.samples} (n_eff {n_eff:.0f})"
+    return str(v.samples)
+
+
 def render_summary(result: Any) -> str:
     """The terminal table: one row per verdict, then the outcome."""
-    rows = [("SLA", "PHASE", "STATUS", "FIGURE", "BUDGET", "N")]
+    rows = [("SLA", "PHASE", "STATUS", "FIGURE", "BUDGET", "N")]  # N: samples, and their effective size
     for v in result.verdicts:
         status = v.status.upper() + ("" if v.expect == "pass" else f" (expect {v.expect})")
         mark = "ok " if v.ok else "!! "
-        rows.append((mark + (v.name or v.sla), v.phase or "run", status, _fmt(v.figure, v.unit), _fmt(v.budget, v.unit), str(v.samples)))
+        rows.append((mark + (v.name or v.sla), v.phase or "run", status, _fmt(v.figure, v.unit), _fmt(v.budget, v.unit), _samples(v)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))

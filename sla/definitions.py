@@ -172,7 +172,7 @@ _MARK = {"same": "", "close": " (close)", "different": ""}
 
 def _cell(eq: Equivalent) -> str:
     if not eq.name:
-        return "— " + eq.note if eq.note else "—"
+        return f"none ({eq.note})" if eq.note else "none"
     text = f"{eq.name}{_MARK[eq.match]}"
     return f"{text}: {eq.note}" if eq.note else text
 

@@ -24,7 +24,16 @@ import numpy as np
 from chaos.observations import Observations, StreamRecord
 from chaos.params import Param, Schema
 from sla.base import Verdict, verifier
-from sla.common import CONFIDENCE, MAX_IDS, QuantileParam, content_less_reason, quantile_label, s, summary_s
+from sla.common import (
+    CONFIDENCE,
+    MAX_IDS,
+    QuantileParam,
+    content_less_reason,
+    ended_waiting,
+    quantile_label,
+    s,
+    summary_s,
+)
 from sla.definitions import definition_line
 from sla.stats import judge_quantile
 
@@ -112,18 +121,12 @@ def ttft(obs: Observations, params: Mapping[str, Any], phase: str | None) -> Ver
     )
 
 
-_WAITING_ERRORS = frozenset({"timeout", "read", "cancelled"})
-_WAITING_HANGUPS = frozenset({"after_time", "read_timeout"})
-
-
 def _censored_wait_ns(stream: StreamRecord) -> int | None:
     """How long a stream waited for content it never got, when it was really waiting for it."""
-    if stream.t_sent is None or stream.t_end is None or stream.t_first_content is not None:
+    if stream.t_first_content is not None or not ended_waiting(stream):
         return None
-    waiting = (stream.hangup is not None and stream.hangup.reason in _WAITING_HANGUPS) or (
-        stream.hangup is None and stream.error is not None and stream.error.kind in _WAITING_ERRORS
-    )
-    return stream.t_end - stream.t_sent if waiting else None
+    assert stream.t_sent is not None and stream.t_end is not None
+    return stream.t_end - stream.t_sent
 
 
 def _buffering_ratio(streams: list[StreamRecord]) -> float | None:
