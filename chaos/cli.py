@@ -1,4 +1,4 @@
-"""The `streamchaos` command line: run, validate, list, verify, rollback, report, stack, toxiproxy.
+"""The `streamchaos` command line: run, validate, list, verify, rollback, report, budgets, stack, toxiproxy.
 
 Exit codes (DESIGN.md): 0 every SLA as expected, 1 an SLA failed, 2 invalid experiment or usage,
 3 inconclusive, 4 the run could not be carried out. A user mistake never prints a traceback.
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chaos.errors import ChaosError, ExperimentInvalid
+from chaos.errors import ChaosError, ExperimentInvalid, UsageError
 
 __all__ = ["main"]
 
@@ -150,6 +150,24 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return int(report["exit_code"])
 
 
+def _cmd_budgets(args: argparse.Namespace) -> int:
+    from chaos.budgets import load_baselines, propose, render_proposals, write_budgets
+    from chaos.units import UnitError, parse_fraction
+
+    try:
+        false_fail = parse_fraction(args.false_fail)
+    except UnitError as exc:
+        raise UsageError(f"--false-fail: {exc}") from None
+    runs = load_baselines(args.run_dirs)
+    proposals = propose(runs, false_fail)
+    print(render_proposals(proposals, runs, false_fail), end="")
+    if args.write:
+        changed = write_budgets(args.write, proposals, runs)
+        print(f"wrote {len(changed)} value(s) to {args.write}: " + ", ".join(changed) if changed else
+              f"{args.write}: nothing to write")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamchaos", description="Chaos experiments for LLM token-streaming stacks.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -179,6 +197,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="verdicts (default), or the run's figures under vLLM bench serve's names")
     p.add_argument("--phase", help="with --as vllm-bench: only this phase's streams")
     p.set_defaults(fn=_cmd_report)
+    p = sub.add_parser("budgets", help="propose SLA budgets from healthy runs of an experiment")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="finished runs of one experiment on a healthy stack")
+    p.add_argument("--false-fail", default="1%", help="the largest chance a healthy run fails or is undecided (default 1%%)")
+    p.add_argument("--write", metavar="EXPERIMENT.yaml", help="write the proposed budgets into this experiment file")
+    p.set_defaults(fn=_cmd_budgets)
     sub.add_parser("stack", help="`stack serve ...`: the builtin streaming stack (see `stack serve --help`)")
     sub.add_parser("toxiproxy", help="`toxiproxy serve ...`: the embedded Toxiproxy server")
     return parser

@@ -28,6 +28,7 @@ __all__ = [
     "Problem",
     "SetupFailed",
     "TargetUnreachable",
+    "UsageError",
     "VerificationInconclusive",
 ]
 
@@ -66,6 +67,12 @@ class ExperimentInvalid(ChaosError):
             problems = [Problem(file="<experiment>", line=0, column=0, path="", message=problems)]
         self.problems = sorted(problems, key=lambda p: (p.file, p.line, p.column))
         super().__init__("\n".join(str(p) for p in self.problems))
+
+
+class UsageError(ChaosError):
+    """A command was given something it cannot use (not a run directory, runs that do not match)."""
+
+    exit_code = 2
 
 
 class SetupFailed(ChaosError):

@@ -20,7 +20,7 @@ from sla.common import CONFIDENCE, QuantileParam, rel_s, s, summary_s
 from sla.definitions import definition_line
 from sla.stats import judge_quantile
 
-__all__ = ["itl"]
+__all__ = ["gaps_in_send_order", "itl"]
 
 SCHEMA = Schema(
     (
@@ -30,6 +30,12 @@ SCHEMA = Schema(
         CONFIDENCE,
     )
 )
+
+
+def gaps_in_send_order(obs: Observations, phase: str | None) -> list[int]:
+    """Every gap in ns, streams in the order they were sent, each stream's gaps in order."""
+    population = sorted(obs.population(phase), key=lambda st: st.t_sent if st.t_sent is not None else 0)
+    return [gap for stream in population for gap in stream.gaps_ns]
 
 
 @verifier("itl", SCHEMA, "gaps between content events: a quantile against a budget, and the longest stall")
