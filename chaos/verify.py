@@ -11,7 +11,7 @@ from sla.base import REGISTRY, Verdict
 __all__ = ["TIMING_SLAS", "judge_all"]
 
 # Verdicts a saturated load generator can falsify: its own lag inflates every measured time.
-TIMING_SLAS = frozenset({"ttft", "itl", "throughput", "recovery"})
+TIMING_SLAS = frozenset({"ttft", "itl", "throughput", "recovery", "goodput", "fluidity"})
 
 
 def _within_client_lag(verdict: Verdict, client_lag: dict[str, Any]) -> bool:
