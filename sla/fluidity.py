@@ -58,11 +58,13 @@ class StreamDeadlines:
     outcomes: list[int] = field(default_factory=list)
     longest_run: int = 0
     longest_run_at: int | None = None  # stamp of the token (or end) that closed the longest run
+    lateness_ns: list[float] = field(default_factory=list)  # per late token: how far past its deadline
 
-    def add(self, met: bool, missed: int = 0, at: int | None = None) -> None:
+    def add(self, met: bool, missed: int = 0, at: int | None = None, late_ns: float = 0.0) -> None:
         if met:
             self.outcomes.append(1)
             return
+        self.lateness_ns.append(late_ns)
         self.outcomes.extend([0] * missed)
         run = 0
         for value in reversed(self.outcomes):  # misses right before these extend the run
@@ -92,7 +94,7 @@ def deadlines(stream: StreamRecord, pace: float, ttft: float | None) -> StreamDe
                 slack += d_ttft - wait
                 out.add(True)
             else:
-                out.add(False, 1 + math.floor((wait - slack - d_ttft) / d_pace), stamps[0])
+                out.add(False, 1 + math.floor((wait - slack - d_ttft) / d_pace), stamps[0], wait - slack - d_ttft)
                 slack = 0.0
         for before, after in zip(stamps, stamps[1:]):
             gap = after - before
@@ -100,20 +102,22 @@ def deadlines(stream: StreamRecord, pace: float, ttft: float | None) -> StreamDe
                 slack += d_pace - gap
                 out.add(True)
             else:
-                out.add(False, math.floor((gap - slack) / d_pace), after)
+                out.add(False, math.floor((gap - slack) / d_pace), after, gap - slack - d_pace)
                 slack = 0.0
     # A stream that ended while waiting for its next token missed the deadlines that passed.
     if ended_waiting(stream) and stream.t_end is not None:
         if stamps:
             waited = stream.t_end - stamps[-1]
             missed = math.floor((waited - slack) / d_pace) if waited > d_pace + slack else 0
+            late = waited - slack - d_pace
         elif d_ttft is not None:
             waited = stream.t_end - stream.t_sent
             missed = 1 + math.floor((waited - d_ttft) / d_pace) if waited > d_ttft else 0
+            late = waited - d_ttft
         else:
-            missed = 0
+            missed, late = 0, 0.0
         if missed > 0:
-            out.add(False, missed, stream.t_end)
+            out.add(False, missed, stream.t_end, late)
     return out
 
 
@@ -155,6 +159,11 @@ def fluidity(obs: Observations, params: Mapping[str, Any], phase: str | None) ->
             status = "fail"
             evidence["decided_by"] = "missed_run"
             figure, budget, unit = float(worst.longest_run), float(max_run), "deadlines"
+    lateness = [late for d in per_stream for late in d.lateness_ns]
+    if status == "fail" and lateness:
+        # what a saturated load generator's lag would have to explain (chaos.verify): how late the
+        # typical late token was past its deadline
+        evidence["excess_s"] = float(np.median(lateness)) / NS
     if not series:
         evidence["reason"] = "no deadlines: no judged stream produced content or waited past its first deadline"
     return Verdict("fluidity", phase, status, figure, budget, unit, len(series), evidence)

@@ -22,21 +22,24 @@ per second over the phase window, its bounds being the share's times the request
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from chaos.observations import NS, Observations, StreamRecord
 from chaos.params import Param, Schema
 from sla.base import Status, Verdict, verifier
 from sla.common import CONFIDENCE, MAX_IDS
-from sla.definitions import definition_line, e2e_ns, tpot_ns
+from sla.definitions import definition_line, e2e_ns, output_tokens, tpot_ns
 from sla.errors import error_kinds
 from sla.stats import judge_share
 from sla.throughput import window
 
-__all__ = ["Objectives", "goodput", "request_outcome"]
+__all__ = ["Objectives", "goodput", "miss_excess_ns", "request_outcome"]
 
 SCHEMA = Schema(
     (
@@ -94,6 +97,30 @@ def request_outcome(stream: StreamRecord, objectives: Objectives) -> tuple[bool 
     return not misses, misses
 
 
+def miss_excess_ns(stream: StreamRecord, objectives: Objectives) -> float:
+    """How far a missed request is past its objectives, in ns, as a late clock would have to explain
+    it: the largest of TTFT and E2E over their objectives and of TPOT's excess over all its gaps
+    (a client late by L stamps the last token at most L late, so TPOT by L / (tokens - 1));
+    infinite for a request that failed or did not complete, which no lateness explains."""
+    if stream.hangup is None and (error_kinds(stream) or not stream.complete):
+        return math.inf
+    excess = 0.0
+    waited = (stream.t_end - stream.t_sent) if stream.t_sent is not None and stream.t_end is not None else None
+    if objectives.ttft is not None:
+        ttft = stream.ttft_ns if stream.ttft_ns is not None else waited
+        if ttft is not None:
+            excess = max(excess, ttft - objectives.ttft * NS)
+    if objectives.e2e is not None:
+        e2e = e2e_ns(stream) if stream.complete else waited
+        if e2e is not None:
+            excess = max(excess, e2e - objectives.e2e * NS)
+    if objectives.tpot is not None and stream.complete:
+        tpot = tpot_ns(stream)
+        if tpot is not None:
+            excess = max(excess, (tpot - objectives.tpot * NS) * (output_tokens(stream) - 1))
+    return excess
+
+
 @verifier("goodput", SCHEMA, "share (or rate) of requests that completed and met every ttft/tpot/e2e objective")
 def goodput(obs: Observations, params: Mapping[str, Any], phase: str | None) -> Verdict:
     objectives = Objectives(params.get("ttft"), params.get("tpot"), params.get("e2e"))
@@ -106,6 +133,7 @@ def goodput(obs: Observations, params: Mapping[str, Any], phase: str | None) -> 
     outcomes: list[float] = []
     miss_reasons: Counter[str] = Counter()
     missed_ids: list[str] = []
+    excesses: list[float] = []
     unknown = 0
     for stream in population:
         good, misses = request_outcome(stream, objectives)
@@ -114,8 +142,10 @@ def goodput(obs: Observations, params: Mapping[str, Any], phase: str | None) -> 
             continue
         outcomes.append(1.0 if good else 0.0)
         miss_reasons.update(misses)
-        if misses and len(missed_ids) < MAX_IDS:
-            missed_ids.append(stream.id)
+        if misses:
+            excesses.append(miss_excess_ns(stream, objectives) / NS)
+            if len(missed_ids) < MAX_IDS:
+                missed_ids.append(stream.id)
 
     evidence: dict[str, Any] = {
         "objectives_s": objectives.named(),
@@ -147,6 +177,10 @@ def goodput(obs: Observations, params: Mapping[str, Any], phase: str | None) -> 
     status, share, lower, upper, judged = judge_share(outcomes, floor_share, confidence)
     evidence.update(judged)
     evidence["share"] = share
+    if status == "fail" and excesses:
+        # what a saturated load generator's lag would have to explain (chaos.verify): the typical
+        # miss's distance past its objectives; failures and cut streams are infinitely far
+        evidence["excess_s"] = float(np.median(excesses))
     figure = share
     if by_rate and share is not None:
         figure = share * scale
