@@ -71,6 +71,14 @@ def _timeline(obs: Observations, report: dict[str, Any]) -> str:
     return "\n".join(out) + legend
 
 
+def _samples(v: dict[str, Any]) -> str:
+    """n, and the effective sample size when correlation made it smaller."""
+    n_eff = (v.get("evidence") or {}).get("n_eff")
+    if isinstance(n_eff, (int, float)) and n_eff < v["samples"]:
+        return f"{v['samples']} (n_eff {n_eff:.0f})"
+    return str(v["samples"])
+
+
 def render_html(report: dict[str, Any], obs: Observations) -> str:
     """The page for one run, from its report.json dict and its observations. Pure."""
     rows = []
@@ -80,7 +88,7 @@ def render_html(report: dict[str, Any], obs: Observations) -> str:
         rows.append(
             f'<tr><td>{"✔" if v["ok"] else "✘"}</td><td>{_esc(v["name"] or v["sla"])}</td><td>{_esc(v["phase"] or "run")}</td>'
             f'<td style="color:{colour}">{_esc(v["status"])}{expect}</td><td>{_esc(v["figure"])}</td><td>{_esc(v["budget"])}</td>'
-            f'<td>{_esc(v["unit"])}</td><td>{_esc(v["samples"])}</td></tr>'
+            f'<td>{_esc(v["unit"])}</td><td>{_esc(_samples(v))}</td></tr>'
         )
     faults = "".join(
         f"<li><b>{_esc(f['name'])}</b> ({_esc(f['kind'])}): injected {_esc(f['injected_at'])}s, reverted {_esc(f['reverted_at'])}s"
