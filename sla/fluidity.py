@@ -59,20 +59,18 @@ class StreamDeadlines:
     longest_run: int = 0
     longest_run_at: int | None = None  # stamp of the token (or end) that closed the longest run
     lateness_ns: list[float] = field(default_factory=list)  # per late token: how far past its deadline
+    current_run: int = 0  # misses since the last deadline met
 
     def add(self, met: bool, missed: int = 0, at: int | None = None, late_ns: float = 0.0) -> None:
         if met:
             self.outcomes.append(1)
+            self.current_run = 0
             return
         self.lateness_ns.append(late_ns)
         self.outcomes.extend([0] * missed)
-        run = 0
-        for value in reversed(self.outcomes):  # misses right before these extend the run
-            if value:
-                break
-            run += 1
-        if run > self.longest_run:
-            self.longest_run, self.longest_run_at = run, at
+        self.current_run += missed  # misses right before these extend the run
+        if self.current_run > self.longest_run:
+            self.longest_run, self.longest_run_at = self.current_run, at
 
     @property
     def index(self) -> float | None:

@@ -103,7 +103,8 @@ def test_replacement_characters_fail_integrity(planted: Any, tmp_path: Path) -> 
     assert result.exit_code == 1
 
 
-STALL_LOAD = {"concurrency": 8, "max_tokens": 40}
+# varied lengths keep the 8 streams out of lockstep (a lockstep wave's TTFTs count as about one sample)
+STALL_LOAD = {"concurrency": 8, "max_tokens": [40, 56]}
 STALL_SLA = [
     {"kind": "ttft", "quantile": "p50", "budget": "500ms"},
     {"kind": "itl", "quantile": "p90", "budget": "100ms"},
@@ -115,10 +116,10 @@ STALL_SLA = [
 def test_fluidity_tells_an_early_stall_from_a_late_one_and_goodput_catches_both(planted: Any, tmp_path: Path) -> None:
     """Every stream stalls 0.8 s once: at its 2nd content event, or at its 25th. 40 tokens arrive
     in 28 to 40 content events (a multibyte character waits for its last byte), so the late stall
-    hits every stream too. The gap distribution is the same (one long gap in about 35), so the
+    hits every stream too. The gap distribution is the same (one long gap in about 40), so the
     p90 gap passes both; fluidity fails the early stall, which no slack hides, and passes the
     late one, which 24 fast tokens' slack absorbs. goodput's TPOT objective (12 ms; the stall
-    adds 20 ms per token) fails both while the TTFT quantile passes."""
+    adds at least 14 ms per token) fails both while TTFT stays far under its budget."""
     outcomes = {}
     for where, at in (("early", 2), ("late", 25)):
         url = planted("stall", "--stall-at", str(at), "--stall-for", "0.8")
@@ -128,7 +129,10 @@ def test_fluidity_tells_an_early_stall_from_a_late_one_and_goodput_catches_both(
         outcomes[where] = verdicts_by_kind(result)
     early, late = outcomes["early"], outcomes["late"]
     for v in (early, late):
-        assert v["ttft"].status == "pass", v["ttft"]
+        # TTFT is not the problem (every one far under 500 ms); a start-up wave of 8 simultaneous
+        # prefills can leave ~50 TTFTs worth too few independent samples to pass, never to fail
+        assert v["ttft"].status != "fail", v["ttft"]
+        assert v["ttft"].figure is not None and v["ttft"].figure < 0.5
         assert v["itl"].status == "pass", v["itl"]  # the p90 gap does not see a stall in one gap of 39
         assert v["goodput"].status == "fail", v["goodput"]
         assert v["goodput"].evidence["misses_by_reason"].get("tpot", 0) > 0
