@@ -14,6 +14,7 @@ from chaos.params import Param
 
 __all__ = [
     "CONFIDENCE",
+    "SHARE_CONFIDENCE",
     "MAX_IDS",
     "QuantileParam",
     "content_less_reason",
@@ -80,6 +81,17 @@ CONFIDENCE = Param(
     min=0.5,
     max=0.9999,
     doc="two-sided confidence of the quantile interval",
+)
+
+
+# The same for shares (goodput, fluidity): a Clopper-Pearson interval on the effective sample size.
+SHARE_CONFIDENCE = Param(
+    "confidence",
+    "float",
+    default=0.95,
+    min=0.5,
+    max=0.9999,
+    doc="two-sided confidence of the share's interval",
 )
 
 

@@ -34,7 +34,7 @@ import numpy as np
 from chaos.observations import NS, Observations, StreamRecord
 from chaos.params import Param, Schema
 from sla.base import Verdict, verifier
-from sla.common import CONFIDENCE, ended_waiting, rel_s
+from sla.common import SHARE_CONFIDENCE, ended_waiting, rel_s
 from sla.stats import judge_share
 
 __all__ = ["StreamDeadlines", "deadlines", "fluidity"]
@@ -45,7 +45,7 @@ SCHEMA = Schema(
         Param("ttft", "duration", doc="the first token's deadline after sending; unset: deadlines start at the first token"),
         Param("min_on_time", "fraction", default=0.95, doc="the smallest share of deadlines that must be met"),
         Param("max_missed_run", "int", min=1, doc="the most deadlines one stream may miss in a row; unset: not checked"),
-        CONFIDENCE,
+        SHARE_CONFIDENCE,
     )
 )
 

@@ -33,7 +33,7 @@ import numpy as np
 from chaos.observations import NS, Observations, StreamRecord
 from chaos.params import Param, Schema
 from sla.base import Status, Verdict, verifier
-from sla.common import CONFIDENCE, MAX_IDS
+from sla.common import MAX_IDS, SHARE_CONFIDENCE
 from sla.definitions import definition_line, e2e_ns, output_tokens, tpot_ns
 from sla.errors import error_kinds
 from sla.stats import judge_share
@@ -48,7 +48,7 @@ SCHEMA = Schema(
         Param("e2e", "duration", doc="end-to-end latency objective (e2e); unset: not judged"),
         Param("min_share", "fraction", doc="the smallest share of judged requests that must be good"),
         Param("min_rate", "rate", doc="the fewest good requests per second over the phase window"),
-        CONFIDENCE,
+        SHARE_CONFIDENCE,
     ),
     one_of=(("min_share", "min_rate"),),
 )
