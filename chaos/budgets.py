@@ -220,6 +220,8 @@ def _propose_quantile(entry: SlaEntry, runs: list[Baseline], ff: float, proposal
         spread = _spread(quantiles, log=True)
         budget = max(candidates) * math.exp(_z(ff) * spread)
         budgets.append(budget)
+        if len(_phases(entry)) > 1:
+            proposal.notes.append(f"{where}: {format_value(budget, 's', upper=True)} ({n_min} samples a run)")
         share = float(np.count_nonzero(np.asarray(pooled) <= budget)) / len(pooled)
         projected = samples_to_decide(q, confidence, share)
         needs.append(max(bound_needs, math.ceil((projected or 0) * tau)))
@@ -271,6 +273,8 @@ def _propose_share(entry: SlaEntry, runs: list[Baseline], ff: float, proposal: P
         spread = _spread(shares, log=False)
         floor = max(0.0, base - _z(ff) * spread)
         floors.append(floor)
+        if len(_phases(entry)) > 1:
+            proposal.notes.append(f"{where}: {format_value(floor, 'fraction', upper=False)} ({n_min} samples a run)")
         needed = share_samples_to_decide(good / len(pooled), floor, confidence)
         needs.append(math.ceil(needed * tau) if needed is not None else 0)
         if entry.kind == "goodput" and entry.params.get("min_rate") is not None:
@@ -313,6 +317,8 @@ def _propose_throughput(entry: SlaEntry, runs: list[Baseline], ff: float, propos
         spread = _spread(values, log=True)
         centre = math.exp(statistics.fmean(math.log(v) for v in values))
         floors.append(min(min(values), centre * math.exp(-_z(ff) * spread)))
+        if len(_phases(entry)) > 1:
+            proposal.notes.append(f"phase {phase}: {format_value(floors[-1], proposal.unit, upper=False)}")
         proposal.how = (
             f"the runs' geometric mean x exp(-{_z(ff):.2f} x {spread:.4f}) (their log spread), "
             "never above the slowest run"

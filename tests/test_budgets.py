@@ -133,3 +133,31 @@ def test_runs_of_different_experiments_and_non_run_dirs_are_refused(tmp_path: Pa
     other.write_text(EXPERIMENT.replace("  - {kind: errors}\n", ""), encoding="utf-8")
     assert main(["budgets", str(a), "--write", str(other)]) == 2
     assert "not the runs'" in capsys.readouterr().err
+
+
+def test_an_entry_over_several_phases_takes_the_loosest_and_says_each(tmp_path: Path) -> None:
+    two_phases = EXPERIMENT.replace("  - {name: steady, duration: 20s}\n",
+                                    "  - {name: steady, duration: 20s}\n  - {name: later, duration: 20s}\n").replace(
+        "  - {kind: ttft, quantile: p90, budget: 1s}", "  - {kind: ttft, phases: [steady, later], quantile: p90, budget: 1s}")
+
+    def run_with_later(seed: int) -> Observations:
+        obs = synthetic_run(seed)
+        slow = synthetic_run(seed + 50)
+        end = obs.phases[0].t_end or 0
+        for st in slow.streams:  # the later phase: every TTFT 50 ms slower
+            shift = end - T0
+            st.phase, st.id = "later", "l" + st.id
+            st.t_sent = (st.t_sent or 0) + shift
+            st.t_first_content = (st.t_first_content or 0) + shift + 50_000_000
+            st.t_content = [t + shift + 50_000_000 for t in st.t_content]
+            st.t_end = (st.t_end or 0) + shift + 50_000_000
+        obs.streams += slow.streams
+        obs.phases.append(PhaseWindow("later", end, end + (end - T0)))
+        return obs
+
+    runs = load_baselines([write_run(tmp_path, f"run{s}", run_with_later(s), two_phases) for s in range(2)])
+    ttft = next(p for p in propose(runs) if p.name == "ttft")
+    steady = next(n for n in ttft.notes if n.startswith("phase steady:"))
+    later = next(n for n in ttft.notes if n.startswith("phase later:"))
+    assert ttft.text == later.split(": ")[1].split(" ")[0]  # the budget must hold in the slower phase
+    assert steady != later
