@@ -128,7 +128,10 @@ def render_catalogue(what: str = "all") -> str:
     if what in ("faults", "all"):
         parts.append(_text_section("Faults", fault_kinds(), _FAULT_COMMON))
     if what in ("slas", "all"):
+        from sla.definitions import definitions_text
+
         parts.append(_text_section("SLAs", sla_kinds(), _SLA_COMMON))
+        parts.append(definitions_text())
     return "\n".join(parts).rstrip() + "\n"
 
 
@@ -136,8 +139,10 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _md_section(title: str, kinds: list[_Kind], common: str) -> str:
+def _md_section(title: str, kinds: list[_Kind], common: str, preface: str = "") -> str:
     lines = [f"## {title}", "", f"Generated from the registry ({common}).", ""]
+    if preface:
+        lines += [preface.rstrip(), ""]
     for k in kinds:
         lines.append(f"### `{k.kind}`")
         lines.append("")
@@ -159,8 +164,21 @@ def _md_section(title: str, kinds: list[_Kind], common: str) -> str:
     return "\n".join(lines)
 
 
+def _definitions_md() -> str:
+    from sla.definitions import definitions_markdown
+
+    return (
+        "### Metric definitions\n\n"
+        "What each latency metric measures, from which stamps (`t_sent`: the request reached the socket; "
+        "a content event: an SSE event with non-empty text), and what vLLM's `bench serve`, AIPerf and "
+        "GuideLLM call the same figure (\"close\": same stamps up to where the clock starts or stops). "
+        "`streamchaos report RUN_DIR --as vllm-bench` prints a run's figures under vLLM's names.\n\n"
+        + definitions_markdown()
+    )
+
+
 def catalogue_markdown() -> str:
     """The README's "Fault catalogue" and "SLA catalogue" sections, exactly."""
     faults_md = _md_section("Fault catalogue", fault_kinds(), _FAULT_COMMON)
-    slas_md = _md_section("SLA catalogue", sla_kinds(), _SLA_COMMON)
+    slas_md = _md_section("SLA catalogue", sla_kinds(), _SLA_COMMON, _definitions_md())
     return (faults_md + "\n" + slas_md).rstrip() + "\n"

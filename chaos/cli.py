@@ -1,4 +1,4 @@
-"""The `streamchaos` command line: run, validate, list, verify, rollback, report, stack, toxiproxy.
+"""The `streamchaos` command line: run, validate, list, verify, rollback, report, budgets, stack, toxiproxy.
 
 Exit codes (DESIGN.md): 0 every SLA as expected, 1 an SLA failed, 2 invalid experiment or usage,
 3 inconclusive, 4 the run could not be carried out. A user mistake never prints a traceback.
@@ -164,13 +164,41 @@ def _cmd_report(args: argparse.Namespace) -> int:
         return _cmd_history(args)
     if not args.run_dir:
         raise UsageError("report: give RUN_DIR, --compare RUN_A RUN_B or --history DIR")
+    if args.as_ == "vllm-bench":
+        return _cmd_vllm_bench(args)
     report = _read_report(args.run_dir)
     print(f"{report['experiment']}: {report['status']} (exit {report['exit_code']}), {report['load']['streams']} streams")
     for fault in report["faults"]:
         print(f"  fault {fault['name']} ({fault['kind']}): injected {fault['injected_at']}s, reverted {fault['reverted_at']}s")
-    for line in verdict_table(from_report(report["verdicts"])):
+    verdicts = from_report(report["verdicts"])
+    for line in verdict_table(verdicts):
         print("  " + line)
+    definitions: list[str] = []
+    for v in verdicts:
+        for line in ([v.evidence["definition"]] if "definition" in v.evidence else []) + list(v.evidence.get("definitions", [])):
+            if line not in definitions:
+                definitions.append(line)
+    if definitions:
+        print("definitions:")
+        for line in definitions:
+            print(f"  {line}")
     return int(report["exit_code"])
+
+
+def _cmd_vllm_bench(args: argparse.Namespace) -> int:
+    from chaos.observations import Observations
+    from chaos.vllm_bench import render_vllm_bench, vllm_bench_figures
+
+    run_dir = Path(args.run_dir)
+    journal = run_dir / "journal.jsonl"
+    if not journal.is_file():
+        raise UsageError(f"{journal} does not exist: give a run directory written by `streamchaos run --out`")
+    obs = Observations.load(journal)
+    if args.phase is not None and obs.phase(args.phase) is None and not any(s.phase == args.phase for s in obs.streams):
+        known = ", ".join(p.name for p in obs.phases) or "none"
+        raise UsageError(f"{run_dir}: no phase {args.phase!r} in this run; phases: {known}")
+    print(render_vllm_bench(vllm_bench_figures(obs, args.phase), obs.experiment))
+    return 0
 
 
 def _fraction(text: str) -> float:
@@ -181,6 +209,24 @@ def _fraction(text: str) -> float:
         return parse_fraction(text)
     except Exception as exc:  # noqa: BLE001 - whatever the parser raises is a usage error here
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _cmd_budgets(args: argparse.Namespace) -> int:
+    from chaos.budgets import load_baselines, propose, render_proposals, write_budgets
+    from chaos.units import UnitError, parse_fraction
+
+    try:
+        false_fail = parse_fraction(args.false_fail)
+    except UnitError as exc:
+        raise UsageError(f"--false-fail: {exc}") from None
+    runs = load_baselines(args.run_dirs)
+    proposals = propose(runs, false_fail)
+    print(render_proposals(proposals, runs, false_fail), end="")
+    if args.write:
+        changed = write_budgets(args.write, proposals, runs)
+        print(f"wrote {len(changed)} value(s) to {args.write}: " + ", ".join(changed) if changed else
+              f"{args.write}: nothing to write")
+    return 0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -213,6 +259,9 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=_cmd_rollback)
     p = sub.add_parser("report", help="print a finished run's report; compare two runs; a history page over many")
     p.add_argument("run_dir", nargs="?")
+    p.add_argument("--as", dest="as_", choices=["verdicts", "vllm-bench"], default="verdicts",
+                   help="verdicts (default), or the run's figures under vLLM bench serve's names")
+    p.add_argument("--phase", help="with --as vllm-bench: only this phase's streams")
     p.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"),
                    help="each SLA's figure in both runs, the change, and whether it is significant; exit 1 when flagged")
     p.add_argument("--history", metavar="DIR", help="one page over the runs in DIR (one experiment): trends, streaks, regressions")
@@ -222,6 +271,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--min-change", type=_fraction, default=0.10, metavar="FRACTION",
                    help="smallest relative change flagged as a regression (default 10%%)")
     p.set_defaults(fn=_cmd_report)
+    p = sub.add_parser("budgets", help="propose SLA budgets from healthy runs of an experiment")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="finished runs of one experiment on a healthy stack")
+    p.add_argument("--false-fail", default="1%", help="the largest chance a healthy run fails or is undecided (default 1%%)")
+    p.add_argument("--write", metavar="EXPERIMENT.yaml", help="write the proposed budgets into this experiment file")
+    p.set_defaults(fn=_cmd_budgets)
     sub.add_parser("stack", help="`stack serve ...`: the builtin streaming stack (see `stack serve --help`)")
     sub.add_parser("toxiproxy", help="`toxiproxy serve ...`: the embedded Toxiproxy server")
     return parser

@@ -70,7 +70,7 @@ class ExperimentInvalid(ChaosError):
 
 
 class UsageError(ChaosError):
-    """The command was used wrongly (e.g. a run directory that is not fresh); nothing was changed."""
+    """A command was used wrongly (a run directory that is not fresh, runs that do not match); nothing was changed."""
 
     exit_code = 2
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from sla.base import Verdict
 
-__all__ = ["format_value", "from_report", "verdict_label", "verdict_line", "verdict_status", "verdict_table"]
+__all__ = ["format_value", "from_report", "samples_text", "verdict_label", "verdict_line", "verdict_status", "verdict_table"]
 
 _EVIDENCE_CHARS = 600
 
@@ -34,6 +34,14 @@ def format_value(value: float | None, unit: str) -> str:
     return f"{value:.4g} {unit}".strip()
 
 
+def samples_text(v: Verdict) -> str:
+    """``n``, or ``n (n_eff 41)`` when correlation made the samples worth fewer independent ones."""
+    n_eff = v.evidence.get("n_eff") if isinstance(v.evidence, dict) else None
+    if isinstance(n_eff, (int, float)) and n_eff < v.samples:
+        return f"{v.samples} (n_eff {n_eff:.0f})"
+    return str(v.samples)
+
+
 def verdict_label(v: Verdict) -> str:
     """``ttft [baseline]``: the entry's name and the phase it judged."""
     return f"{v.name or v.sla} [{v.phase or 'run'}]"
@@ -48,7 +56,7 @@ def verdict_line(v: Verdict, *, evidence: bool = True) -> str:
     """One line: label, status against expectation, figure vs budget, samples, and the evidence."""
     line = (
         f"{verdict_label(v)}: {v.status} (expected {v.expect}); "
-        f"{format_value(v.figure, v.unit)} vs budget {format_value(v.budget, v.unit)}, n={v.samples}"
+        f"{format_value(v.figure, v.unit)} vs budget {format_value(v.budget, v.unit)}, n={samples_text(v)}"
     )
     if evidence and v.evidence:
         line += "; evidence: " + json.dumps(v.evidence, default=str)[:_EVIDENCE_CHARS]
@@ -57,7 +65,7 @@ def verdict_line(v: Verdict, *, evidence: bool = True) -> str:
 
 def verdict_table(verdicts: Iterable[Verdict]) -> list[str]:
     """The terminal table's lines: a header, a rule, one row per verdict (ok / !! marks)."""
-    rows = [("SLA", "PHASE", "STATUS", "FIGURE", "BUDGET", "N")]
+    rows = [("SLA", "PHASE", "STATUS", "FIGURE", "BUDGET", "N")]  # N: samples, and their effective size
     for v in verdicts:
         mark = "ok " if v.ok else "!! "
         rows.append((mark + (v.name or v.sla), v.phase or "run", verdict_status(v), format_value(v.figure, v.unit),

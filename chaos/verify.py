@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 __all__ = ["TIMING_SLAS", "client_lateness", "judge_all", "replay"]
 
 # Verdicts a saturated load generator can falsify: its own lag inflates every measured time.
-TIMING_SLAS = frozenset({"ttft", "itl", "throughput", "recovery"})
+TIMING_SLAS = frozenset({"ttft", "itl", "throughput", "recovery", "goodput", "fluidity"})
 
 
 def client_lateness(client_lag: dict[str, Any], phase: str | None) -> tuple[bool, float, str]:

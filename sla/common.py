@@ -14,9 +14,11 @@ from chaos.params import Param
 
 __all__ = [
     "CONFIDENCE",
+    "SHARE_CONFIDENCE",
     "MAX_IDS",
     "QuantileParam",
     "content_less_reason",
+    "ended_waiting",
     "parse_quantile",
     "quantile_label",
     "rel_s",
@@ -82,6 +84,17 @@ CONFIDENCE = Param(
 )
 
 
+# The same for shares (goodput, fluidity): a Clopper-Pearson interval on the effective sample size.
+SHARE_CONFIDENCE = Param(
+    "confidence",
+    "float",
+    default=0.95,
+    min=0.5,
+    max=0.9999,
+    doc="two-sided confidence of the share's interval",
+)
+
+
 def quantile_label(q: float) -> str:
     """0.99 → ``p99``, 0.999 → ``p99.9``."""
     return f"p{round(q * 100, 6):g}"
@@ -134,3 +147,19 @@ def content_less_reason(stream: StreamRecord) -> str:
     if stream.finish_reason is not None:
         return "empty_completion"
     return "no_terminal_event"
+
+
+# How a stream ends while still waiting for what it asked for: the load generator's request
+# timeout, a cut read, the run ending (cancelled), or a client fault that gave up after a time.
+WAITING_ERRORS = frozenset({"timeout", "read", "cancelled"})
+WAITING_HANGUPS = frozenset({"after_time", "read_timeout"})
+
+
+def ended_waiting(stream: StreamRecord) -> bool:
+    """Whether the stream ended while waiting for its next content: its wait is right-censored
+    (what it waited for would have come later, if at all)."""
+    if stream.t_sent is None or stream.t_end is None:
+        return False
+    if stream.hangup is not None:
+        return stream.hangup.reason in WAITING_HANGUPS
+    return stream.error is not None and stream.error.kind in WAITING_ERRORS

@@ -1,10 +1,11 @@
 """`itl`: a quantile of the gaps between content events, against a budget, plus the longest stall.
 
 The sample is every gap between consecutive content events of every judged stream (per chunk,
-as the client saw it: a chunk may carry several tokens). Gaps within one stream are correlated,
-so the order-statistic interval is a little optimistic about its confidence; `max_stall` is the
-check that does not depend on it: one gap longer than the stall budget fails the verdict, which
-is what a blocked event loop or a coalescing proxy produces.
+as the client saw it: a chunk may carry several tokens), streams in the order they were sent and
+each stream's gaps in order. Gaps within one stream are correlated: the interval is computed for
+the series' effective sample size (``sla.correlation``), which is why n_eff is in the evidence.
+`max_stall` is the check that does not depend on any interval: one gap longer than the stall
+budget fails the verdict, which is what a blocked event loop or a coalescing proxy produces.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from chaos.observations import Observations
 from chaos.params import Param, Schema
 from sla.base import Verdict, verifier
 from sla.common import CONFIDENCE, QuantileParam, rel_s, s, summary_s
+from sla.definitions import definition_line
 from sla.stats import judge_quantile
 
-__all__ = ["itl"]
+__all__ = ["gaps_in_send_order", "itl"]
 
 SCHEMA = Schema(
     (
@@ -28,6 +30,12 @@ SCHEMA = Schema(
         CONFIDENCE,
     )
 )
+
+
+def gaps_in_send_order(obs: Observations, phase: str | None) -> list[int]:
+    """Every gap in ns, streams in the order they were sent, each stream's gaps in order."""
+    population = sorted(obs.population(phase), key=lambda st: st.t_sent if st.t_sent is not None else 0)
+    return [gap for stream in population for gap in stream.gaps_ns]
 
 
 @verifier("itl", SCHEMA, "gaps between content events: a quantile against a budget, and the longest stall")
@@ -40,7 +48,8 @@ def itl(obs: Observations, params: Mapping[str, Any], phase: str | None) -> Verd
     gaps_ns: list[int] = []
     longest: tuple[int, str, int] | None = None  # (gap, stream id, when the gap ended)
     streams_with_gaps = 0
-    for stream in obs.population(phase):
+    population = sorted(obs.population(phase), key=lambda st: st.t_sent if st.t_sent is not None else 0)
+    for stream in population:
         stream_gaps = stream.gaps_ns
         if not stream_gaps:
             continue
@@ -51,6 +60,7 @@ def itl(obs: Observations, params: Mapping[str, Any], phase: str | None) -> Verd
             longest = (stream_gaps[i], stream.id, stream.t_content[i + 1])
 
     status, figure, _, _, evidence = judge_quantile([g / 1e9 for g in gaps_ns], q, budget, confidence)
+    evidence["definition"] = definition_line("itl")
     evidence["gaps"] = summary_s(gaps_ns, sorted({0.5, 0.9, 0.99, q}))
     evidence["streams"] = streams_with_gaps
     evidence["longest_stall_s"] = s(longest[0]) if longest else None

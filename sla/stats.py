@@ -1,4 +1,4 @@
-"""Distribution-free statistics for verdicts: quantile confidence bounds and a rank test.
+"""Distribution-free statistics for verdicts: quantile and proportion confidence bounds, a rank test.
 
 Quantile budgets are judged from order statistics. For n independent samples of a continuous
 distribution with q-quantile ξ, the number of samples below ξ is Binomial(n, q), so
@@ -14,6 +14,14 @@ A ``pass`` needs the upper bound within the budget, a ``fail`` needs the lower b
 With a two-sided interval at confidence c (α = (1 - c) / 2 on each side), a decisive verdict
 is wrong with probability at most α whatever the truth, and at most 1 - c even when the budget
 sits exactly on the true quantile.
+
+Correlated samples. Samples taken one after another under load are not independent, and n of
+them carry the information of fewer, n_eff (``sla.correlation``). Every interval here takes an
+``n_eff``: the binomial is computed for n_eff trials and its ranks are scaled back to the n
+samples at hand, rounded outward (the upper rank up, the lower rank down), so that with
+n_eff = n nothing changes and with n_eff < n the interval widens as the variance of the count
+does. ``judge_quantile`` and ``judge_share`` estimate n_eff from the samples in the order they
+are given (the order the requests were sent) unless told the samples are independent.
 """
 
 from __future__ import annotations
@@ -27,15 +35,23 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats as _scipy_stats
 
+from sla.correlation import EffectiveSize, effective_size, quantile_indicator
+
 __all__ = [
+    "ProportionBounds",
     "QuantileBounds",
     "RankShift",
     "judge_quantile",
+    "judge_share",
+    "proportion_bounds",
     "quantile_bounds",
     "rank_shift",
     "sample_quantile",
+    "sample_size",
     "samples_needed",
     "samples_to_decide",
+    "scaled_ranks",
+    "share_samples_to_decide",
 ]
 
 Status = Literal["pass", "fail", "inconclusive"]
@@ -43,6 +59,7 @@ Samples = Sequence[float] | npt.NDArray[np.floating[Any]]
 Side = Literal["upper", "lower"]
 
 _binom = _scipy_stats.binom
+_beta = _scipy_stats.beta
 # The binomial search caps here: a budget that needs more samples than this is reported as such.
 _MAX_N = 10**9
 
@@ -112,16 +129,45 @@ class QuantileBounds:
     upper: float | None
     lower_rank: int | None  # 1-based order statistic used for the lower bound
     upper_rank: int | None
+    n_eff: float | None = None  # the effective sample size the ranks were computed for; None: n
 
 
-def quantile_bounds(samples: Samples, q: float, confidence: float = 0.95, *, two_sided: bool = True) -> QuantileBounds:
-    """Order-statistic bounds for the q-quantile of the distribution ``samples`` came from."""
+def _effective_trials(n: int, n_eff: float | None) -> int:
+    """The binomial's number of trials for n samples worth n_eff: floor(n_eff) within [1, n]."""
+    if n_eff is None or n_eff >= n:
+        return n
+    return max(1, min(n, math.floor(n_eff)))
+
+
+def scaled_ranks(n: int, q: float, alpha: float, n_eff: float | None = None) -> tuple[int | None, int | None]:
+    """(lower, upper) 1-based ranks among n samples worth n_eff independent ones.
+
+    The binomial ranks for n_e = floor(n_eff) trials are fractions of the sample; scaled back to
+    n samples they are rounded outward, so the interval is never narrower than n_e's.
+    """
+    n_e = _effective_trials(n, n_eff)
+    lo_e = _lower_index(n_e, q, alpha)
+    hi_e = _upper_index(n_e, q, alpha)
+    if n_e == n:
+        return lo_e, hi_e
+    lo = None if lo_e is None else max(1, math.floor((lo_e - 1) * n / n_e) + 1)
+    hi = None if hi_e is None else min(n, math.ceil(hi_e * n / n_e))
+    return lo, hi
+
+
+def quantile_bounds(
+    samples: Samples, q: float, confidence: float = 0.95, *, two_sided: bool = True, n_eff: float | None = None
+) -> QuantileBounds:
+    """Order-statistic bounds for the q-quantile of the distribution ``samples`` came from.
+
+    ``n_eff`` (default: the number of samples, i.e. independent samples) widens them for
+    correlated samples; see the module docstring.
+    """
     _check_q(q)
     alpha = _alpha(confidence, two_sided)
     ordered = np.sort(np.asarray(samples, dtype=float))
     n = int(ordered.size)
-    lo = _lower_index(n, q, alpha)
-    hi = _upper_index(n, q, alpha)
+    lo, hi = scaled_ranks(n, q, alpha, n_eff)
     return QuantileBounds(
         n=n,
         q=q,
@@ -130,6 +176,7 @@ def quantile_bounds(samples: Samples, q: float, confidence: float = 0.95, *, two
         upper=float(ordered[hi - 1]) if hi is not None else None,
         lower_rank=lo,
         upper_rank=hi,
+        n_eff=None if n_eff is None else float(min(n_eff, n)),
     )
 
 
@@ -177,28 +224,47 @@ def samples_to_decide(q: float, confidence: float, share_within: float, *, two_s
     return hi
 
 
+def sample_size(samples: Samples, q: float | None = None, *, independent: bool = False) -> EffectiveSize:
+    """The effective size of ``samples`` (in the order they were taken) for the q-quantile's
+    interval (its indicator series), or for a 0/1 series when ``q`` is None."""
+    values = np.asarray(samples, dtype=float)
+    if independent or values.size == 0:
+        return EffectiveSize(int(values.size), float(values.size), 1.0, None, 0, method="assumed independent")
+    return effective_size(quantile_indicator(values, q) if q is not None else values)
+
+
+def _needed(effective: int | None, tau: float) -> int | None:
+    """Effective samples → samples at this autocorrelation (τ samples per effective one)."""
+    return None if effective is None else math.ceil(effective * tau - 1e-9)
+
+
 def judge_quantile(
-    samples: Samples, q: float, budget: float, confidence: float = 0.95
+    samples: Samples, q: float, budget: float, confidence: float = 0.95, *, independent: bool = False
 ) -> tuple[Status, float | None, float | None, float | None, dict[str, Any]]:
     """Judge "the q-quantile is within ``budget``": (status, figure, lower, upper, evidence).
 
+    ``samples`` come in the order they were taken: their autocorrelation (``sla.correlation``)
+    sets the effective sample size the interval is computed for, unless ``independent``.
     ``pass`` only when the upper confidence bound is within the budget, ``fail`` only when the
     lower bound is over it; otherwise ``inconclusive``, and the evidence says how many samples
     would decide: ``bound_needs`` is where the missing bound starts to exist at all (p99 at 95%
-    two-sided: 368), ``samples_needed`` also projects the current share of samples within the
-    budget forward (never less than ``bound_needs``; None when that share equals q).
+    two-sided: 368 independent samples, τ times as many correlated ones), ``samples_needed``
+    also projects the current share of samples within the budget forward (never less than
+    ``bound_needs``; None when that share equals q).
     """
-    bounds = quantile_bounds(samples, q, confidence)
-    figure = sample_quantile(samples, q)
+    values = np.asarray(samples, dtype=float)
+    size = sample_size(values, q, independent=independent)
+    bounds = quantile_bounds(values, q, confidence, n_eff=size.n_eff if size.n else None)
+    figure = sample_quantile(values, q)
     n = bounds.n
     evidence: dict[str, Any] = {
-        "n": n,
         "quantile": q,
         "confidence": confidence,
         "lower": bounds.lower,
         "upper": bounds.upper,
         "lower_rank": bounds.lower_rank,
         "upper_rank": bounds.upper_rank,
+        **size.evidence(f"1{{x <= sample p{_pct(q)}}} in send order"),
     }
     if bounds.upper is not None and bounds.upper <= budget:
         return "pass", figure, bounds.lower, bounds.upper, evidence
@@ -206,30 +272,141 @@ def judge_quantile(
         return "fail", figure, bounds.lower, bounds.upper, evidence
 
     # Undecided: say which bound is missing or too wide and how many samples would help.
-    share = float(np.count_nonzero(np.asarray(samples, dtype=float) <= budget)) / n if n else None
+    share = float(np.count_nonzero(values <= budget)) / n if n else None
     side: Side = "upper" if share is None or share >= q else "lower"  # the bound that would decide
-    bound_needs = samples_needed(q, confidence, side)
-    projected = samples_to_decide(q, confidence, share) if share is not None else None
+    bound_needs_eff = samples_needed(q, confidence, side)
+    projected_eff = samples_to_decide(q, confidence, share) if share is not None else None
+    bound_needs = _needed(bound_needs_eff, size.tau)
+    assert bound_needs is not None
+    projected = _needed(projected_eff, size.tau)
     needed: int | None = max(bound_needs, projected) if projected is not None else None
     if needed is None and n < bound_needs:
         needed = bound_needs
     evidence["share_within_budget"] = share
     evidence["bound_needs"] = bound_needs  # where the missing bound starts to exist at all
+    evidence["bound_needs_effective"] = bound_needs_eff  # the same, in independent samples
     evidence["samples_needed"] = needed  # None: the budget sits on the estimate; no n is enough
+    worth = "" if size.tau == 1.0 else f" (worth {size.n_eff:.0f} independent ones at lag-1 autocorrelation {size.rho_lag1:.2f})"
     if n == 0:
         evidence["reason"] = "no samples"
-    elif n < bound_needs:
+    elif _effective_trials(n, size.n_eff) < bound_needs_eff:
         evidence["reason"] = (
-            f"{n} samples cannot bound the p{_pct(q)} from the {side} side at {confidence:.0%} confidence; "
+            f"{n} samples{worth} cannot bound the p{_pct(q)} from the {side} side at {confidence:.0%} confidence; "
             f"at least {bound_needs} are needed"
         )
     else:
         evidence["reason"] = (
-            f"the {confidence:.0%} interval [{_fmt(bounds.lower)}, {_fmt(bounds.upper)}] contains the budget "
-            f"{_fmt(budget)}; "
+            f"the {confidence:.0%} interval [{_fmt(bounds.lower)}, {_fmt(bounds.upper)}] from {n} samples{worth} "
+            f"contains the budget {_fmt(budget)}; "
             + (f"about {needed} samples would decide it" if needed else "the budget sits on the estimate")
         )
     return "inconclusive", figure, bounds.lower, bounds.upper, evidence
+
+
+@dataclass(frozen=True)
+class ProportionBounds:
+    """A Clopper-Pearson interval for a share, computed for ``n_eff`` effective trials."""
+
+    successes: int
+    n: int
+    n_eff: float
+    confidence: float
+    lower: float | None
+    upper: float | None
+
+
+def proportion_bounds(
+    successes: int, n: int, confidence: float = 0.95, *, two_sided: bool = True, n_eff: float | None = None
+) -> ProportionBounds:
+    """Clopper-Pearson (exact binomial) bounds for the share behind ``successes`` of ``n``.
+
+    With ``n_eff`` < n the observed share is kept and the trials shrink to n_eff: the beta
+    quantiles take the fractional counts ``share * n_eff`` as they come.
+    """
+    alpha = _alpha(confidence, two_sided)
+    if n <= 0:
+        return ProportionBounds(successes, n, 0.0, confidence, None, None)
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes must lie between 0 and n ({n}), found {successes}")
+    n_e = float(n) if n_eff is None else min(float(n), max(1.0, float(n_eff)))
+    x = successes * n_e / n
+    lower = 0.0 if successes == 0 else float(_beta.ppf(alpha, x, n_e - x + 1.0))
+    upper = 1.0 if successes == n else float(_beta.ppf(1.0 - alpha, x + 1.0, n_e - x))
+    return ProportionBounds(successes, n, n_e, confidence, lower, upper)
+
+
+def _share_decides(share: float, floor: float, n_e: float, alpha: float) -> bool:
+    x = share * n_e
+    if share > floor:
+        return x > 0 and float(_beta.ppf(alpha, x, n_e - x + 1.0)) >= floor
+    return x < n_e and float(_beta.ppf(1.0 - alpha, x + 1.0, n_e - x)) < floor
+
+
+def share_samples_to_decide(share: float, floor: float, confidence: float = 0.95) -> int | None:
+    """Effective trials that would decide "share >= floor" if the observed share held; None when
+    the share sits on the floor, or when no sample size can (a share of 100% never shows a
+    floor of 100%)."""
+    alpha = _alpha(confidence, True)
+    if share == floor:
+        return None
+    powers = [float(2**k) for k in range(int(math.log2(_MAX_N)) + 1)]
+    hi = next((p for p in powers if _share_decides(share, floor, p, alpha)), None)
+    if hi is None:
+        return None
+    lo = hi / 2
+    while hi - lo > 1:
+        mid = math.floor((lo + hi) / 2)
+        if _share_decides(share, floor, float(mid), alpha):
+            hi = mid
+        else:
+            lo = mid
+    return int(hi)
+
+
+def judge_share(
+    outcomes: Samples, floor: float, confidence: float = 0.95, *, independent: bool = False
+) -> tuple[Status, float | None, float | None, float | None, dict[str, Any]]:
+    """Judge "the share of successes is at least ``floor``" from 0/1 ``outcomes`` in the order
+    they happened: (status, figure, lower, upper, evidence).
+
+    ``pass`` when the lower Clopper-Pearson bound (for the series' effective size) is at least the
+    floor, ``fail`` when the upper bound is under it, otherwise ``inconclusive`` with the
+    number of samples that would decide it if the share held.
+    """
+    values = np.asarray(outcomes, dtype=float)
+    n = int(values.size)
+    successes = int(np.count_nonzero(values > 0.5))
+    size = sample_size(values, None, independent=independent)
+    bounds = proportion_bounds(successes, n, confidence, n_eff=size.n_eff if n else None)
+    share = successes / n if n else None
+    evidence: dict[str, Any] = {
+        "successes": successes,
+        "confidence": confidence,
+        "lower": bounds.lower,
+        "upper": bounds.upper,
+        **size.evidence("the 0/1 outcomes in send order"),
+    }
+    if share is not None and bounds.lower is not None and bounds.lower >= floor:
+        return "pass", share, bounds.lower, bounds.upper, evidence
+    if share is not None and bounds.upper is not None and bounds.upper < floor:
+        return "fail", share, bounds.lower, bounds.upper, evidence
+    if share is None:
+        evidence["reason"] = "no samples"
+        evidence["samples_needed"] = None
+        return "inconclusive", None, None, None, evidence
+    needed = _needed(share_samples_to_decide(share, floor, confidence), size.tau)
+    evidence["samples_needed"] = needed
+    worth = "" if size.tau == 1.0 else f" (worth {size.n_eff:.0f} independent ones)"
+    if needed is None:
+        why = ("a share of 100% can never show a floor of 100%; lower the floor" if floor >= 1.0
+               else "the floor sits on the estimate")
+    else:
+        why = f"about {needed} samples would decide it"
+    evidence["reason"] = (
+        f"the {confidence:.0%} interval [{_fmt(bounds.lower)}, {_fmt(bounds.upper)}] from {n} samples{worth} "
+        f"contains the floor {_fmt(floor)}; {why}"
+    )
+    return "inconclusive", share, bounds.lower, bounds.upper, evidence
 
 
 def _pct(q: float) -> str:

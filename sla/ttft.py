@@ -28,10 +28,20 @@ import numpy as np
 from chaos.observations import Observations, StreamRecord
 from chaos.params import Param, Schema
 from sla.base import Verdict, verifier
-from sla.common import CONFIDENCE, MAX_IDS, QuantileParam, content_less_reason, quantile_label, s, summary_s
+from sla.common import (
+    CONFIDENCE,
+    MAX_IDS,
+    QuantileParam,
+    content_less_reason,
+    ended_waiting,
+    quantile_label,
+    s,
+    summary_s,
+)
+from sla.definitions import definition_line
 from sla.stats import judge_quantile
 
-__all__ = ["ttft", "ttft_samples"]
+__all__ = ["judged_in_send_order", "ttft", "ttft_samples"]
 
 SCHEMA = Schema(
     (
@@ -40,6 +50,22 @@ SCHEMA = Schema(
         CONFIDENCE,
     )
 )
+
+
+def judged_in_send_order(population: list[StreamRecord], budget: float) -> list[int]:
+    """The judged TTFTs in ns, in the order the requests were sent (ties keep the journal order):
+    the TTFT of every stream with content, and the wait of every stream censored past ``budget``.
+    The order matters: the interval's effective sample size comes from its autocorrelation."""
+    judged: list[tuple[int, int, int]] = []
+    for index, stream in enumerate(population):
+        value = stream.ttft_ns
+        if value is None:
+            wait = _censored_wait_ns(stream)
+            value = wait if wait is not None and wait >= budget * 1e9 else None
+        if value is not None:
+            judged.append((stream.t_sent if stream.t_sent is not None else 0, index, value))
+    judged.sort()
+    return [value for _, _, value in judged]
 
 
 def ttft_samples(streams: list[StreamRecord]) -> tuple[list[int], list[StreamRecord], list[StreamRecord]]:
@@ -64,13 +90,14 @@ def ttft(obs: Observations, params: Mapping[str, Any], phase: str | None) -> Ver
     budget: float = params["budget"]
     confidence: float = params["confidence"]
     population = obs.population(phase)
-    values_ns, hung_up, no_content = ttft_samples(population)
+    _, hung_up, no_content = ttft_samples(population)
     with_content = [st for st in population if st.ttft_ns is not None]
     waited = [w for w in (_censored_wait_ns(st) for st in hung_up + no_content) if w is not None]
     over_budget = [w for w in waited if w >= budget * 1e9]
-    values_ns = values_ns + over_budget
+    values_ns = judged_in_send_order(population, budget)
 
     status, figure, _, _, evidence = judge_quantile([v / 1e9 for v in values_ns], q, budget, confidence)
+    evidence["definition"] = definition_line("ttft")
     label = quantile_label(q)
     ttfb_ns = [st.ttfb_ns for st in with_content if st.ttfb_ns is not None]
     shown = sorted({0.5, 0.9, 0.99, q})
@@ -104,18 +131,12 @@ def ttft(obs: Observations, params: Mapping[str, Any], phase: str | None) -> Ver
     )
 
 
-_WAITING_ERRORS = frozenset({"timeout", "read", "cancelled"})
-_WAITING_HANGUPS = frozenset({"after_time", "read_timeout"})
-
-
 def _censored_wait_ns(stream: StreamRecord) -> int | None:
     """How long a stream waited for content it never got, when it was really waiting for it."""
-    if stream.t_sent is None or stream.t_end is None or stream.t_first_content is not None:
+    if stream.t_first_content is not None or not ended_waiting(stream):
         return None
-    waiting = (stream.hangup is not None and stream.hangup.reason in _WAITING_HANGUPS) or (
-        stream.hangup is None and stream.error is not None and stream.error.kind in _WAITING_ERRORS
-    )
-    return stream.t_end - stream.t_sent if waiting else None
+    assert stream.t_sent is not None and stream.t_end is not None
+    return stream.t_end - stream.t_sent
 
 
 def _buffering_ratio(streams: list[StreamRecord]) -> float | None:

@@ -14,6 +14,22 @@ def test_readme_catalogue_matches_the_registries() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert module.render(readme) == readme, "README catalogue is stale: run python scripts/update_readme.py"
     assert "### `network.latency`" in readme and "### `kv_cleanup`" in readme
+    assert "### `goodput`" in readme and "### `fluidity`" in readme
+
+
+def test_readme_sla_section_has_the_definitions_table_side_by_side_with_other_tools() -> None:
+    from sla.definitions import DEFINITIONS, definitions_markdown
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    sla_section = readme[readme.index("## SLA catalogue"):]
+    assert definitions_markdown() in sla_section
+    header = sla_section[sla_section.index("| ours |"):].splitlines()[0]
+    assert "vLLM bench serve" in header and "AIPerf" in header
+    for name in DEFINITIONS:
+        assert f"| `{name}` |" in sla_section
+    # the names that differ across tools are spelled out where a reader compares them
+    tpot_row = next(line for line in sla_section.splitlines() if line.startswith("| `tpot` |"))
+    assert "| TPOT |" in tpot_row and "Inter Token Latency (ITL)" in tpot_row
 
 
 def test_readme_names_the_two_commands_that_exist() -> None:

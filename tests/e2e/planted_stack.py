@@ -1,18 +1,21 @@
 """The builtin stack with one planted defect, for showing that each verifier catches its bug.
 
-    python tests/e2e/planted_stack.py --defect leak|buffer|no_done|fffd [stack serve flags]
+    python tests/e2e/planted_stack.py --defect leak|buffer|no_done|fffd|stall [stack serve flags]
 
 - ``leak``: the server never aborts an engine request when its client hangs up, so generation (and
   the KV blocks it holds) goes on for the departed client — the classic disconnect leak.
 - ``buffer``: every response is held until it is complete, as a buffering proxy would (TTFT = E2E).
 - ``no_done``: ``data: [DONE]`` is never sent (and no finish_reason), so streams end early.
 - ``fffd``: content carries U+FFFD, as a detokenizer that emits partial UTF-8 would.
+- ``stall``: every stream stalls once, for ``--stall-for`` seconds before its ``--stall-at``-th
+  content event (1-based): early in the stream, or late, with the same gap distribution.
 These defects live here, in the tests, and nowhere in the product.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import re
 import sys
 from typing import Any
@@ -80,13 +83,38 @@ class ReplacementChars(_Wrapper):
         return corrupting
 
 
-WRAPPERS: dict[str, type[_Wrapper]] = {"buffer": Buffering, "no_done": DropDone, "fffd": ReplacementChars}
+class Stall(_Wrapper):
+    """Hold one content event of every stream back: the send path of that stream only."""
+
+    at = 2
+    seconds = 1.0
+
+    def wrap_send(self, send: Send) -> Send:
+        count = 0
+
+        async def stalling(message: Message) -> None:
+            nonlocal count
+            if message["type"] == "http.response.body":
+                body = message.get("body", b"")
+                if re.search(rb'"text":"[^"]', body):
+                    count += 1
+                    if count == self.at:
+                        await asyncio.sleep(self.seconds)
+            await send(message)
+
+        return stalling
+
+
+WRAPPERS: dict[str, type[_Wrapper]] = {"buffer": Buffering, "no_done": DropDone, "fffd": ReplacementChars, "stall": Stall}
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--defect", required=True, choices=["leak", *WRAPPERS])
+    parser.add_argument("--stall-at", type=int, default=2, help="stall: before this content event (1-based)")
+    parser.add_argument("--stall-for", type=float, default=1.0, help="stall: this many seconds")
     args, rest = parser.parse_known_args(argv)
+    Stall.at, Stall.seconds = args.stall_at, args.stall_for
     if args.defect == "leak":
         Engine.abort = lambda self, request_id: None  # type: ignore[method-assign]
     else:

@@ -72,9 +72,11 @@ def test_same_storm_on_the_real_stack_cleans_up(tmp_path: Path) -> None:
 
 def test_buffering_server_fails_ttft(planted: Any, tmp_path: Path) -> None:
     url = planted("buffer")
+    # Streams sent together are buffered alike, so in send order their TTFTs come in pairs and are
+    # worth about half as many independent samples: 6 s of 200-token responses give ~20, worth ~10.
     exp = experiment(
-        "planted-buffer", load={"concurrency": 2, "max_tokens": 400},
-        phases=[{"name": "steady", "duration": "4s"}],
+        "planted-buffer", load={"concurrency": 2, "max_tokens": 200},
+        phases=[{"name": "steady", "duration": "6s"}],
         sla=[{"kind": "ttft", "quantile": "p50", "budget": "150ms"}],
     )
     result = run_dict(exp, url, tmp_path)
@@ -99,3 +101,56 @@ def test_replacement_characters_fail_integrity(planted: Any, tmp_path: Path) -> 
     result = run_dict(exp, url, tmp_path)
     assert verdicts_by_kind(result)["integrity"].status == "fail"
     assert result.exit_code == 1
+
+
+# varied lengths keep the 8 streams out of lockstep (a lockstep wave's TTFTs count as about one sample)
+STALL_LOAD = {"concurrency": 8, "max_tokens": [40, 56]}
+STALL_SLA = [
+    {"kind": "ttft", "quantile": "p50", "budget": "500ms"},
+    {"kind": "itl", "quantile": "p90", "budget": "100ms"},
+    {"kind": "fluidity", "pace": "50ms", "ttft": "300ms", "min_on_time": "90%", "max_missed_run": 5},
+    {"kind": "goodput", "ttft": "500ms", "tpot": "12ms", "min_share": "50%"},
+]
+
+
+def test_fluidity_tells_an_early_stall_from_a_late_one_and_goodput_catches_both(planted: Any, tmp_path: Path) -> None:
+    """Every stream stalls 0.8 s once: at its 2nd content event, or at its 25th. 40 tokens arrive
+    in 28 to 40 content events (a multibyte character waits for its last byte), so the late stall
+    hits every stream too. The gap distribution is the same (one long gap in about 40), so the
+    p90 gap passes both; fluidity fails the early stall, which no slack hides, and passes the
+    late one, which 24 fast tokens' slack absorbs. goodput's TPOT objective (12 ms; the stall
+    adds at least 14 ms per token) fails both while TTFT stays far under its budget."""
+    outcomes = {}
+    for where, at in (("early", 2), ("late", 25)):
+        url = planted("stall", "--stall-at", str(at), "--stall-for", "0.8")
+        exp = experiment(f"planted-stall-{where}", load=STALL_LOAD, phases=[{"name": "steady", "duration": "5s"}],
+                         sla=STALL_SLA)
+        result = run_dict(exp, url, tmp_path / where)
+        outcomes[where] = verdicts_by_kind(result)
+    early, late = outcomes["early"], outcomes["late"]
+    for v in (early, late):
+        # TTFT is not the problem (every one far under 500 ms); a start-up wave of 8 simultaneous
+        # prefills can leave ~50 TTFTs worth too few independent samples to pass, never to fail
+        assert v["ttft"].status != "fail", v["ttft"]
+        assert v["ttft"].figure is not None and v["ttft"].figure < 0.5
+        assert v["itl"].status == "pass", v["itl"]  # the p90 gap does not see a stall in one gap of 39
+        assert v["goodput"].status == "fail", v["goodput"]
+        assert v["goodput"].evidence["misses_by_reason"].get("tpot", 0) > 0
+    assert early["fluidity"].status == "fail", early["fluidity"]
+    assert early["fluidity"].evidence["longest_missed_run"] > 5
+    assert late["fluidity"].status == "pass", late["fluidity"].evidence
+    assert late["fluidity"].evidence["missed"] == 0
+
+
+def test_goodput_fails_a_stack_whose_streams_never_complete(planted: Any, tmp_path: Path) -> None:
+    url = planted("no_done")
+    exp = experiment("planted-goodput", load={"concurrency": 2, "max_tokens": 16},
+                     phases=[{"name": "steady", "duration": "2s"}],
+                     sla=[{"kind": "ttft", "quantile": "p50", "budget": "1s"},
+                          {"kind": "goodput", "ttft": "1s", "min_share": "90%"}])
+    result = run_dict(exp, url, tmp_path)
+    by_kind = verdicts_by_kind(result)
+    assert by_kind["ttft"].status == "pass"  # every first token came in time
+    assert by_kind["goodput"].status == "fail"
+    assert by_kind["goodput"].figure == 0.0
+    assert by_kind["goodput"].evidence["misses_by_reason"]["incomplete"] == by_kind["goodput"].samples

@@ -16,7 +16,7 @@ from chaos.observations import Observations
 
 pytestmark = pytest.mark.timeout(60)
 
-KINDS = {"ttft", "itl", "early_close", "kv_cleanup", "errors", "integrity", "throughput", "recovery"}
+KINDS = {"ttft", "itl", "early_close", "kv_cleanup", "errors", "integrity", "throughput", "recovery", "goodput", "fluidity"}
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -50,6 +50,9 @@ def test_importing_sla_starts_nothing_heavy() -> None:
         ("throughput", {"min_requests_per_s": 1}, "requests/s"),
         ("kv_cleanup", {}, "s"),
         ("recovery", {}, "ratio"),
+        ("goodput", {"ttft": "1s", "min_share": "90%"}, "fraction"),
+        ("goodput", {"min_rate": "1/s"}, "requests/s"),
+        ("fluidity", {"pace": "50ms"}, "fraction"),
     ],
 )
 def test_empty_observations_are_inconclusive_with_the_kinds_unit(kind: str, params: dict[str, Any], unit: str) -> None:

@@ -78,3 +78,29 @@ def test_non_timing_failures_are_never_excused(synth: Any) -> None:
     obs.streams[3].error = ErrorInfo("http", "server error", 500)
     verdicts = by_name(judge_all(parse_experiment(EXPERIMENT), obs, client_lag=lag(500.0)))
     assert verdicts["errors"].status == "fail"
+
+
+def test_goodput_and_fluidity_failures_under_a_saturated_client_are_inconclusive(synth: Any) -> None:
+    # every fault-phase TTFT is 110 ms against a 100 ms objective: a client 30 ms late could be why
+    exp = parse_experiment(EXPERIMENT.replace(
+        "  - {kind: errors, budget: 0%}\n",
+        "  - {kind: goodput, phases: [fault], ttft: 100ms, min_share: 90%}\n"
+        "  - {kind: fluidity, phases: [fault], pace: 20ms, ttft: 100ms, max_missed_run: 1}\n"))
+    obs = observations(synth, 0.110, 0.080)
+    saturated = by_name(judge_all(exp, obs, client_lag=lag(30.0)))
+    healthy = by_name(judge_all(exp, obs, client_lag=lag(5.0)))
+    for name in ("goodput", "fluidity"):
+        assert healthy[name].status == "fail", healthy[name]
+        assert saturated[name].status == "inconclusive", saturated[name]
+        assert saturated[name].evidence["inconclusive_cause"] == "load generator saturated"
+
+
+def test_goodput_and_fluidity_misses_far_beyond_the_client_lag_stay_failures(synth: Any) -> None:
+    # 400 ms TTFTs against a 100 ms objective: 300 ms past it, a client 30 ms late cannot explain
+    exp = parse_experiment(EXPERIMENT.replace(
+        "  - {kind: errors, budget: 0%}\n",
+        "  - {kind: goodput, phases: [fault], ttft: 100ms, min_share: 90%}\n"
+        "  - {kind: fluidity, phases: [fault], pace: 20ms, ttft: 100ms, max_missed_run: 1}\n"))
+    verdicts = by_name(judge_all(exp, observations(synth, 0.400, 0.080), client_lag=lag(30.0)))
+    assert verdicts["goodput"].status == "fail" and verdicts["goodput"].evidence["excess_s"] == pytest.approx(0.3, abs=0.005)
+    assert verdicts["fluidity"].status == "fail" and verdicts["fluidity"].evidence["excess_s"] == pytest.approx(0.3, abs=0.005)

@@ -1,0 +1,66 @@
+"""`streamchaos budgets` end to end: seeded healthy runs of a small experiment on the builtin stack,
+budgets proposed from them and written into the experiment file, then a rerun that passes every
+SLA that got a budget."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from chaos.budgets import load_baselines, propose, write_budgets
+from chaos.experiment import load_experiment
+from chaos.runner import run
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+
+EXPERIMENT = """\
+# A short healthy run whose budgets are placeholders until `streamchaos budgets` fills them in.
+name: budgets-baseline
+seed: 1
+target: {kind: builtin, model: tiny}
+load:
+  concurrency: 4
+  max_tokens: 16
+phases:
+  - {name: steady, duration: 4s}
+sla:
+  - {kind: ttft, quantile: p50, budget: 10s}      # proposed from the runs
+  - kind: itl
+    quantile: p90
+    budget: 10s
+  - {kind: goodput, ttft: 2s, min_share: 10%}
+  - {kind: fluidity, pace: 250ms, ttft: 2s}         # min_on_time defaults to 95%: a key is added
+  - {kind: errors}                                 # a policy: left as it is
+safety: {cleanup_window: 500ms, drain_timeout: 5s}
+"""
+
+
+def test_budgets_proposed_from_healthy_runs_pass_a_rerun(tmp_path: Path) -> None:
+    path = tmp_path / "budgets-baseline.yaml"
+    path.write_text(EXPERIMENT, encoding="utf-8")
+    experiment = load_experiment(path)
+    dirs = []
+    for seed in (1, 2, 3):
+        result = run(experiment, out_dir=tmp_path / f"base{seed}", seed=seed, handle_signals=False)
+        assert result.exit_code == 0, [v for v in result.verdicts if not v.ok]
+        dirs.append(tmp_path / f"base{seed}")
+
+    runs = load_baselines(dirs)
+    proposals = propose(runs, false_fail=0.01)
+    proposed = {p.name: p for p in proposals if p.text is not None}
+    assert set(proposed) == {"ttft", "itl", "goodput", "fluidity"}, [(p.name, p.notes) for p in proposals]
+    changed = write_budgets(path, proposals, runs)
+    assert len(changed) == 4
+    text = path.read_text(encoding="utf-8")
+    assert "# proposed from the runs" in text and "min_on_time:" in text
+
+    rerun = run(load_experiment(path), out_dir=tmp_path / "rerun", seed=4, handle_signals=False)
+    verdicts = {v.name: v for v in rerun.verdicts}
+    for name, p in proposed.items():
+        v = verdicts[name]
+        print(f"{name}: proposed {p.text} (runs {p.per_run}), rerun {v.status} figure {v.figure} n {v.samples}")
+        assert v.status == "pass", (name, p.text, v.figure, v.evidence.get("reason"))
+    # the budgets are real ones, not the placeholders
+    assert proposed["ttft"].proposed is not None and proposed["ttft"].proposed < 1.0
+    assert proposed["goodput"].proposed is not None and proposed["goodput"].proposed > 0.5
