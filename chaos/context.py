@@ -6,7 +6,9 @@ unpickles a ``ClientRule`` loads this module and ``chaos.load``, never ``faults`
 
 - ``TargetInfo`` / ``ProxyInfo``: the system under test and the Toxiproxy in front of it, as the
   runner brought them up.
-- ``SafetySpec``: the experiment's bounds (durations, GPU clock changes allowed or not).
+- ``SafetySpec``: the experiment's bounds (durations, GPU clock changes allowed or not, and
+  ``AllowedTargets``: where beyond this host's loopback a run may act); ``Reach``: one thing a run
+  or a fault acts on, as ``chaos.allowlist`` checks it.
 - ``ClientPlan`` / ``ClientRule`` / ``ClientPolicy``: how each client behaves for one request; client
   faults install rules, the load generator draws a plan per request.
 - ``BackgroundLoad``: streams a fault sends on its own (kv.pressure hog).
@@ -23,11 +25,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 __all__ = [
+    "AllowedTargets",
     "BackgroundLoad",
     "ClientPlan",
     "ClientPolicy",
     "ClientRule",
     "ProxyInfo",
+    "Reach",
     "RunContext",
     "SafetySpec",
     "TargetInfo",
@@ -61,6 +65,28 @@ class ProxyInfo:
 
 
 @dataclass(frozen=True)
+class AllowedTargets:
+    """``safety.allowed_targets``: where beyond this host's loopback a run may act.
+
+    Entries are kept as written (the loader checked their syntax); ``chaos.allowlist`` matches them.
+    """
+
+    hosts: tuple[str, ...] = ()  # host names (``*.suffix``), IPs, CIDRs, host:port, or URLs (scheme, host, port, path prefix)
+    namespaces: tuple[str, ...] = ()  # Kubernetes namespaces (``*`` patterns)
+    selectors: tuple[str, ...] = ()  # label selectors a cluster fault's own selector must imply
+
+
+@dataclass(frozen=True)
+class Reach:
+    """One thing a run or a fault acts on, as the allow-list sees it: a URL, or a namespace (and selector)."""
+
+    what: str  # for messages: "target", "proxy", "fault pod-kill (k8s.pod_kill)"
+    url: str | None = None
+    namespace: str | None = None  # a Kubernetes namespace: a cluster reach
+    selector: str | None = None  # a label selector within the namespace (None: the whole namespace)
+
+
+@dataclass(frozen=True)
 class SafetySpec:
     """Bounds that keep a run from harming the machine or running forever."""
 
@@ -69,6 +95,7 @@ class SafetySpec:
     cleanup_window: float = 2.0  # then keep scraping metrics this long (kv_cleanup)
     allow_gpu_clock_changes: bool = False
     scrape_interval: float = 0.2  # seconds, within [0.1, 1]
+    allowed_targets: AllowedTargets | None = None  # None: loopback only, no cluster faults
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from chaos.allowlist import enforce as enforce_allowed_targets
 from chaos.context import ClientPolicy, ProxyInfo, RunContext, TargetInfo
 from chaos.errors import ChaosError, FaultError, FaultRevertFailed
 from chaos.events import EventBus, RunFinished, RunListener, RunStarted, Stage, VerdictsReady
@@ -222,6 +223,10 @@ class Runner:
     async def _bring_up(self, resources: contextlib.AsyncExitStack) -> RunContext:
         """Target, proxy, load, watchdog, scraper, telemetry; the faults activated (checked) against them."""
         exp, emit = self.experiment, self.events.emit
+        # the blast-radius limit, before anything is started or contacted (TargetNotAllowed, exit 2)
+        checked = enforce_allowed_targets(exp, target_url=self.target_url)
+        if checked:
+            self._note("allowed_targets", {"checked": [{k: v for k, v in vars(r).items() if v is not None} for r in checked]})
         self._stage("target", f"starting target ({'remote' if self.target_url or exp.target.url else exp.target.kind})")
         target = self.target = await resources.enter_async_context(
             running_target(exp.target, target_url=self.target_url, run_dir=self.out_dir, seed=exp.seed))

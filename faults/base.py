@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
 
-from chaos.context import RunContext
+from chaos.context import Reach, RunContext
 from chaos.errors import ExperimentInvalid
 from chaos.params import Schema
 
@@ -65,6 +65,11 @@ class Fault(ABC):
     def problems(self, experiment: Experiment) -> list[tuple[str, str]]:
         """Cross-section checks at load time, as ``(key, message)``; ``experiment`` is the parsed one."""
         return []
+
+    def reach(self, experiment: Experiment) -> tuple[Reach, ...]:
+        """What this fault acts on beyond the run's own target and proxy (a Kubernetes namespace and
+        selector, another host), for ``safety.allowed_targets``; checked before anything starts."""
+        return ()
 
     @abstractmethod
     def activate(self, ctx: RunContext) -> Injection:

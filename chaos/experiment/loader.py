@@ -26,6 +26,7 @@ from .model import (
     FrozenMap,
     LoadSpec,
     PhaseSpec,
+    AllowedTargets,
     PromptSpec,
     ProxySpec,
     SafetySpec,
@@ -347,12 +348,26 @@ def _safety(ctx: _Context, raw: object) -> SafetySpec:
         return SafetySpec()
     values = _parse(ctx, data, path, sections.SAFETY)
     _positive(ctx, values, path, "max_duration")
+    allowed = values.pop("allowed_targets", None)
+    if allowed is not None:
+        values["allowed_targets"] = _allowed_targets(ctx, allowed, path + ("allowed_targets",))
     interval = values.get("scrape_interval")
     lo, hi = _SCRAPE_BOUNDS
     if isinstance(interval, float) and not lo <= interval <= hi:
         _reject(ctx, values, path, "scrape_interval", f"must lie between {format_duration(lo)} and "
                 f"{format_duration(hi)}, found {format_duration(interval)}")
     return SafetySpec(**_fields(values, SafetySpec))
+
+
+def _allowed_targets(ctx: _Context, raw: dict[str, Any], path: KeyPath) -> AllowedTargets:
+    """``safety.allowed_targets``: its syntax checked entry by entry (``chaos.allowlist`` matches it at run time)."""
+    from chaos.allowlist import syntax_problems
+
+    values = _parse(ctx, raw, path, sections.ALLOWED_TARGETS)
+    allowed = AllowedTargets(**{k: tuple(v) for k, v in values.items() if v is not None})
+    for where, message in syntax_problems(allowed):
+        ctx.add(path + where, message)
+    return allowed
 
 
 @dataclass

@@ -6,13 +6,14 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from chaos.context import SafetySpec  # shared with the run context (a leaf module)
+from chaos.context import AllowedTargets, SafetySpec  # shared with the run context (a leaf module)
 
 if TYPE_CHECKING:  # faults/__init__ imports every fault module, which may import this one
     from faults.base import Fault
 
 __all__ = [
     "PROMPT_CLASSES",
+    "AllowedTargets",
     "Experiment",
     "FrozenMap",
     "LoadSpec",

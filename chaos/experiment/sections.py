@@ -7,6 +7,7 @@ from chaos.params import Param, Schema
 from .model import PROMPT_CLASSES
 
 __all__ = [
+    "ALLOWED_TARGETS",
     "FAULT_ENTRY_KEYS",
     "LOAD",
     "PHASE",
@@ -101,6 +102,14 @@ SAFETY = Schema((
     Param("cleanup_window", "duration", 2.0, doc="then keep scraping metrics this long"),
     Param("allow_gpu_clock_changes", "bool", False, doc="gpu.throttle (nvml) and gpu.power_cap refuse to run without it"),
     Param("scrape_interval", "duration", 0.2, doc="metric scrape period, 100ms to 1s"),
+    Param("allowed_targets", "mapping", None, doc="where beyond this host's loopback the run may act: "
+          "{hosts, namespaces, selectors}; without it remote targets and cluster faults are refused"),
+))
+
+ALLOWED_TARGETS = Schema((
+    Param("hosts", "str_list", (), doc="host names (*.suffix), IPs, CIDRs, host:port or URLs the run may act on"),
+    Param("namespaces", "str_list", (), doc="Kubernetes namespaces (* patterns) cluster targets and faults may act in"),
+    Param("selectors", "str_list", (), doc="label selectors; a cluster fault's selector must imply one of them"),
 ))
 
 # Keys every fault / SLA entry may carry besides its kind's own parameters.

@@ -339,8 +339,27 @@ safety:
     (18, 20, "safety.scrape_interval", "must lie between 100ms and 1s, found 2s"),
 ))
 
+ALLOWED_TARGETS = Bad("allowed-targets", """\
+name: x
+phases: [{name: a, duration: 1s}]
+safety:
+  allowed_targets:
+    hosts: [vllm, 10.0.0.0/33, "bad host", "http://gw:99999/v1"]
+    namespaces: [staging, Bad_NS]
+    selectors: ["app=vllm", "tier in (a,b", ""]
+    hostz: [x]
+""", (
+    (5, 19, "safety.allowed_targets.hosts[1]", "'10.0.0.0/33' is not a CIDR such as 10.0.0.0/8"),
+    (5, 32, "safety.allowed_targets.hosts[2]", "'bad host': not a host name, IP, CIDR, host:port or URL"),
+    (5, 44, "safety.allowed_targets.hosts[3]", "the port is not a number"),
+    (6, 27, "safety.allowed_targets.namespaces[1]", "'Bad_NS' is not a namespace name"),
+    (7, 29, "safety.allowed_targets.selectors[1]", "cannot read 'tier in (a,b'"),
+    (7, 45, "safety.allowed_targets.selectors[2]", "an empty selector selects every pod"),
+    (8, 5, "safety.allowed_targets.hostz", "unknown key 'hostz' (did you mean 'hosts'?)"),
+))
+
 BAD_CASES = (
-    SYNTAX, TAB, NOT_A_MAPPING, EMPTY, DUPLICATE_KEY, UNKNOWN_SECTION, MISSING_REQUIRED, BARE_DURATION,
+    ALLOWED_TARGETS, SYNTAX, TAB, NOT_A_MAPPING, EMPTY, DUPLICATE_KEY, UNKNOWN_SECTION, MISSING_REQUIRED, BARE_DURATION,
     UNKNOWN_FAULT_KIND, UNKNOWN_FAULT_PARAM, BAD_FAULT_VALUE, ONE_OF, FAULT_CROSS_CHECK, DUPLICATE_PHASE,
     NO_PHASES, SLA_UNKNOWN_PHASE, SLA_BAD_ENTRY, LOAD_BOTH, PROMPTS, SAFETY, TARGET, DUPLICATE_FAULT_NAME, MANY,
 )
