@@ -25,6 +25,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from chaos.runner import run
 
     experiment = load_experiment(args.experiment)
+    if args.seed is not None:
+        from dataclasses import replace
+
+        experiment = replace(experiment, seed=args.seed)
+    if args.dry_run:
+        import asyncio
+
+        from chaos.dryrun import dry_run
+
+        account = asyncio.run(dry_run(experiment, target_url=args.target_url))
+        print("\n".join(account.lines))
+        return account.exit_code
     listeners: list[Any] = [] if args.quiet else [LiveProgress()]
     with contextlib.ExitStack() as stack:
         if args.metrics_port is not None or args.push_metrics:
@@ -34,7 +46,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             if exporter.url:
                 print(f"metrics: {exporter.url} (for the life of the run)", file=sys.stderr)
             listeners.append(exporter)
-        result = run(experiment, target_url=args.target_url, out_dir=args.out, seed=args.seed, listeners=listeners)
+        result = run(experiment, target_url=args.target_url, out_dir=args.out, listeners=listeners)
     print(render_summary(result))
     return result.exit_code
 
@@ -192,6 +204,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="run directory (default: runs/<time>-<name>)")
     p.add_argument("--seed", type=int, help="override the experiment's seed")
     p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate, resolve the target (GET /v1/models only), say what each fault would change and how it "
+                        "is undone; start, change and write nothing")
     p.add_argument("--metrics-port", type=int, metavar="PORT",
                    help="serve the run's QoS metrics on 127.0.0.1:PORT/metrics while it runs (0: any free port)")
     p.add_argument("--push-metrics", metavar="URL", help="push the run's QoS metrics to this Prometheus Pushgateway")

@@ -13,6 +13,8 @@ unpickles a ``ClientRule`` loads this module and ``chaos.load``, never ``faults`
   faults install rules, the load generator draws a plan per request.
 - ``BackgroundLoad``: streams a fault sends on its own (kv.pressure hog).
 - ``RunContext``: all of the above for one run, handed to every fault activation.
+- ``Scene`` / ``FaultAccount``: what a dry run knows without starting anything, and a fault's
+  account against it of what it would change and how that is undone.
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ __all__ = [
     "ClientPlan",
     "ClientPolicy",
     "ClientRule",
+    "FaultAccount",
     "ProxyInfo",
     "Reach",
     "RunContext",
     "SafetySpec",
+    "Scene",
     "TargetInfo",
 ]
 
@@ -193,3 +197,28 @@ class RunContext:
     def rng(self, fault_name: str) -> random.Random:
         """A generator seeded from the run's seed and the fault's name, so a run replays."""
         return random.Random(f"{self.seed}:{fault_name}")
+
+
+@dataclass(frozen=True)
+class Scene:
+    """What a dry run knows of a run it does not carry out; faults describe themselves against it.
+
+    ``target`` is the remote server as probed, or the builtin stack as it would be started (its URLs
+    say so); ``proxy`` the Toxiproxy proxy as it would be created, or None without one.
+    """
+
+    target: TargetInfo
+    proxy: ProxyInfo | None = None
+    safety: SafetySpec = SafetySpec()
+    target_spawned: bool = False  # the runner would start the serving process, so it would know its pid
+    phase: str = ""
+    phase_duration_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class FaultAccount:
+    """A fault's dry-run account: what inject would change, how revert (and rollback) undo it."""
+
+    changes: str
+    undo: str
+    refused: str | None = None  # why activation would refuse it in this scene, when that is known
