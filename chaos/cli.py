@@ -185,6 +185,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return int(report["exit_code"])
 
 
+def _cmd_shard(args: argparse.Namespace) -> int:
+    from chaos.load.shard import shard_main
+
+    return shard_main(args)
+
+
 def _fraction(text: str) -> float:
     """``10%`` or ``0.1`` (argparse turns the ValueError into a usage error, exit 2)."""
     from chaos.units import parse_fraction
@@ -237,6 +243,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--min-change", type=_fraction, default=0.10, metavar="FRACTION",
                    help="smallest relative change flagged as a regression (default 10%%)")
     p.set_defaults(fn=_cmd_report)
+    p = sub.add_parser("shard", help="be one load shard of a run whose load.shards is above 1 (a pod of an Indexed Job)")
+    p.add_argument("--coordinator", required=True, metavar="HOST:PORT", help="where the run's coordinator listens (load.shard_listen)")
+    p.add_argument("--index", type=int, help="this shard's index (default: JOB_COMPLETION_INDEX)")
+    p.add_argument("--count", type=int, required=True, help="how many shards the run has (load.shards)")
+    p.add_argument("--journal-dir", default=".", help="where journal.shard-K.jsonl goes (default: here)")
+    p.add_argument("--target-url", help="send the load here instead of the URL the coordinator gives (e.g. an in-cluster Service)")
+    p.add_argument("--token-file", help="file holding the run's shard token (default: STREAMCHAOS_SHARD_TOKEN)")
+    p.add_argument("--api-key-file", help="file holding the target's API key (default: STREAMCHAOS_API_KEY)")
+    p.add_argument("--connect-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="keep trying to reach the coordinator this long (default 300)")
+    p.set_defaults(fn=_cmd_shard)
     sub.add_parser("stack", help="`stack serve ...`: the builtin streaming stack (see `stack serve --help`)")
     sub.add_parser("toxiproxy", help="`toxiproxy serve ...`: the embedded Toxiproxy server")
     return parser

@@ -244,9 +244,12 @@ class Runner:
         ctx = RunContext(seed=exp.seed, target=target.info, run_dir=self.out_dir, safety=exp.safety,
                          clients=ClientPolicy(), proxy=self.proxy)
         ctx.restart_target = self._restarter(target, ctx)
+        if exp.load.shards > 1:
+            self._stage("load", f"waiting for {exp.load.shards} load shards ({exp.load.shard_launch})")
         load = self.load = await resources.enter_async_context(running_load(
             exp.load, base_url=load_url, model=exp.load.model or target.info.model, seed=exp.seed,
-            policy=ctx.clients, sink=emit, api_key=exp.target.api_key))
+            policy=ctx.clients, sink=emit, api_key=exp.target.api_key,
+            run_dir=self.out_dir, notes=emit, run_id=self._run_id(), lifetime_s=exp.safety.max_duration))
         ctx.background = load  # kv.pressure hog sends its own streams through it
         self.injections = {fault.name: fault.activate(ctx) for _, fault in exp.faults()}
         if any(injection.outlives_runner for injection in self.injections.values()):

@@ -119,6 +119,10 @@ class LoadSpec:
     workers: int = 1
     lag_threshold: float = 0.020  # seconds; see sections.py for why not 5ms
     prompts: PromptSpec = PromptSpec()
+    shards: int = 1  # >1: the load is split across that many generator shards (chaos.load.shards)
+    shard_launch: str = "local"  # local: started by the runner | external: started elsewhere (pods)
+    shard_listen: str = "127.0.0.1:0"  # where the coordinator listens for its shards
+    shard_connect_timeout: float = 60.0  # seconds to wait for every shard to connect
 
     def __post_init__(self) -> None:
         # One place for the default, so LoadSpec() and a YAML without load: agree.

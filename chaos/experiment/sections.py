@@ -86,6 +86,12 @@ LOAD = Schema(
         # A flagged run only turns a timing failure inconclusive when the lag could explain it.
         Param("lag_threshold", "duration", 0.020, doc="generator event-loop lag p99 above this flags the run"),
         Param("prompts", "mapping", None, doc="prompt source and shape"),
+        Param("shards", "int", 1, min=1, max=256, doc="split the load across this many generator shards, each a process "
+              "(here or a pod) that writes a journal shard; merged and judged as one run"),
+        Param("shard_launch", "choice", "local", choices=("local", "external"),
+              doc="local: the runner starts the shards; external: they are started elsewhere (`streamchaos shard`, an Indexed Job)"),
+        Param("shard_listen", "str", "127.0.0.1:0", doc="host:port the coordinator listens on for its shards"),
+        Param("shard_connect_timeout", "duration", 60.0, doc="how long to wait for every shard to connect"),
     ),
     at_most_one_of=(("concurrency", "rate"),),
 )

@@ -358,8 +358,32 @@ safety:
     (8, 5, "safety.allowed_targets.hostz", "unknown key 'hostz' (did you mean 'hosts'?)"),
 ))
 
+LOAD_SHARDS = Bad("load-shards", """\
+name: x
+load:
+  workers: 2
+  shards: 3
+  shard_launch: external
+  shard_listen: 0.0.0.0:0
+  shard_connect_timeout: 0s
+phases: [{name: a, duration: 1s}]
+""", (
+    (3, 12, "load.workers", "give load.workers or load.shards, not both"),
+    (6, 17, "load.shard_listen", "external shards must be told where to connect: give a fixed port"),
+    (7, 26, "load.shard_connect_timeout", "must be greater than zero"),
+))
+
+LOAD_SHARD_LISTEN = Bad("load-shard-listen", """\
+name: x
+load: {shards: 1, shard_launch: external, shard_listen: "nope"}
+phases: [{name: a, duration: 1s}]
+""", (
+    (2, 33, "load.shard_launch", "external shards need load.shards of 2 or more"),
+    (2, 57, "load.shard_listen", "expected host:port such as 127.0.0.1:0 or 0.0.0.0:7070"),
+))
+
 BAD_CASES = (
-    ALLOWED_TARGETS, SYNTAX, TAB, NOT_A_MAPPING, EMPTY, DUPLICATE_KEY, UNKNOWN_SECTION, MISSING_REQUIRED, BARE_DURATION,
+    ALLOWED_TARGETS, LOAD_SHARDS, LOAD_SHARD_LISTEN, SYNTAX, TAB, NOT_A_MAPPING, EMPTY, DUPLICATE_KEY, UNKNOWN_SECTION, MISSING_REQUIRED, BARE_DURATION,
     UNKNOWN_FAULT_KIND, UNKNOWN_FAULT_PARAM, BAD_FAULT_VALUE, ONE_OF, FAULT_CROSS_CHECK, DUPLICATE_PHASE,
     NO_PHASES, SLA_UNKNOWN_PHASE, SLA_BAD_ENTRY, LOAD_BOTH, PROMPTS, SAFETY, TARGET, DUPLICATE_FAULT_NAME, MANY,
 )
