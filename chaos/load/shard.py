@@ -200,12 +200,18 @@ async def run_shard(coordinator: str, *, index: int, count: int, token: str, jou
             raise ShardLost(f"the coordinator at {coordinator} refused shard {index}: {why}")
         shard.setup(welcome["config"], target_url, api_key)
         lifetime = float(welcome["config"].get("lifetime_s", 3600.0))
+        serving = asyncio.ensure_future(asyncio.wait_for(shard.serve(), lifetime))
+        stopped_by = _on_signals(serving)
         try:
-            ended = await asyncio.wait_for(shard.serve(), lifetime)
+            ended = await serving
         except asyncio.TimeoutError:
             ended = f"the run outlived this shard's lifetime ({lifetime:g}s)"
         except (ProtocolError, ConnectionError) as exc:
             ended = f"the connection to the coordinator broke: {exc}"
+        except asyncio.CancelledError:
+            if not stopped_by:
+                raise
+            ended = f"stopped by {stopped_by[0]}"
         if ended != "closed":
             await shard.stop()  # no coordinator, no load: a shard never drives load on its own
             raise ShardLost(f"shard {index}: {ended}; its load was stopped ({shard.written} records in its journal shard)")
@@ -217,6 +223,23 @@ async def run_shard(coordinator: str, *, index: int, count: int, token: str, jou
         writer.close()
         with contextlib.suppress(Exception):
             await writer.wait_closed()
+
+
+def _on_signals(task: asyncio.Future[str]) -> list[str]:
+    """SIGTERM/SIGINT (a pod deleted, Ctrl-C) stop the shard's load in order; the list names the signal."""
+    import signal
+
+    got: list[str] = []
+    loop = asyncio.get_running_loop()
+
+    def stop(sig: signal.Signals) -> None:
+        got.append(sig.name)
+        task.cancel()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):  # not the main thread
+            loop.add_signal_handler(sig, stop, sig)
+    return got
 
 
 def shard_main(args: Any) -> int:

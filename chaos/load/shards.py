@@ -155,6 +155,7 @@ class ShardPool:
         self._procs: list[subprocess.Popen[bytes]] = []
         self._all_here: asyncio.Event | None = None
         self._closed = False
+        self._closing = False
         self.address = ""
         policy.on_change.append(self._rules_changed)
 
@@ -292,7 +293,7 @@ class ShardPool:
         while True:
             message = await read_message(peer.reader)
             if message is None:
-                if not self._closed:
+                if not self._closing:
                     self._lost(peer, f"load shard {peer.index} ({peer.host}, pid {peer.pid}) closed its connection")
                 return
             self._message(peer, message)
@@ -415,6 +416,7 @@ class ShardPool:
         for peer in self._alive():
             with contextlib.suppress(Exception):
                 peer.clock_end = await asyncio.wait_for(self._sync(peer, END_EXCHANGES), 10.0)
+        self._closing = True  # from here a shard hanging up is the end of the run, not a loss
         try:
             if self._alive():
                 replies = await asyncio.wait_for(self._call("close", []), CLOSE_TIMEOUT_S)
@@ -437,11 +439,15 @@ class ShardPool:
         self._merge()
 
     def _stop_local(self) -> None:
+        """Our own shard processes: a closed one exits by itself; one that never joined or closed is stopped."""
+        closed = {p.pid for p in self._peers.values() if p.written is not None}
         for proc in self._procs:
+            if proc.pid not in closed and proc.poll() is None:
+                proc.terminate()  # still dialling, or cut off: by its pid, never by name
             try:
                 proc.wait(CLOSE_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                proc.kill()  # our own child, by its pid
+                proc.kill()
                 proc.wait(5)
 
     def _merge(self) -> None:

@@ -130,6 +130,7 @@ async def test_two_shards_with_skewed_clocks_merge_into_one_aligned_record_strea
     assert abs(by_index[0]["clock"]["offset_ns"]) <= by_index[0]["clock"]["bound_ns"]
     assert by_index[1]["records_live"] + by_index[0]["records_live"] == len(records)
     assert by_index[1]["records_written"] == by_index[1]["records_live"] and by_index[1]["records_from_journal"] == 0
+    assert by_index[0]["lost"] is None and by_index[1]["lost"] is None
     assert abs(by_index[1]["drift_ns"]) <= skewed["bound_ns"] + by_index[1]["clock_end"]["bound_ns"]
 
     # aligned: every stamp on this host's clock; no request sent after the server saw it arrive (beyond the bound)
