@@ -452,12 +452,12 @@ class ShardPool:
 
     def _merge(self) -> None:
         """Add what only the journal shards hold; say per shard what came how, and the clocks."""
-        shards = []
+        shards: dict[str, dict[str, Any]] = {}  # by index (a mapping: the report shows one table per shard)
         for i in range(self.count):
             peer = self._peers.get(i)
             entry: dict[str, Any] = {"index": i, "connected": peer is not None}
+            shards[str(i)] = entry
             if peer is None or peer.clock is None:
-                shards.append(entry)
                 continue
             entry.update(host=peer.host, pid=peer.pid, clock=asdict(peer.clock), records_live=len(peer.live),
                          records_written=peer.written, lost=self._dead.get(i))
@@ -475,7 +475,6 @@ class ShardPool:
             known = len(peer.live) + entry.get("records_from_journal", 0)
             if peer.written is not None and known < peer.written:
                 entry["records_missing"] = peer.written - known
-            shards.append(entry)
         if self.notes is not None:
             self.notes(Note(topic="shards", t=time.monotonic_ns(), data={
                 "count": self.count, "launch": self.launch, "address": self.address, "shards": shards,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -50,10 +51,15 @@ def test_a_sharded_run_is_merged_and_judged_as_one(tmp_path: Path) -> None:
     assert {s.id.split("-")[0] for s in background} == {"0", "1"}  # the hog's streams split across the shards too
 
     (note,) = result.observations.notes_on("shards")
-    assert [s["index"] for s in note.data["shards"]] == [0, 1]
-    for shard in note.data["shards"]:
+    assert [s["index"] for s in note.data["shards"].values()] == [0, 1]
+    for shard in note.data["shards"].values():
         assert shard["records_live"] + shard["records_from_journal"] == shard["records_written"] > 0
         assert abs(shard["clock"]["offset_ns"]) <= shard["clock"]["bound_ns"]  # same host: the true offset is 0
+
+    # the report shows each shard's clock offset and bound
+    report = json.loads((run / "report.json").read_text(encoding="utf-8"))
+    assert report["environment"]["shards"]["shards"]["1"]["clock"]["bound_ns"] > 0
+    assert "load shards: clock offsets" in (run / "report.html").read_text(encoding="utf-8")
 
     # every record is in the main journal: `streamchaos verify` re-judges the merged run from it alone
     assert len(Observations.load(run / "journal.jsonl").streams) == len(result.observations.streams)
