@@ -208,6 +208,8 @@ async def run_shard(coordinator: str, *, index: int, count: int, token: str, jou
             ended = f"the run outlived this shard's lifetime ({lifetime:g}s)"
         except (ProtocolError, ConnectionError) as exc:
             ended = f"the connection to the coordinator broke: {exc}"
+        except (KeyError, TypeError, ValueError) as exc:  # a message with the wrong fields: not our coordinator
+            ended = f"the coordinator sent a malformed message: {exc!r}"
         except asyncio.CancelledError:
             if not stopped_by:
                 raise

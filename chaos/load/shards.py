@@ -296,7 +296,10 @@ class ShardPool:
                 if not self._closing:
                     self._lost(peer, f"load shard {peer.index} ({peer.host}, pid {peer.pid}) closed its connection")
                 return
-            self._message(peer, message)
+            try:
+                self._message(peer, message)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ProtocolError(f"shard {peer.index} sent a malformed {message.get('op')!r} message: {exc!r}") from None
 
     def _message(self, peer: _Peer, message: dict[str, Any]) -> None:
         op = message["op"]

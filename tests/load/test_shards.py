@@ -154,14 +154,28 @@ async def test_a_shard_with_the_wrong_token_is_refused_and_never_counted(tmp_pat
     pool = ShardPool(_spec(shards=2, shard_connect_timeout=4.0), base_url=mock_server.base_url, model="m", seed=1,
                      policy=ClientPolicy(), sink=lambda r: None, run_dir=tmp_path, run_id="r")
     shards: list[subprocess.Popen[str]] = []
+
+    def start(address: str) -> list[subprocess.Popen[str]]:
+        return [_start_shard(address, 0, tmp_path, token), _start_shard(address, 1, tmp_path, "not-the-token")]
+
+    async def stranger() -> bytes:
+        while not pool.address:
+            await asyncio.sleep(0.01)
+        reader, writer = await asyncio.open_connection("127.0.0.1", int(pool.address.rsplit(":", 1)[1]))
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # not the protocol: hung up on, nothing said
+        answer = await asyncio.wait_for(reader.read(), 15)
+        writer.close()
+        return answer
+
+    talking = asyncio.create_task(stranger())
     with pytest.raises(Exception, match=r"only 1 of 2 load shards connected .* connected: \[0\]"):
         try:
-            await _open(pool, shards, lambda address: [_start_shard(address, 0, tmp_path, token),
-                                                       _start_shard(address, 1, tmp_path, "not-the-token")])
+            await _open(pool, shards, start)
         finally:
             await pool.aclose()
             outputs = _reap(shards)
     assert shards[1].returncode == 4 and "refused shard 1: wrong shard token" in outputs[1]
+    assert await talking == b""
     assert not mock_server.requests  # nobody sent load
 
 
