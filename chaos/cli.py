@@ -25,6 +25,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from chaos.runner import run
 
     experiment = load_experiment(args.experiment)
+    if args.seed is not None:
+        from dataclasses import replace
+
+        experiment = replace(experiment, seed=args.seed)
+    if args.dry_run:
+        import asyncio
+
+        from chaos.dryrun import dry_run
+
+        account = asyncio.run(dry_run(experiment, target_url=args.target_url))
+        print("\n".join(account.lines))
+        return account.exit_code
     listeners: list[Any] = [] if args.quiet else [LiveProgress()]
     with contextlib.ExitStack() as stack:
         if args.metrics_port is not None or args.push_metrics:
@@ -34,7 +46,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             if exporter.url:
                 print(f"metrics: {exporter.url} (for the life of the run)", file=sys.stderr)
             listeners.append(exporter)
-        result = run(experiment, target_url=args.target_url, out_dir=args.out, seed=args.seed, listeners=listeners)
+        result = run(experiment, target_url=args.target_url, out_dir=args.out, listeners=listeners)
     print(render_summary(result))
     return result.exit_code
 
@@ -201,6 +213,12 @@ def _cmd_vllm_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_shard(args: argparse.Namespace) -> int:
+    from chaos.load.shard import shard_main
+
+    return shard_main(args)
+
+
 def _fraction(text: str) -> float:
     """``10%`` or ``0.1`` (argparse turns the ValueError into a usage error, exit 2)."""
     from chaos.units import parse_fraction
@@ -238,6 +256,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="run directory (default: runs/<time>-<name>)")
     p.add_argument("--seed", type=int, help="override the experiment's seed")
     p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate, resolve the target (GET /v1/models only), say what each fault would change and how it "
+                        "is undone; start, change and write nothing")
     p.add_argument("--metrics-port", type=int, metavar="PORT",
                    help="serve the run's QoS metrics on 127.0.0.1:PORT/metrics while it runs (0: any free port)")
     p.add_argument("--push-metrics", metavar="URL", help="push the run's QoS metrics to this Prometheus Pushgateway")
@@ -276,6 +297,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--false-fail", default="1%", help="the largest chance a healthy run fails or is undecided (default 1%%)")
     p.add_argument("--write", metavar="EXPERIMENT.yaml", help="write the proposed budgets into this experiment file")
     p.set_defaults(fn=_cmd_budgets)
+    p = sub.add_parser("shard", help="be one load shard of a run whose load.shards is above 1 (a pod of an Indexed Job)")
+    p.add_argument("--coordinator", required=True, metavar="HOST:PORT", help="where the run's coordinator listens (load.shard_listen)")
+    p.add_argument("--index", type=int, help="this shard's index (default: JOB_COMPLETION_INDEX)")
+    p.add_argument("--count", type=int, required=True, help="how many shards the run has (load.shards)")
+    p.add_argument("--journal-dir", default=".", help="where journal.shard-K.jsonl goes (default: here)")
+    p.add_argument("--target-url", help="send the load here instead of the URL the coordinator gives (e.g. an in-cluster Service)")
+    p.add_argument("--token-file", help="file holding the run's shard token (default: STREAMCHAOS_SHARD_TOKEN)")
+    p.add_argument("--api-key-file", help="file holding the target's API key (default: STREAMCHAOS_API_KEY)")
+    p.add_argument("--connect-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="keep trying to reach the coordinator this long (default 300)")
+    p.set_defaults(fn=_cmd_shard)
     sub.add_parser("stack", help="`stack serve ...`: the builtin streaming stack (see `stack serve --help`)")
     sub.add_parser("toxiproxy", help="`toxiproxy serve ...`: the embedded Toxiproxy server")
     return parser

@@ -6,11 +6,15 @@ unpickles a ``ClientRule`` loads this module and ``chaos.load``, never ``faults`
 
 - ``TargetInfo`` / ``ProxyInfo``: the system under test and the Toxiproxy in front of it, as the
   runner brought them up.
-- ``SafetySpec``: the experiment's bounds (durations, GPU clock changes allowed or not).
+- ``SafetySpec``: the experiment's bounds (durations, GPU clock changes allowed or not, and
+  ``AllowedTargets``: where beyond this host's loopback a run may act); ``Reach``: one thing a run
+  or a fault acts on, as ``chaos.allowlist`` checks it.
 - ``ClientPlan`` / ``ClientRule`` / ``ClientPolicy``: how each client behaves for one request; client
   faults install rules, the load generator draws a plan per request.
 - ``BackgroundLoad``: streams a fault sends on its own (kv.pressure hog).
 - ``RunContext``: all of the above for one run, handed to every fault activation.
+- ``Scene`` / ``FaultAccount``: what a dry run knows without starting anything, and a fault's
+  account against it of what it would change and how that is undone.
 """
 
 from __future__ import annotations
@@ -23,13 +27,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 __all__ = [
+    "AllowedTargets",
     "BackgroundLoad",
     "ClientPlan",
     "ClientPolicy",
     "ClientRule",
+    "FaultAccount",
     "ProxyInfo",
+    "Reach",
     "RunContext",
     "SafetySpec",
+    "Scene",
     "TargetInfo",
 ]
 
@@ -61,6 +69,28 @@ class ProxyInfo:
 
 
 @dataclass(frozen=True)
+class AllowedTargets:
+    """``safety.allowed_targets``: where beyond this host's loopback a run may act.
+
+    Entries are kept as written (the loader checked their syntax); ``chaos.allowlist`` matches them.
+    """
+
+    hosts: tuple[str, ...] = ()  # host names (``*.suffix``), IPs, CIDRs, host:port, or URLs (scheme, host, port, path prefix)
+    namespaces: tuple[str, ...] = ()  # Kubernetes namespaces (``*`` patterns)
+    selectors: tuple[str, ...] = ()  # label selectors a cluster fault's own selector must imply
+
+
+@dataclass(frozen=True)
+class Reach:
+    """One thing a run or a fault acts on, as the allow-list sees it: a URL, or a namespace (and selector)."""
+
+    what: str  # for messages: "target", "proxy", "fault pod-kill (k8s.pod_kill)"
+    url: str | None = None
+    namespace: str | None = None  # a Kubernetes namespace: a cluster reach
+    selector: str | None = None  # a label selector within the namespace (None: the whole namespace)
+
+
+@dataclass(frozen=True)
 class SafetySpec:
     """Bounds that keep a run from harming the machine or running forever."""
 
@@ -69,6 +99,7 @@ class SafetySpec:
     cleanup_window: float = 2.0  # then keep scraping metrics this long (kv_cleanup)
     allow_gpu_clock_changes: bool = False
     scrape_interval: float = 0.2  # seconds, within [0.1, 1]
+    allowed_targets: AllowedTargets | None = None  # None: loopback only, no cluster faults
 
 
 @dataclass(frozen=True)
@@ -166,3 +197,28 @@ class RunContext:
     def rng(self, fault_name: str) -> random.Random:
         """A generator seeded from the run's seed and the fault's name, so a run replays."""
         return random.Random(f"{self.seed}:{fault_name}")
+
+
+@dataclass(frozen=True)
+class Scene:
+    """What a dry run knows of a run it does not carry out; faults describe themselves against it.
+
+    ``target`` is the remote server as probed, or the builtin stack as it would be started (its URLs
+    say so); ``proxy`` the Toxiproxy proxy as it would be created, or None without one.
+    """
+
+    target: TargetInfo
+    proxy: ProxyInfo | None = None
+    safety: SafetySpec = SafetySpec()
+    target_spawned: bool = False  # the runner would start the serving process, so it would know its pid
+    phase: str = ""
+    phase_duration_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class FaultAccount:
+    """A fault's dry-run account: what inject would change, how revert (and rollback) undo it."""
+
+    changes: str
+    undo: str
+    refused: str | None = None  # why activation would refuse it in this scene, when that is known

@@ -2,6 +2,7 @@
 
     ChaosError
     ├── ExperimentInvalid        the experiment file (or a CLI argument) is wrong; nothing was touched
+    ├── TargetNotAllowed         safety.allowed_targets does not allow what the run would act on; nothing was touched
     ├── SetupFailed              the stack, proxy or scraper could not be brought up
     │   └── TargetUnreachable    the system under test does not answer
     ├── FaultError               a fault could not act or could not be undone
@@ -27,6 +28,7 @@ __all__ = [
     "FaultUnsupported",
     "Problem",
     "SetupFailed",
+    "TargetNotAllowed",
     "TargetUnreachable",
     "UsageError",
     "VerificationInconclusive",
@@ -71,6 +73,15 @@ class ExperimentInvalid(ChaosError):
 
 class UsageError(ChaosError):
     """A command was used wrongly (a run directory that is not fresh, runs that do not match); nothing was changed."""
+
+    exit_code = 2
+
+
+class TargetNotAllowed(ChaosError):
+    """The run would act on a host, namespace or selector ``safety.allowed_targets`` does not allow.
+
+    Raised before anything starts; exit 2 like other configuration mistakes, since nothing was touched.
+    """
 
     exit_code = 2
 

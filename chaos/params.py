@@ -100,6 +100,28 @@ class Param:
         self._check_bounds(value)
         return value
 
+    def format(self, value: Any) -> str:
+        """A parsed value in the units a person writes (``0.25`` s → ``250ms``, ``0.3`` → ``30%``)."""
+        if value is None:
+            return "-"
+        if self.kind == "duration":
+            return units.format_duration(float(value))
+        if self.kind == "fraction":
+            return f"{float(value) * 100:g}%"
+        if self.kind == "rate":
+            return f"{float(value):g}/s"
+        if self.kind == "data_rate":
+            return f"{float(value) / 1000:g}KB/s"
+        if self.kind == "size":
+            return f"{float(value):g}B"
+        if self.kind == "int_or_range" and isinstance(value, tuple):
+            return str(value[0]) if value[0] == value[1] else f"[{value[0]}, {value[1]}]"
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, float):
+            return f"{value:g}"
+        return str(value)
+
     def _check_bounds(self, value: Any) -> None:
         numbers = value if isinstance(value, tuple) and self.kind == "int_or_range" else (value,)
         for number in numbers:
@@ -134,6 +156,10 @@ class Schema:
 
     def names(self) -> list[str]:
         return [p.name for p in self.params]
+
+    def format(self, values: Mapping[str, Any]) -> str:
+        """``name=value`` for each given (non-None) value, in schema order, in written units."""
+        return ", ".join(f"{p.name}={p.format(values[p.name])}" for p in self.params if values.get(p.name) is not None)
 
     def parse(self, raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
         """Validate a mapping; return parsed values (defaults filled) and ``(key, message)`` problems."""

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 __all__ = ["ENVIRONMENT_NOTES", "ReportWriter", "environment", "fault_timeline", "render_summary", "report_dict", "write_reports"]
 
 # Notes that describe the environment rather than what happened (shown in the report's environment section).
-ENVIRONMENT_NOTES = ("target", "proxy", "engine_profile", "profile", "preflight", "warmup", "client_lag")
+ENVIRONMENT_NOTES = ("target", "proxy", "engine_profile", "profile", "preflight", "warmup", "client_lag", "allowed_targets", "shards")
 
 
 def fault_timeline(obs: Observations) -> list[dict[str, Any]]:

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from chaos.allowlist import enforce as enforce_allowed_targets
 from chaos.context import ClientPolicy, ProxyInfo, RunContext, TargetInfo
 from chaos.errors import ChaosError, FaultError, FaultRevertFailed
 from chaos.events import EventBus, RunFinished, RunListener, RunStarted, Stage, VerdictsReady
@@ -224,6 +225,10 @@ class Runner:
     async def _bring_up(self, resources: contextlib.AsyncExitStack) -> RunContext:
         """Target, proxy, load, watchdog, scraper, telemetry; the faults activated (checked) against them."""
         exp, emit = self.experiment, self.events.emit
+        # the blast-radius limit, before anything is started or contacted (TargetNotAllowed, exit 2)
+        checked = enforce_allowed_targets(exp, target_url=self.target_url)
+        if checked:
+            self._note("allowed_targets", {"checked": [{k: v for k, v in vars(r).items() if v is not None} for r in checked]})
         self._stage("target", f"starting target ({'remote' if self.target_url or exp.target.url else exp.target.kind})")
         target = self.target = await resources.enter_async_context(
             running_target(exp.target, target_url=self.target_url, run_dir=self.out_dir, seed=exp.seed))
@@ -241,9 +246,13 @@ class Runner:
         ctx = RunContext(seed=exp.seed, target=target.info, run_dir=self.out_dir, safety=exp.safety,
                          clients=ClientPolicy(), proxy=self.proxy)
         ctx.restart_target = self._restarter(target, ctx)
+        if exp.load.shards > 1:
+            self._stage("load", f"waiting for {exp.load.shards} load shards ({exp.load.shard_launch})")
         load_target = LoadTarget(base_url=load_url, model=exp.load.model or target.info.model, seed=exp.seed,
                                  api_key=exp.target.api_key)
-        load = self.load = await resources.enter_async_context(running_load(exp.load, load_target, policy=ctx.clients, sink=emit))
+        load = self.load = await resources.enter_async_context(running_load(
+            exp.load, load_target, policy=ctx.clients, sink=emit,
+            run_dir=self.out_dir, notes=emit, run_id=self._run_id(), lifetime_s=exp.safety.max_duration))
         ctx.background = load  # kv.pressure hog sends its own streams through it
         self.injections = {fault.name: fault.activate(ctx) for _, fault in exp.faults()}
         if any(injection.outlives_runner for injection in self.injections.values()):

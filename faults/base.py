@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
 
-from chaos.context import RunContext
+from chaos.context import FaultAccount, Reach, RunContext, Scene
 from chaos.errors import ExperimentInvalid
 from chaos.params import Schema
 
@@ -65,6 +65,20 @@ class Fault(ABC):
     def problems(self, experiment: Experiment) -> list[tuple[str, str]]:
         """Cross-section checks at load time, as ``(key, message)``; ``experiment`` is the parsed one."""
         return []
+
+    def reach(self, experiment: Experiment) -> tuple[Reach, ...]:
+        """What this fault acts on beyond the run's own target and proxy (a Kubernetes namespace and
+        selector, another host), for ``safety.allowed_targets``; checked before anything starts."""
+        return ()
+
+    def describe(self, scene: Scene) -> FaultAccount:
+        """A dry run's account of this fault (pure: nothing is contacted); kinds give a sharper one."""
+        rolled_back = type(self).rollback.__func__ is not Fault.rollback.__func__  # type: ignore[attr-defined]
+        return FaultAccount(
+            changes=f"{self.summary} ({self.schema.format(self.params) or 'no parameters'})",
+            undo="reverted when the phase ends" + ("; `streamchaos rollback` undoes it after a crash" if rolled_back
+                                                   else "; nothing of it outlives the run"),
+        )
 
     @abstractmethod
     def activate(self, ctx: RunContext) -> Injection:

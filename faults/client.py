@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from chaos.context import ClientRule, RunContext
+from chaos.context import ClientRule, FaultAccount, RunContext, Scene
 from chaos.load.rules import DisconnectRule, SlowReaderRule, TimeoutRule
 from chaos.params import Param, Schema
 from faults.base import Fault, Injection, register
@@ -49,6 +49,12 @@ class _ClientFault(Fault):
 
     def activate(self, ctx: RunContext) -> Injection:
         return _RuleInjection(self, ctx, self.rule())
+
+    def describe(self, scene: Scene) -> FaultAccount:
+        return FaultAccount(
+            changes=f"installs a rule in the load generator's clients ({self.schema.format(self.params)}): {self.summary}",
+            undo="removes the rule when the phase ends; nothing outside the load generator changes",
+        )
 
 
 @register

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from chaos.context import RunContext
+from chaos.context import FaultAccount, RunContext, Scene
 from chaos.errors import FaultError, FaultPermissionDenied, FaultUnsupported
 from chaos.params import Param, Schema
 from chaos.procs import check_signalable, proc_state, start_time
@@ -197,6 +197,34 @@ class GpuThrottle(Fault):
             check_signalable(ctx.target.pid, "backend cpu_duty: the engine process")
             return _DutyCycle(self, ctx, why, fraction)
         return _Contention(self, ctx, why, fraction)
+
+    def describe(self, scene: Scene) -> FaultAccount:
+        target = f"{self.sm_clock_mhz} MHz" if self.sm_clock_mhz is not None else f"{(self.fraction_of_max or 0.0):.0%} of its max"
+        allowed = scene.safety.allow_gpu_clock_changes
+        accounts = {
+            "nvml": (f"locks the SM clock of GPU {self.device} through NVML to {target} (device-global: every tenant of that "
+                     "GPU slows down while it holds)",
+                     "resets the SM clock when the phase ends if the lock is still ours; a watchdog in its own session resets "
+                     "it if the runner dies; `streamchaos rollback` does too"),
+            "contention": (f"starts co-tenant helper processes that keep the engine's device busy, so the engine keeps about {target}",
+                           "stops the helpers when the phase ends; they die with the runner and `streamchaos rollback` stops them"),
+            "cpu_duty": (f"SIGSTOPs and SIGCONTs the engine process so that it runs {target} of each {self.period:g}s",
+                         "stops the duty cycle and SIGCONTs the engine when the phase ends; a watchdog and `streamchaos rollback` "
+                         "resume it if the runner dies"),
+        }
+        if self.backend != "auto":
+            changes, undo = accounts[self.backend]
+        else:
+            changes = ("picks its backend when the run starts: " + ("nvml (" + accounts["nvml"][0] + ") when NVML is present and the engine is on a GPU, else " if allowed else "")
+                       + "contention on the engine's GPU, or for a CPU engine "
+                       + ("a duty cycle of its process" if scene.target_spawned else "busy workers on this host's CPUs (the remote engine's pid is unknown)"))
+            undo = "as its backend: " + "; ".join(f"{name}: {text}" for name, (_, text) in accounts.items())
+        refused = None
+        if self.backend == "nvml" and not allowed:
+            refused = _refusal(self.kind, "with backend nvml locks SM clocks")
+        elif self.backend == "cpu_duty" and not scene.target_spawned:
+            refused = "backend cpu_duty needs the engine's pid, which the runner knows only for a target it starts"
+        return FaultAccount(changes, undo, refused)
 
     def _check_nvml(self) -> None:
         with Nvml() as nv:
@@ -512,6 +540,14 @@ class GpuPowerCap(Fault):
         if not experiment.safety.allow_gpu_clock_changes:
             return [("", _refusal(self.kind, "lowers the GPU power limit"))]
         return []
+
+    def describe(self, scene: Scene) -> FaultAccount:
+        return FaultAccount(
+            changes=f"lowers the power limit of GPU {self.device} through NVML to {self.watts:g} W (device-global)",
+            undo=("restores the previous limit when the phase ends if ours is still set; a watchdog restores it if the runner "
+                  "dies; `streamchaos rollback` does too"),
+            refused=None if scene.safety.allow_gpu_clock_changes else _refusal(self.kind, "lowers the GPU power limit"),
+        )
 
     def activate(self, ctx: RunContext) -> Injection:
         if not ctx.safety.allow_gpu_clock_changes:

@@ -18,12 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from chaos.context import BackgroundLoad, RunContext
+from chaos.context import BackgroundLoad, FaultAccount, RunContext, Scene
 from chaos.errors import FaultUnsupported
 from chaos.params import Param, Schema
 from chaos.stack.admin_client import LEASE_RENEW_EVERY_S, LEASE_TTL_S, AdminClient, LeaseKeeper, admin_delete_sync
 from faults.base import Fault, Injection, register
-from faults.server import require_admin
+from faults.server import describe_no_admin, require_admin
 
 if TYPE_CHECKING:
     from chaos.experiment.model import Experiment
@@ -74,6 +74,24 @@ class KvPressure(Fault):
         if ctx.background is None:
             raise FaultUnsupported("kv.pressure method 'hog' needs the runner's background load, and none was given to this fault")
         return _Hog(self, ctx, ctx.background)
+
+    def describe(self, scene: Scene) -> FaultAccount:
+        if self.method == "hog":
+            return FaultAccount(
+                changes=(f"keeps {self.hog_streams} background streams of {self.hog_prompt_chars} prompt characters and up to "
+                         f"{self.hog_max_tokens} tokens open against the target, so their KV blocks are taken from the load "
+                         "(outside the SLA population)"),
+                undo="hangs those streams up when the phase ends; they die with the runner, nothing outlives it",
+            )
+        share = f"{self.blocks}" if self.blocks is not None else f"{(self.fraction or 0.0):.0%} of the"
+        admin = scene.target.admin_url
+        return FaultAccount(
+            changes=(f"reserves {share} KV-cache blocks of the builtin stack through its admin API at {admin or '(none)'}, "
+                     "topping the reservation up while live requests hold the rest"),
+            undo=(f"releases the reservation when the phase ends; its lease lapses within {LEASE_TTL_S:g}s if the runner dies; "
+                  "`streamchaos rollback` releases it too"),
+            refused=None if admin else describe_no_admin(self.kind, scene, _HOG_ALTERNATIVE),
+        )
 
     @classmethod
     def rollback(cls, undo: Mapping[str, Any]) -> dict[str, Any]:

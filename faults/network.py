@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from chaos.context import ProxyInfo, RunContext
+from chaos.context import FaultAccount, ProxyInfo, RunContext, Scene
 from chaos.errors import FaultUnsupported
 from chaos.params import Param, Schema
 from faults.base import Fault, Injection, register
@@ -44,6 +44,15 @@ class NetworkFault(Fault):
             return [("kind", f"{self.kind} needs a proxy between load and target: add a `proxy:` section (e.g. `proxy: {{server: auto}}`)")]
         return []
 
+    def describe(self, scene: Scene) -> FaultAccount:
+        account = self.describe_on(scene.proxy or ProxyInfo("(none)", "(none)", "", "", "none"))
+        if scene.proxy is None:
+            return FaultAccount(account.changes, account.undo, refused=f"{self.kind} needs the experiment's `proxy:` section")
+        return account
+
+    def describe_on(self, proxy: ProxyInfo) -> FaultAccount:
+        raise NotImplementedError
+
     def require_proxy(self, ctx: RunContext) -> ProxyInfo:
         if ctx.proxy is None:
             raise FaultUnsupported(f"{self.kind} needs the experiment's `proxy:` section: no Toxiproxy is in the path")
@@ -70,6 +79,15 @@ class ToxicFault(NetworkFault):
 
     def activate(self, ctx: RunContext) -> Injection:
         return _Toxics(self, ctx, self.require_proxy(ctx))
+
+    def describe_on(self, proxy: ProxyInfo) -> FaultAccount:
+        names = ", ".join(self.toxic_names())
+        return FaultAccount(
+            changes=(f"adds {self.toxic_type} toxic(s) {names} ({self.schema.format(self.params)}) to proxy {proxy.proxy_name!r} "
+                     f"on the Toxiproxy at {proxy.api_url}: {self.summary}"),
+            undo=(f"deletes toxic(s) {names} when the phase ends; after a crash `streamchaos rollback` deletes them by name; "
+                  "other toxics on that server are left alone"),
+        )
 
     @classmethod
     def rollback(cls, undo: Mapping[str, Any]) -> dict[str, Any]:
@@ -262,6 +280,12 @@ class Down(NetworkFault):
 
     def activate(self, ctx: RunContext) -> Injection:
         return _LinkDown(self, ctx, self.require_proxy(ctx))
+
+    def describe_on(self, proxy: ProxyInfo) -> FaultAccount:
+        return FaultAccount(
+            changes=f"disables proxy {proxy.proxy_name!r} on the Toxiproxy at {proxy.api_url}: live connections through it close, new ones are refused",
+            undo="enables the proxy again when the phase ends; after a crash `streamchaos rollback` enables it",
+        )
 
     @classmethod
     def rollback(cls, undo: Mapping[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from chaos.context import RunContext
+from chaos.context import FaultAccount, RunContext, Scene
 from chaos.errors import FaultError, FaultUnsupported
 from chaos.params import Param, Schema
 from chaos.procs import check_signalable, exit_status, proc_state, start_time
@@ -66,6 +66,17 @@ class ProcessKill(Fault):
     signal: str
     at: float
     restart: bool
+
+    def describe(self, scene: Scene) -> FaultAccount:
+        who = f"pid {scene.target.pid}" if scene.target.pid else "the serving process the runner starts"
+        return FaultAccount(
+            changes=f"sends {self.signal} to {who} {self.at:g}s after the phase starts" + (", then restarts the target" if self.restart else ""),
+            undo=("a kill cannot be undone: " + ("the runner restarts the target once it has exited, at the latest when the phase ends"
+                                                 if self.restart else "the target stays down for the rest of the run")
+                  + "; a kill still pending is cancelled when the phase ends"),
+            refused=None if scene.target_spawned or scene.target.pid else
+            f"process.kill needs the pid of the serving process; target {scene.target.kind} at {scene.target.base_url} has none",
+        )
 
     def activate(self, ctx: RunContext) -> Injection:
         pid = ctx.target.pid

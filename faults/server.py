@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from chaos.context import RunContext
+from chaos.context import FaultAccount, RunContext, Scene
 from chaos.errors import FaultUnsupported
 from chaos.params import Param, Schema
 from chaos.stack.admin_client import LEASE_RENEW_EVERY_S, LEASE_TTL_S, AdminClient, LeaseKeeper, admin_delete_sync
@@ -24,7 +24,7 @@ from faults.base import Fault, Injection, register
 if TYPE_CHECKING:
     from chaos.experiment.model import Experiment
 
-__all__ = ["ServerNagle", "ServerStall", "ServerTimeout", "require_admin"]
+__all__ = ["ServerNagle", "ServerStall", "ServerTimeout", "describe_no_admin", "require_admin"]
 
 
 def require_admin(kind: str, ctx: RunContext, alternatives: str) -> str:
@@ -35,6 +35,12 @@ def require_admin(kind: str, ctx: RunContext, alternatives: str) -> str:
             f"({ctx.target.base_url}) has none; run it against target 'builtin', or use {alternatives}"
         )
     return ctx.target.admin_url
+
+
+def describe_no_admin(kind: str, scene: Scene, alternatives: str) -> str:
+    """Why a dry run expects ``kind`` to be refused: the target shows no admin API."""
+    return (f"{kind} acts through the builtin stack's admin API, and target {scene.target.kind!r} ({scene.target.base_url}) "
+            f"shows none (a builtin stack started elsewhere needs its admin token); use {alternatives}")
 
 
 class _HookInjection(Injection):
@@ -82,6 +88,16 @@ class _HookFault(Fault):
 
     def activate(self, ctx: RunContext) -> Injection:
         return self.injection(self, ctx, require_admin(self.kind, ctx, self.alternatives))
+
+    def describe(self, scene: Scene) -> FaultAccount:
+        admin = scene.target.admin_url
+        return FaultAccount(
+            changes=(f"installs hook fault {self.name!r} in the builtin stack through its admin API at {admin or '(none)'} "
+                     f"({self.schema.format(self.params)}): {self.summary}; under a {LEASE_TTL_S:g}s lease the runner renews"),
+            undo=(f"deletes the hook fault when the phase ends; if the runner dies its lease lapses within {LEASE_TTL_S:g}s; "
+                  "`streamchaos rollback` deletes it too"),
+            refused=None if admin else describe_no_admin(self.kind, scene, self.alternatives),
+        )
 
     @classmethod
     def rollback(cls, undo: Mapping[str, Any]) -> dict[str, Any]:

@@ -105,7 +105,7 @@ def _parse(key: str) -> Experiment:
 
 def test_the_manifests_are_there() -> None:
     names = {p.name for p in MANIFESTS.glob("*.yaml")}
-    assert {"rbac.yaml", "toxiproxy.yaml", "gameday-configmap.yaml", "cronjob.yaml", "gpu-throttle-job.yaml"} <= names
+    assert {"rbac.yaml", "toxiproxy.yaml", "gameday-configmap.yaml", "cronjob.yaml", "gpu-throttle-job.yaml", "load-shards.yaml"} <= names
     assert (MANIFESTS / "README.md").is_file()
 
 
@@ -135,6 +135,7 @@ def test_kustomization_lists_the_game_day_but_not_the_privileged_job() -> None:
     assert set(resources) == {"rbac.yaml", "toxiproxy.yaml", "gameday-configmap.yaml", "cronjob.yaml"}
     assert all((MANIFESTS / r).is_file() for r in resources)
     assert "gpu-throttle-job.yaml" not in resources  # opt-in, applied by hand
+    assert "load-shards.yaml" not in resources  # opt-in too: it needs its Secret first
 
 
 def test_everything_is_namespace_scoped_and_unpinned() -> None:
@@ -148,7 +149,8 @@ def test_everything_is_namespace_scoped_and_unpinned() -> None:
 
 
 def test_every_embedded_experiment_parses() -> None:
-    assert set(_experiments()) == {"streamchaos-experiments/gameday.yaml", "streamchaos-gpu-experiment/gpu-throttle.yaml"}
+    assert set(_experiments()) == {"streamchaos-experiments/gameday.yaml", "streamchaos-gpu-experiment/gpu-throttle.yaml",
+                                   "streamchaos-sharded-experiment/sharded-gameday.yaml"}
     for key in _experiments():
         _parse(key)
 
@@ -187,6 +189,7 @@ def test_the_pods_run_the_experiments_their_configmaps_hold() -> None:
     for kind, name, configmap, key, out in (
         ("CronJob", "streamchaos-gameday", "streamchaos-experiments", "gameday.yaml", "/runs/gameday"),
         ("Job", GPU_JOB, "streamchaos-gpu-experiment", "gpu-throttle.yaml", "/runs/gpu"),
+        ("Job", "streamchaos-sharded-gameday", "streamchaos-sharded-experiment", "sharded-gameday.yaml", "/runs/sharded"),
     ):
         pod = _pod_template(_one(kind, name))["spec"]
         (container,) = pod["containers"]
@@ -203,6 +206,64 @@ def test_the_pods_run_the_experiments_their_configmaps_hold() -> None:
         assert pod["restartPolicy"] == "Never"
     gpu = " ".join(_pod_template(_one("Job", GPU_JOB))["spec"]["containers"][0]["args"])
     assert "streamchaos rollback /runs/gpu" in gpu and "exit $rc" in gpu  # unconditional, keeps the run's exit code
+
+
+def test_every_embedded_experiment_is_allowed_exactly_the_services_it_names() -> None:
+    """Without safety.allowed_targets a remote target is refused; with it, only what the file names."""
+    from chaos.allowlist import experiment_reach, refusals
+
+    for key in _experiments():
+        e = _parse(key)
+        assert e.safety.allowed_targets is not None, key
+        assert refusals(experiment_reach(e, environ={}), e.safety.allowed_targets) == [], key
+        assert refusals(experiment_reach(e, "http://vllm-prod:8000/v1", environ={}), e.safety.allowed_targets), key
+
+
+# -- scale-out load ---------------------------------------------------------------------------------------------
+
+
+def test_the_sharded_game_day_wiring() -> None:
+    """Counts, names, ports and the token that must agree between the experiment, the two Jobs and the Service."""
+    e = _parse("streamchaos-sharded-experiment/sharded-gameday.yaml")
+    assert e.load.shards == 4 and e.load.shard_launch == "external" and e.load.workers == 1
+    coordinator, shards = _one("Job", "streamchaos-sharded-gameday"), _one("Job", "streamchaos-load-shards")
+    spec = shards["spec"]
+    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == e.load.shards
+    assert spec["backoffLimit"] == 0 and coordinator["spec"]["backoffLimit"] == 0
+    (shard,) = _pod_template(shards)["spec"]["containers"]
+    args = shard["args"]
+    assert shard["command"] == ["streamchaos"] and args[0] == "shard" and "--index" not in args  # JOB_COMPLETION_INDEX
+    assert int(args[args.index("--count") + 1]) == e.load.shards
+    assert float(args[args.index("--connect-timeout") + 1]) >= e.load.shard_connect_timeout
+
+    service = _one("Service", "streamchaos-coordinator")
+    host, port = args[args.index("--coordinator") + 1].split(":")
+    (service_port,) = service["spec"]["ports"]
+    assert host == service["metadata"]["name"] and int(port) == service_port["port"] == int(e.load.shard_listen.split(":")[1])
+    pod = _pod_template(coordinator)
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    (runner,) = pod["spec"]["containers"]
+    assert {p["name"]: p["containerPort"] for p in runner["ports"]}[service_port["targetPort"]] == service_port["port"]
+    assert e.load.shard_listen.startswith("0.0.0.0:")  # reachable from the shard pods
+
+    def token(container: dict[str, Any]) -> dict[str, Any]:
+        (env,) = [v for v in container["env"] if v["name"] == "STREAMCHAOS_SHARD_TOKEN"]
+        return dict(env["valueFrom"]["secretKeyRef"])
+
+    assert token(runner) == token(shard) == {"name": "streamchaos-shard-token", "key": "token"}
+    assert "streamchaos-shard-token" not in {d["metadata"]["name"] for _, _, d in OBJECTS}  # created by hand, never shipped
+
+    policy = _one("NetworkPolicy", "streamchaos-coordinator")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    (rule,) = policy["spec"]["ingress"]
+    shard_labels = _pod_template(shards)["metadata"]["labels"]
+    assert rule["from"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": shard_labels["app.kubernetes.io/name"]}}}]
+    assert [p["port"] for p in rule["ports"]] == [service_port["port"]]
+    assert shard_labels["app.kubernetes.io/name"] != "streamchaos"  # shards are not admitted to the Toxiproxy API
+
+    assert e.safety.max_duration < coordinator["spec"]["activeDeadlineSeconds"] <= spec["activeDeadlineSeconds"]
+    needed = 1 + e.duration + e.safety.drain_timeout + e.safety.cleanup_window + e.load.shard_connect_timeout
+    assert needed <= e.safety.max_duration
 
 
 # -- the scheduled game-day ------------------------------------------------------------------------------------

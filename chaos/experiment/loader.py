@@ -26,6 +26,7 @@ from .model import (
     FrozenMap,
     LoadSpec,
     PhaseSpec,
+    AllowedTargets,
     PromptSpec,
     ProxySpec,
     SafetySpec,
@@ -332,10 +333,30 @@ def _load(ctx: _Context, raw: object, target: TargetSpec) -> LoadSpec:
                 f"max_model_len {target.max_model_len}; lower max_tokens or raise target.max_model_len")
     if values.get("concurrency") is not None and values.get("rate") is not None:
         values.pop("rate")  # reported by the schema's at-most-one-of group
+    _shards(ctx, values, path)
     prompts = PromptSpec()
     if values.get("prompts") is not None:
         prompts = _prompts(ctx, values["prompts"])
     return LoadSpec(**_fields(values, LoadSpec, skip=("prompts",)), prompts=prompts)
+
+
+def _shards(ctx: _Context, values: dict[str, Any], path: KeyPath) -> None:
+    """``load.shards`` and its companions: one generator per shard, a port external shards can be told."""
+    _positive(ctx, values, path, "shard_connect_timeout")
+    shards = values.get("shards") or 1
+    listen = values.get("shard_listen")
+    if isinstance(listen, str) and not re.fullmatch(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]*):\d{1,5}", listen):
+        _reject(ctx, values, path, "shard_listen", f"expected host:port such as 127.0.0.1:0 or 0.0.0.0:7070, found {listen!r}")
+        listen = None
+    if shards > 1 and (values.get("workers") or 1) > 1:
+        _reject(ctx, values, path, "workers", "give load.workers or load.shards, not both: each shard is one generator "
+                "process; raise shards instead")
+    if values.get("shard_launch") == "external":
+        if shards < 2:
+            _reject(ctx, values, path, "shard_launch", "external shards need load.shards of 2 or more")
+        elif isinstance(listen, str) and listen.endswith(":0"):
+            _reject(ctx, values, path, "shard_listen", "external shards must be told where to connect: give a fixed port, "
+                    "e.g. 0.0.0.0:7070")
 
 
 def _safety(ctx: _Context, raw: object) -> SafetySpec:
@@ -347,12 +368,26 @@ def _safety(ctx: _Context, raw: object) -> SafetySpec:
         return SafetySpec()
     values = _parse(ctx, data, path, sections.SAFETY)
     _positive(ctx, values, path, "max_duration")
+    allowed = values.pop("allowed_targets", None)
+    if allowed is not None:
+        values["allowed_targets"] = _allowed_targets(ctx, allowed, path + ("allowed_targets",))
     interval = values.get("scrape_interval")
     lo, hi = _SCRAPE_BOUNDS
     if isinstance(interval, float) and not lo <= interval <= hi:
         _reject(ctx, values, path, "scrape_interval", f"must lie between {format_duration(lo)} and "
                 f"{format_duration(hi)}, found {format_duration(interval)}")
     return SafetySpec(**_fields(values, SafetySpec))
+
+
+def _allowed_targets(ctx: _Context, raw: dict[str, Any], path: KeyPath) -> AllowedTargets:
+    """``safety.allowed_targets``: its syntax checked entry by entry (``chaos.allowlist`` matches it at run time)."""
+    from chaos.allowlist import syntax_problems
+
+    values = _parse(ctx, raw, path, sections.ALLOWED_TARGETS)
+    allowed = AllowedTargets(**{k: tuple(v) for k, v in values.items() if v is not None})
+    for where, message in syntax_problems(allowed):
+        ctx.add(path + where, message)
+    return allowed
 
 
 @dataclass
@@ -585,10 +620,13 @@ def _assemble(ctx: _Context, data: object) -> Experiment:
     # The hard stop covers the whole run after start-up: the pre-load baseline, the phases, the drain
     # and the cleanup window. A run that cannot fit would always end in a timeout.
     needed = BASELINE_S + experiment.duration + safety.drain_timeout + safety.cleanup_window
+    shard_wait = load.shard_connect_timeout if load.shard_launch == "external" and load.shards > 1 else 0.0
+    needed += shard_wait
     if needed > safety.max_duration:
+        waits = f" + shard_connect_timeout {format_duration(shard_wait)}" if shard_wait else ""
         what = (f"the run needs {format_duration(needed)} (phases {format_duration(experiment.duration)} + drain_timeout "
                 f"{format_duration(safety.drain_timeout)} + cleanup_window {format_duration(safety.cleanup_window)} + "
-                f"{format_duration(BASELINE_S)} baseline), more than max_duration {format_duration(safety.max_duration)}")
+                f"{format_duration(BASELINE_S)} baseline{waits}), more than max_duration {format_duration(safety.max_duration)}")
         if isinstance(safety_raw, Mapping) and "max_duration" in safety_raw:
             ctx.add(("safety", "max_duration"), f"{what}; raise max_duration or shorten the phases")
         else:

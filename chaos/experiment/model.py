@@ -6,13 +6,14 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from chaos.context import SafetySpec  # shared with the run context (a leaf module)
+from chaos.context import AllowedTargets, SafetySpec  # shared with the run context (a leaf module)
 
 if TYPE_CHECKING:  # faults/__init__ imports every fault module, which may import this one
     from faults.base import Fault
 
 __all__ = [
     "PROMPT_CLASSES",
+    "AllowedTargets",
     "Experiment",
     "FrozenMap",
     "LoadSpec",
@@ -118,6 +119,10 @@ class LoadSpec:
     workers: int = 1
     lag_threshold: float = 0.020  # seconds; see sections.py for why not 5ms
     prompts: PromptSpec = PromptSpec()
+    shards: int = 1  # >1: the load is split across that many generator shards (chaos.load.shards)
+    shard_launch: str = "local"  # local: started by the runner | external: started elsewhere (pods)
+    shard_listen: str = "127.0.0.1:0"  # where the coordinator listens for its shards
+    shard_connect_timeout: float = 60.0  # seconds to wait for every shard to connect
 
     def __post_init__(self) -> None:
         # One place for the default, so LoadSpec() and a YAML without load: agree.

@@ -7,6 +7,7 @@ from chaos.params import Param, Schema
 from .model import PROMPT_CLASSES
 
 __all__ = [
+    "ALLOWED_TARGETS",
     "FAULT_ENTRY_KEYS",
     "LOAD",
     "PHASE",
@@ -85,6 +86,12 @@ LOAD = Schema(
         # A flagged run only turns a timing failure inconclusive when the lag could explain it.
         Param("lag_threshold", "duration", 0.020, doc="generator event-loop lag p99 above this flags the run"),
         Param("prompts", "mapping", None, doc="prompt source and shape"),
+        Param("shards", "int", 1, min=1, max=256, doc="split the load across this many generator shards, each a process "
+              "(here or a pod) that writes a journal shard; merged and judged as one run"),
+        Param("shard_launch", "choice", "local", choices=("local", "external"),
+              doc="local: the runner starts the shards; external: they are started elsewhere (`streamchaos shard`, an Indexed Job)"),
+        Param("shard_listen", "str", "127.0.0.1:0", doc="host:port the coordinator listens on for its shards"),
+        Param("shard_connect_timeout", "duration", 60.0, doc="how long to wait for every shard to connect"),
     ),
     at_most_one_of=(("concurrency", "rate"),),
 )
@@ -101,6 +108,14 @@ SAFETY = Schema((
     Param("cleanup_window", "duration", 2.0, doc="then keep scraping metrics this long"),
     Param("allow_gpu_clock_changes", "bool", False, doc="gpu.throttle (nvml) and gpu.power_cap refuse to run without it"),
     Param("scrape_interval", "duration", 0.2, doc="metric scrape period, 100ms to 1s"),
+    Param("allowed_targets", "mapping", None, doc="where beyond this host's loopback the run may act: "
+          "{hosts, namespaces, selectors}; without it remote targets and cluster faults are refused"),
+))
+
+ALLOWED_TARGETS = Schema((
+    Param("hosts", "str_list", (), doc="host names (*.suffix), IPs, CIDRs, host:port or URLs the run may act on"),
+    Param("namespaces", "str_list", (), doc="Kubernetes namespaces (* patterns) cluster targets and faults may act in"),
+    Param("selectors", "str_list", (), doc="label selectors; a cluster fault's selector must imply one of them"),
 ))
 
 # Keys every fault / SLA entry may carry besides its kind's own parameters.

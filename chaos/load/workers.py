@@ -17,14 +17,18 @@ import multiprocessing
 import multiprocessing.connection
 import os
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from chaos.context import ClientPolicy, ClientRule
 from chaos.errors import SetupFailed
 from chaos.load.generator import LoadGenerator
 from chaos.load.lag import delay_summary, lag_summary
 from chaos.load.workload import LoadSettings, LoadSpecLike, LoadTarget
-from chaos.observations import StreamRecord
+from chaos.observations import Note, StreamRecord
+
+if TYPE_CHECKING:
+    from chaos.load.shards import ShardPool
 
 __all__ = ["LoadDriver", "WorkerPool", "make_load", "running_load", "split_evenly"]
 
@@ -54,17 +58,46 @@ class LoadDriver(Protocol):
 
 @contextlib.asynccontextmanager
 async def running_load(
-    spec: LoadSpecLike, target: LoadTarget, *, policy: ClientPolicy, sink: Callable[[StreamRecord], None],
+    spec: LoadSpecLike,
+    target: LoadTarget,
+    *,
+    policy: ClientPolicy,
+    sink: Callable[[StreamRecord], None],
+    run_dir: Path | None = None,
+    notes: Callable[[Note], None] | None = None,
+    run_id: str = "",
+    lifetime_s: float = 3600.0,
 ) -> AsyncIterator[LoadDriver]:
-    """The load driver while entered; on exit every open stream is cancelled (recorded) and it closes."""
-    driver = make_load(spec, target, policy=policy, sink=sink)
+    """The load driver while entered; on exit every open stream is cancelled (recorded) and it closes.
+
+    With ``load.shards`` above 1 it is a ``ShardPool`` (``chaos.load.shards``): entering it waits
+    for every shard to connect; ``run_dir`` holds their journal shards, ``notes`` hears how they
+    were merged, ``lifetime_s`` bounds how long a shard may outlive a silent coordinator.
+    """
+    driver: LoadDriver
+    pool: ShardPool | None = None
+    if int(getattr(spec, "shards", 1)) > 1:
+        if run_dir is None:
+            raise SetupFailed("load.shards needs the run directory for the journal shards")
+        driver = pool = _shard_pool(spec, target, policy=policy, sink=sink, run_dir=run_dir, notes=notes, run_id=run_id,
+                                    lifetime_s=lifetime_s)
+    else:
+        driver = make_load(spec, target, policy=policy, sink=sink)
     try:
+        if pool is not None:
+            await pool.open()
         yield driver
     finally:
         with contextlib.suppress(Exception):
             await driver.drain(0.0)
         with contextlib.suppress(Exception):
             await driver.aclose()
+
+
+def _shard_pool(spec: LoadSpecLike, target: LoadTarget, **kwargs: Any) -> ShardPool:
+    from chaos.load.shards import ShardPool  # the shard protocol only when a run asks for shards
+
+    return ShardPool(spec, target, **kwargs)
 
 
 def make_load(

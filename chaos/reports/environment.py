@@ -18,6 +18,8 @@ _SECTIONS = (
     ("proxy", "proxy (and why this one)"),
     ("warmup", "warm-up request"),
     ("client_lag", "load generator's own event-loop lag"),
+    ("shards", "load shards: clock offsets (shard − coordinator, ± bound), records live and merged"),
+    ("allowed_targets", "allowed targets (checked before anything started)"),
 )
 
 

@@ -50,6 +50,21 @@ def test_a_load_worker_imports_no_fault_family() -> None:
     assert out.stdout.strip() == "[]", out.stdout
 
 
+def test_a_load_shard_imports_no_fault_family() -> None:
+    """`streamchaos shard` (a pod on another host) parses its command line and loads the shard module:
+    none of that may load a fault family, pynvml, toxiproxy, the engine or the runner."""
+    code = (
+        "import sys\n"
+        "from chaos.cli import _parser\n"
+        "args = _parser().parse_args(['shard', '--coordinator', '127.0.0.1:1', '--count', '2', '--index', '0'])\n"
+        "import chaos.load.shard, chaos.load.wire\n"
+        "heavy = ('faults', 'pynvml', 'toxiproxy', 'torch', 'chaos.stack', 'chaos.runner', 'chaos.experiment')\n"
+        "print(sorted(m for m in sys.modules if m == 'faults' or m.startswith(heavy)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
 @pytest.mark.parametrize("kind", sorted(REGISTRY))
 def test_every_fault_kind_is_a_frozen_spec_whose_fields_are_its_parameters(kind: str) -> None:
     cls = REGISTRY[kind]

@@ -339,8 +339,51 @@ safety:
     (18, 20, "safety.scrape_interval", "must lie between 100ms and 1s, found 2s"),
 ))
 
+ALLOWED_TARGETS = Bad("allowed-targets", """\
+name: x
+phases: [{name: a, duration: 1s}]
+safety:
+  allowed_targets:
+    hosts: [vllm, 10.0.0.0/33, "bad host", "http://gw:99999/v1"]
+    namespaces: [staging, Bad_NS]
+    selectors: ["app=vllm", "tier in (a,b", ""]
+    hostz: [x]
+""", (
+    (5, 19, "safety.allowed_targets.hosts[1]", "'10.0.0.0/33' is not a CIDR such as 10.0.0.0/8"),
+    (5, 32, "safety.allowed_targets.hosts[2]", "'bad host': not a host name, IP, CIDR, host:port or URL"),
+    (5, 44, "safety.allowed_targets.hosts[3]", "the port is not a number"),
+    (6, 27, "safety.allowed_targets.namespaces[1]", "'Bad_NS' is not a namespace name"),
+    (7, 29, "safety.allowed_targets.selectors[1]", "cannot read 'tier in (a,b'"),
+    (7, 45, "safety.allowed_targets.selectors[2]", "an empty selector selects every pod"),
+    (8, 5, "safety.allowed_targets.hostz", "unknown key 'hostz' (did you mean 'hosts'?)"),
+))
+
+LOAD_SHARDS = Bad("load-shards", """\
+name: x
+load:
+  workers: 2
+  shards: 3
+  shard_launch: external
+  shard_listen: 0.0.0.0:0
+  shard_connect_timeout: 0s
+phases: [{name: a, duration: 1s}]
+""", (
+    (3, 12, "load.workers", "give load.workers or load.shards, not both"),
+    (6, 17, "load.shard_listen", "external shards must be told where to connect: give a fixed port"),
+    (7, 26, "load.shard_connect_timeout", "must be greater than zero"),
+))
+
+LOAD_SHARD_LISTEN = Bad("load-shard-listen", """\
+name: x
+load: {shards: 1, shard_launch: external, shard_listen: "nope"}
+phases: [{name: a, duration: 1s}]
+""", (
+    (2, 33, "load.shard_launch", "external shards need load.shards of 2 or more"),
+    (2, 57, "load.shard_listen", "expected host:port such as 127.0.0.1:0 or 0.0.0.0:7070"),
+))
+
 BAD_CASES = (
-    SYNTAX, TAB, NOT_A_MAPPING, EMPTY, DUPLICATE_KEY, UNKNOWN_SECTION, MISSING_REQUIRED, BARE_DURATION,
+    ALLOWED_TARGETS, LOAD_SHARDS, LOAD_SHARD_LISTEN, SYNTAX, TAB, NOT_A_MAPPING, EMPTY, DUPLICATE_KEY, UNKNOWN_SECTION, MISSING_REQUIRED, BARE_DURATION,
     UNKNOWN_FAULT_KIND, UNKNOWN_FAULT_PARAM, BAD_FAULT_VALUE, ONE_OF, FAULT_CROSS_CHECK, DUPLICATE_PHASE,
     NO_PHASES, SLA_UNKNOWN_PHASE, SLA_BAD_ENTRY, LOAD_BOTH, PROMPTS, SAFETY, TARGET, DUPLICATE_FAULT_NAME, MANY,
 )
