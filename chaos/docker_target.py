@@ -31,6 +31,7 @@ from chaos.containers import (
     parse_gpus,
     parse_volume,
     remove_container,
+    remove_run_containers,
     run_labels,
 )
 from chaos.context import TargetInfo
@@ -119,6 +120,7 @@ class DockerTarget(Target):
         self.builtin = spec.image is None
         self.token = (configured_admin_token(spec) or secrets.token_urlsafe(32)) if self.builtin else None
         self.container_id: str | None = None
+        self._planned = False  # journaled: from then on stop() removes and records a release
         self.port = 0
         self.info = TargetInfo(kind="docker", base_url="", model=spec.model)
         self._client: Any = None
@@ -171,6 +173,7 @@ class DockerTarget(Target):
             if not Path(host).exists():
                 raise SetupFailed(f"target.volumes: {host} does not exist on this host")
         # journaled (fsync'd) before it exists: rollback finds it by its labels even if we die right after
+        self._planned = True
         self.record({"name": "target", "kind": RESOURCE_KIND, "action": "plan",
                      "undo": {"container_name": name, "image": image, "labels": labels}})
         try:
@@ -216,15 +219,20 @@ class DockerTarget(Target):
             return f"(no log: {exc!r})"
 
     def _remove(self) -> None:
-        if self.container_id is None:
+        if not self._planned:
             return
         if self._client is None:
             self._client = docker_client(SetupFailed)
-        container = find_container(self._client, self.container_id)
-        evidence: dict[str, Any] = {"removed": False, "why": "already gone"}
+        container = find_container(self._client, self.container_id or "")
+        evidence: dict[str, Any] = {"removed": False, "why": "never created" if self.container_id is None else "already gone"}
         if container is not None:
             evidence = remove_container(container, self.run_dir / "container.log")
+        # and any container of this run whose id never reached us (a create whose answer was lost)
+        strays = remove_run_containers(self._client, run_id=self.run_id, run_dir=self.run_dir, log_dir=self.run_dir)
+        if strays["removed"]:
+            evidence["strays"] = strays["removed"]
         self.record({"name": "target", "kind": RESOURCE_KIND, "action": "release", "evidence": evidence})
+        self._planned = False
         self._client.close()
         self._client = None
 

@@ -106,9 +106,13 @@ async def test_a_container_that_exits_fails_the_start_with_its_last_lines(tmp_pa
 
 async def test_an_image_the_daemon_lacks_is_refused_without_a_pull(tmp_path: Path, leftovers: list[str]) -> None:
     leftovers.append(str(tmp_path))
+    records, record = journal()
     with pytest.raises(SetupFailed, match="not on the Docker daemon: `docker pull streamchaos-test/absent:1`"):
-        async with running_target(spec(image="streamchaos-test/absent:1"), target_url=None, run_dir=tmp_path, seed=1, run_id="x"):
+        async with running_target(spec(image="streamchaos-test/absent:1"), target_url=None, run_dir=tmp_path, seed=1,
+                                  run_id="x", record=record):
             pass
+    # planned before the create, released after it failed: nothing is left outstanding for rollback
+    assert [r["action"] for r in records] == ["plan", "release"] and records[1]["evidence"]["why"] == "never created"
 
 
 async def test_a_missing_volume_source_is_refused_before_anything_is_created(tmp_path: Path, leftovers: list[str]) -> None:
