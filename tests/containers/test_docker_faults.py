@@ -98,21 +98,23 @@ async def test_cpu_limit_throttles_a_cpu_engine_and_restores_the_previous_quota(
     target, ctx = stack
     base = target.info.base_url
     await stream(base)  # warm
-    free = [await stream(base, max_tokens=64) for _ in range(3)]
-    injection = DockerCpuLimit.from_params("starve", {"cpus": 0.2, "period": 0.1}).activate(ctx)
+    free = [await stream(base, max_tokens=16) for _ in range(3)]
+    injection = DockerCpuLimit.from_params("starve", {"cpus": 0.1, "period": 0.1}).activate(ctx)
     plan = injection.plan()
-    assert plan["previous_quota_us"] == 0 and plan["set_quota_us"] == 20_000 and plan["set_period_us"] == 100_000
+    assert plan["previous_quota_us"] == 0 and plan["set_quota_us"] == 10_000 and plan["set_period_us"] == 100_000
     evidence = await injection.inject()
-    assert (evidence["cpu_quota_us"], evidence["cpu_period_us"]) == (20_000, 100_000)
-    starved = [await stream(base, max_tokens=64, timeout=60) for _ in range(3)]
+    assert (evidence["cpu_quota_us"], evidence["cpu_period_us"]) == (10_000, 100_000)
+    starved = [await stream(base, max_tokens=16, timeout=60) for _ in range(3)]
     reverted = await injection.revert()
     # evidence from the cgroup itself, as the daemon reports it: the quota bit
     assert reverted["restored"] is True and reverted["cpu_quota_us"] == -1 and reverted["throttled_periods"] > 0
     host = docker_client.containers.get(target.info.container_id).attrs["HostConfig"]
     assert host["CpuQuota"] == -1
-    # and the engine felt it: a fifth of a CPU cuts the decode rate several-fold (ratios, side by side)
+    free += [await stream(base, max_tokens=16) for _ in range(3)]  # before and after: a busy spell of the shared machine hits both
+    # and the engine felt it: a tenth of a CPU cuts the decode rate several-fold (0.02-0.12 of
+    # unlimited, however loaded the machine was); ratios, side by side
     rate_free, rate_starved = statistics.median(r for _, r in free), statistics.median(r for _, r in starved)
-    print(f"\ntokens/s free {rate_free:.0f}, at 0.2 CPU {rate_starved:.0f}; TTFT free "
+    print(f"\ntokens/s free {rate_free:.0f}, at 0.1 CPU {rate_starved:.0f}; TTFT free "
           f"{statistics.median(t for t, _ in free) * 1e3:.1f}ms, starved {statistics.median(t for t, _ in starved) * 1e3:.1f}ms; "
           f"throttled {reverted['throttled_periods']}/{reverted['periods']} periods")
     assert rate_starved < 0.5 * rate_free, (rate_free, rate_starved)
