@@ -54,6 +54,7 @@ class TargetInfo:
     pid: int | None = None  # the serving process, when the runner started it
     device: str = "cpu"  # where the engine runs: cpu | cuda:N
     model: str = ""
+    container_id: str | None = None  # docker: the container the runner started (container faults act on it)
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,12 @@ class Journal:
         self.observations.add(record)
         self._file.write(to_json(record), durable=isinstance(record, FaultEvent) if durable is None else durable)
 
+    def resource(self, body: dict[str, Any]) -> None:
+        """Journal (fsync'd) something the run created outside its processes, e.g. a container:
+        ``{"name", "kind", "action": "plan" | "release", "undo", "evidence"}``. Not an observation:
+        only ``streamchaos rollback`` reads these, to remove what a killed run left."""
+        self._file.write({"type": "resource", "t": time.monotonic_ns(), "run_id": self.run_id, **body}, durable=True)
+
     def close(self, status: str) -> None:
         """Mark the run finished (the watchdog stands down when it sees this) and close the file."""
         self._file.write({"type": "end", "status": status, "wall": time.time(), "run_id": self.run_id}, durable=True)

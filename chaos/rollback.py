@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -28,7 +28,7 @@ from chaos.errors import ChaosError, SetupFailed
 from chaos.journal import JOURNAL_NAME, JournalFile
 from chaos.observations import FaultEvent, iter_journal, to_json
 
-__all__ = ["origin", "outstanding", "rollback_run", "trusted_journal"]
+__all__ = ["origin", "outstanding", "outstanding_resources", "rollback_run", "trusted_journal"]
 
 
 def outstanding(journal_lines: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -79,7 +79,8 @@ def _foreign_urls(undo: dict[str, Any], allowed: set[str]) -> list[str]:
 
 
 def rollback_run(run_dir: str | Path, *, allowed_urls: Iterable[str] = ()) -> list[dict[str, Any]]:
-    """Undo every outstanding fault of a run; return what was done (one entry per fault)."""
+    """Undo every outstanding fault of a run, then remove what it created (containers); return what
+    was done (one entry per fault or resource)."""
     import faults  # noqa: F401 - registers every fault kind
     from faults.base import REGISTRY
 
@@ -89,7 +90,11 @@ def rollback_run(run_dir: str | Path, *, allowed_urls: Iterable[str] = ()) -> li
     if os.environ.get("TOXIPROXY_URL"):
         allowed.add(origin(os.environ["TOXIPROXY_URL"]))
     done = []
-    pending = outstanding(iter_journal(journal))
+    lines = list(iter_journal(journal))
+    pending = outstanding(lines)
+    # What this rollback acts for, from the command line and the journal's own first record: a
+    # kind's rollback checks live state against these (container labels), never the plan's claims.
+    authority = {"run_dir": str(Path(run_dir).resolve()), "run_id": _run_id(lines)}
     out = JournalFile(journal)
     try:
         for item in reversed(pending):
@@ -105,7 +110,7 @@ def rollback_run(run_dir: str | Path, *, allowed_urls: Iterable[str] = ()) -> li
                         f"the journal names {', '.join(foreign)}, which configuration does not allow; nothing was sent there."
                         " If that is your target or Toxiproxy, pass --target-url or --toxiproxy-url"
                     )
-                entry["evidence"] = cls.rollback(item["undo"])
+                entry["evidence"] = cls.rollback({**item["undo"], **authority})
             except Exception as exc:  # keep going: one stuck fault must not block the others
                 entry["error"] = f"{type(exc).__name__}: {exc}"
                 action = "error"
@@ -116,6 +121,56 @@ def rollback_run(run_dir: str | Path, *, allowed_urls: Iterable[str] = ()) -> li
             )
             out.write(to_json(event), durable=True)
             done.append(entry)
+        done.extend(_release_resources(outstanding_resources(lines), authority, out))  # after the faults acting on them
     finally:
         out.close()
+    return done
+
+
+def _run_id(lines: list[dict[str, Any]]) -> str:
+    """The run id of the journal's first record ("" when it has none)."""
+    first = next((body for body in lines if body.get("type") == "run"), {})
+    return str(first.get("run_id") or "")
+
+
+def outstanding_resources(journal_lines: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Resources (``Journal.resource``) planned and neither released nor rolled back, oldest first. Pure."""
+    open_plans: dict[str, dict[str, Any]] = {}
+    for body in journal_lines:
+        if body.get("type") != "resource":
+            continue
+        name, action = str(body.get("name")), body.get("action")
+        if action == "plan":
+            previous = open_plans.pop(name, {"undo": {}})
+            open_plans[name] = {"name": name, "kind": str(body.get("kind")), "undo": {**previous["undo"], **dict(body.get("undo") or {})}}
+        elif action in ("release", "rollback"):
+            open_plans.pop(name, None)
+    return list(open_plans.values())
+
+
+def _resource_undoers() -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
+    from chaos.containers import rollback_container
+
+    return {"docker.container": rollback_container}
+
+
+def _release_resources(pending: list[dict[str, Any]], authority: dict[str, str], out: JournalFile) -> list[dict[str, Any]]:
+    """Undo each outstanding resource, newest first; journal each outcome as a resource record."""
+    undoers = _resource_undoers()
+    done = []
+    for item in reversed(pending):
+        entry: dict[str, Any] = {"fault": item["name"], "kind": item["kind"], "resource": True}
+        action = "rollback"
+        try:
+            undo = undoers.get(item["kind"])
+            if undo is None:
+                raise ChaosError(f"unknown resource kind {item['kind']!r}; cannot remove it")
+            entry["evidence"] = undo({**item["undo"], **authority})
+        except Exception as exc:  # keep going, and leave it outstanding for the next rollback
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+            action = "error"
+        out.write({"type": "resource", "name": item["name"], "kind": item["kind"], "action": action, "t": time.monotonic_ns(),
+                   "evidence": entry.get("evidence", {}), "message": entry.get("error", "removed by streamchaos rollback")},
+                  durable=True)
+        done.append(entry)
     return done

@@ -230,8 +230,10 @@ class Runner:
         if checked:
             self._note("allowed_targets", {"checked": [{k: v for k, v in vars(r).items() if v is not None} for r in checked]})
         self._stage("target", f"starting target ({'remote' if self.target_url or exp.target.url else exp.target.kind})")
-        target = self.target = await resources.enter_async_context(
-            running_target(exp.target, target_url=self.target_url, run_dir=self.out_dir, seed=exp.seed))
+        assert self.journal is not None
+        target = self.target = await resources.enter_async_context(running_target(
+            exp.target, target_url=self.target_url, run_dir=self.out_dir, seed=exp.seed, run_id=self.journal.run_id,
+            record=self.journal.resource))
         self._note("target", target_facts(target.info))
         self._note("warmup", await warm_up(target.info, exp.target.api_key))
         load_url = target.info.base_url
@@ -255,7 +257,7 @@ class Runner:
             run_dir=self.out_dir, notes=emit, run_id=self._run_id(), lifetime_s=exp.safety.max_duration))
         ctx.background = load  # kv.pressure hog sends its own streams through it
         self.injections = {fault.name: fault.activate(ctx) for _, fault in exp.faults()}
-        if any(injection.outlives_runner for injection in self.injections.values()):
+        if target.outlives_runner or any(injection.outlives_runner for injection in self.injections.values()):
             self.watchdogs.append(await resources.enter_async_context(watchdog(
                 self.out_dir, self._run_id(), exp.safety.max_duration, self._contacted_urls(target.info), target.info.admin_token)))
         await resources.enter_async_context(MetricScraper(target.info.metrics_url, exp.safety.scrape_interval, emit))

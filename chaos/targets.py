@@ -20,7 +20,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,14 +35,17 @@ from chaos.stack.process import StackProcess
 from chaos.stack.serve import ADMIN_TOKEN_ENV, ServeUsageError, read_token_file
 
 __all__ = [
-    "BuiltinStack", "RemoteTarget", "Target", "VllmServer", "configured_admin_token", "running_target", "start_target",
-    "target_facts",
+    "BuiltinStack", "RemoteTarget", "ResourceRecorder", "Target", "VllmServer", "configured_admin_token", "running_target",
+    "serve_args", "start_target", "target_facts",
 ]
 
 if TYPE_CHECKING:
     from chaos.experiment.model import TargetSpec
 
 log = logging.getLogger("chaos.targets")
+
+# Journals a resource a target created outside this process (``Journal.resource``): one JSON body.
+ResourceRecorder = Callable[[dict[str, Any]], None]
 
 
 def configured_admin_token(spec: TargetSpec, environ: Mapping[str, str] = os.environ) -> str | None:
@@ -59,10 +62,28 @@ def configured_admin_token(spec: TargetSpec, environ: Mapping[str, str] = os.env
     return environ.get(ADMIN_TOKEN_ENV, "").strip() or None
 
 
+def serve_args(spec: TargetSpec, port: int, seed: int) -> list[str]:
+    """`streamchaos stack serve` arguments for the builtin stack the spec describes (never the admin token:
+    a command line is public on the host)."""
+    args = [
+        "--host", "127.0.0.1", "--port", str(port),
+        "--model", str(spec.model), "--device", spec.device,
+        "--kv-blocks", str(spec.kv_blocks), "--block-size", str(spec.block_size),
+        "--max-num-seqs", str(spec.max_num_seqs), "--max-model-len", str(spec.max_model_len),
+        "--seed", str(seed),
+    ]
+    return args + list(spec.extra_args)
+
+
 class Target:
-    """The system under test as the runner drives it: start, stop, and (where possible) restart."""
+    """The system under test as the runner drives it: start, stop, and (where possible) restart.
+
+    ``outlives_runner``: it keeps running if the runner is killed (a container), so the runner keeps
+    a watchdog that rolls the run back (``chaos.rollback``) when it dies.
+    """
 
     info: TargetInfo
+    outlives_runner: bool = False
 
     async def start(self) -> TargetInfo:  # pragma: no cover - interface
         raise NotImplementedError
@@ -87,15 +108,7 @@ class BuiltinStack(Target):
         self._token: str | None = None
 
     def serve_args(self) -> list[str]:
-        spec = self.spec
-        args = [
-            "--host", "127.0.0.1", "--port", str(self._port),
-            "--model", str(spec.model), "--device", spec.device,
-            "--kv-blocks", str(spec.kv_blocks), "--block-size", str(spec.block_size),
-            "--max-num-seqs", str(spec.max_num_seqs), "--max-model-len", str(spec.max_model_len),
-            "--seed", str(self.seed),
-        ]
-        return args + list(spec.extra_args)  # never the admin token: a command line is public on the host
+        return serve_args(self.spec, self._port, self.seed)
 
     async def start(self) -> TargetInfo:
         # spawned here, in the loop's thread, so it dies with us (chaos.children); its own session
@@ -233,16 +246,25 @@ class VllmServer(RemoteTarget):
 
 def target_facts(info: TargetInfo) -> dict[str, Any]:
     """What the journal keeps about a target (never its credentials)."""
-    return {
+    facts = {
         "kind": info.kind, "base_url": info.base_url, "metrics_url": info.metrics_url, "admin_url": info.admin_url,
         "pid": info.pid, "device": info.device, "model": info.model, "metrics": bool(info.metrics_url),
     }
+    if info.container_id:
+        facts["container"] = info.container_id[:12]
+    return facts
 
 
 @contextlib.asynccontextmanager
-async def running_target(spec: TargetSpec, *, target_url: str | None, run_dir: Path, seed: int) -> AsyncIterator[Target]:
-    """The system under test while entered: started (or reached), and stopped on every exit path."""
-    target = start_target(spec, target_url=target_url, run_dir=run_dir, seed=seed)
+async def running_target(spec: TargetSpec, *, target_url: str | None, run_dir: Path, seed: int, run_id: str = "",
+                         record: ResourceRecorder | None = None) -> AsyncIterator[Target]:
+    """The system under test while entered: started (or reached), and stopped on every exit path.
+
+    ``run_id`` and ``record`` (the journal's ``resource`` method) are for targets that create
+    something outside this process (a container): it is labelled with the run and journaled, so
+    ``streamchaos rollback`` can remove it after a crash.
+    """
+    target = start_target(spec, target_url=target_url, run_dir=run_dir, seed=seed, run_id=run_id, record=record)
     try:
         await target.start()
         yield target
@@ -251,7 +273,8 @@ async def running_target(spec: TargetSpec, *, target_url: str | None, run_dir: P
             await target.stop()
 
 
-def start_target(spec: TargetSpec, *, target_url: str | None, run_dir: Path, seed: int) -> Target:
+def start_target(spec: TargetSpec, *, target_url: str | None, run_dir: Path, seed: int, run_id: str = "",
+                 record: ResourceRecorder | None = None) -> Target:
     """The target the experiment names; ``target_url`` (the CLI's --target-url) makes it remote."""
     url = target_url or spec.url
     if url:
@@ -260,6 +283,10 @@ def start_target(spec: TargetSpec, *, target_url: str | None, run_dir: Path, see
         return BuiltinStack(spec, run_dir / "stack.log", seed)
     if spec.kind == "vllm":
         return VllmServer(spec, run_dir / "vllm.log")
+    if spec.kind == "docker":
+        from chaos.docker_target import DockerTarget  # the Docker SDK only where a container runs
+
+        return DockerTarget(spec, run_dir=run_dir, seed=seed, run_id=run_id, record=record)
     raise SetupFailed(
         f"target kind {spec.kind!r} needs a URL: set target.url in the experiment or pass --target-url"
     )

@@ -231,6 +231,9 @@ def _target(ctx: _Context, raw: object) -> TargetSpec:
     data = _mapping(ctx, raw, path, "the target section")
     if data is None:
         return TargetSpec()
+    gpus = data.get("gpus")
+    if isinstance(gpus, int) and not isinstance(gpus, bool):
+        data["gpus"] = str(gpus)  # `gpus: 2` as `docker run --gpus 2`
     values = _parse(ctx, data, path, sections.TARGET)
     _positive(ctx, values, path, "startup_timeout")
     for key in ("url", "metrics_url"):
@@ -240,7 +243,47 @@ def _target(ctx: _Context, raw: object) -> TargetSpec:
     device = values.get("device")
     if isinstance(device, str) and not _DEVICE.fullmatch(device):
         _reject(ctx, values, path, "device", f"expected auto, cpu, mps, cuda or cuda:N, found {device!r}")
+    _container_keys(ctx, data, values, path)
     return TargetSpec(**_fields(values, TargetSpec))
+
+
+def _container_keys(ctx: _Context, data: dict[str, Any], values: dict[str, Any], path: KeyPath) -> None:
+    """The docker-only keys: given only for kind docker, each well-formed; ``env`` made hashable pairs."""
+    from chaos.containers import parse_env, parse_gpus, parse_volume
+
+    kind = values.get("kind", "builtin")
+    if kind != "docker":
+        for key in sections.DOCKER_KEYS:
+            if key in data:
+                _reject(ctx, values, path, key, f"only a docker target takes {key!r} (target.kind is {kind}); "
+                        "set kind: docker, or remove it")
+        values.pop("env", None)
+        return
+    if values.get("url") is not None:
+        _reject(ctx, values, path, "url", "a docker target is reached where its container listens (network, port); "
+                "remove url, or use kind: openai for a server you started yourself")
+    if values.get("command") and values.get("image") is None:
+        _reject(ctx, values, path, "command", "command needs an image; without one the builtin stack runs "
+                "(shaped by model, kv_blocks, ..., extra_args)")
+    env = values.pop("env", None)
+    if env is not None:
+        pairs, problems = parse_env(env)
+        for key, message in problems:
+            ctx.add(path + ("env", key), message, at="key" if "variable name" in message else "value")
+        values["env"] = pairs
+    volumes = values.get("volumes") or ()
+    for i, volume in enumerate(volumes):
+        try:
+            parse_volume(volume)
+        except ValueError as exc:
+            ctx.add(path + ("volumes", i), str(exc))
+            values.pop("volumes", None)
+    gpus = values.get("gpus")
+    if gpus is not None:
+        try:
+            parse_gpus(gpus)
+        except ValueError as exc:
+            _reject(ctx, values, path, "gpus", str(exc))
 
 
 def _proxy(ctx: _Context, raw: object, present: bool) -> ProxySpec:

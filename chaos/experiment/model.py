@@ -62,7 +62,7 @@ class FrozenMap(Mapping[str, Any]):
 
 @dataclass(frozen=True)
 class TargetSpec:
-    """The system under test: the builtin stack or a server reached by URL."""
+    """The system under test: the builtin stack, a server reached by URL, or a container streamchaos starts."""
 
     kind: str = "builtin"  # builtin | openai | vllm | docker | kubernetes
     url: str | None = None  # OpenAI API root, e.g. http://host:8000/v1
@@ -78,6 +78,14 @@ class TargetSpec:
     admin_token: str | None = field(default=None, repr=False)
     admin_token_file: str | None = None  # a 0600 file holding the token (beside STREAMCHAOS_ADMIN_TOKEN)
     extra_args: tuple[str, ...] = ()
+    # docker: the image to run (none: the builtin stack from this host's Python, chaos.host_image)
+    image: str | None = None
+    command: tuple[str, ...] = ()  # the image's command (arguments after its entrypoint)
+    env: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # (NAME, value), sorted; may hold secrets
+    network: str = "host"  # host | bridge (the port published on 127.0.0.1)
+    port: int | None = None  # where the server listens in the container; image default 8000, builtin: a free one
+    volumes: tuple[str, ...] = ()  # HOST:CONTAINER[:ro|rw]
+    gpus: str | None = None  # all | N | device=0,1 (as `docker run --gpus`)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from .model import PROMPT_CLASSES
 
 __all__ = [
     "ALLOWED_TARGETS",
+    "DOCKER_KEYS",
     "FAULT_ENTRY_KEYS",
     "LOAD",
     "PHASE",
@@ -32,6 +33,7 @@ TOP_LEVEL = Schema((
 ))
 
 TARGET_KINDS = ("builtin", "openai", "vllm", "docker", "kubernetes")
+DOCKER_NETWORKS = ("host", "bridge")
 
 TARGET = Schema((
     Param("kind", "choice", "builtin", choices=TARGET_KINDS, doc="which system under test"),
@@ -48,7 +50,18 @@ TARGET = Schema((
     Param("admin_token", "str", None, doc="token for the builtin stack's admin API (prefer admin_token_file or STREAMCHAOS_ADMIN_TOKEN)"),
     Param("admin_token_file", "str", None, doc="file (mode 0600) holding the admin token of a builtin stack started elsewhere"),
     Param("extra_args", "str_list", (), doc="extra command-line arguments for a spawned server"),
+    # kind docker only (chaos.docker_target)
+    Param("image", "str", None, doc="docker: the image to run; none runs the builtin stack from this host's Python"),
+    Param("command", "str_list", (), doc="docker: the image's command, e.g. [--model, m, --port, '8000']"),
+    Param("env", "mapping", None, doc="docker: environment variables {NAME: value}"),
+    Param("network", "choice", "host", choices=DOCKER_NETWORKS, doc="docker: host networking, or bridge with the port published on 127.0.0.1"),
+    Param("port", "int", None, min=1, max=65535, doc="docker: the port the server listens on in the container (image default 8000)"),
+    Param("volumes", "str_list", (), doc="docker: bind mounts HOST:CONTAINER[:ro|rw]"),
+    Param("gpus", "str", None, doc="docker: GPUs as `docker run --gpus`: all, a count, or device=0,1"),
 ))
+
+# The target keys only a docker target takes.
+DOCKER_KEYS = ("image", "command", "env", "network", "port", "volumes", "gpus")
 
 PROXY_SERVERS = ("auto", "embedded", "binary", "docker", "external")
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import statistics
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -147,7 +148,29 @@ def check_html_report(result: Any) -> None:
     assert "<script" not in page
 
 
+def check_container_freeze(result: Any) -> None:
+    """The daemon saw the container paused, with no CPU time used while frozen; requests sent into the
+    freeze got nothing until it ended, then completed; the container is gone and its log kept."""
+    from chaos.containers import LABEL_RUN_DIR, docker_client
+
+    events = {e.action: e for e in result.observations.faults if e.kind == "docker.pause"}
+    assert events["inject"].evidence["paused"] is True and events["revert"].evidence["unpaused"] is True
+    assert events["revert"].evidence["cpu_used_while_paused_ms"] == 0
+    # the whole engine was frozen: nothing sent after the pause took effect got a token before the
+    # phase's 2s were over (the unpause cannot come earlier), however loaded the machine
+    window = result.observations.phase("freeze")
+    frozen = [s for s in result.observations.population("freeze") if s.t_sent is not None and s.t_sent > events["inject"].t]
+    assert frozen and all(s.t_first_content is not None and s.t_first_content >= window.t_start + 2_000_000_000 for s in frozen)
+    assert "streamchaos stack ready" in (result.out_dir / "container.log").read_text()
+    client = docker_client()
+    try:
+        assert client.containers.list(all=True, filters={"label": f"{LABEL_RUN_DIR}={result.out_dir.resolve()}"}) == []
+    finally:
+        client.close()
+
+
 EXTRA: dict[str, Callable[[Any], None]] = {
+    "container-freeze": check_container_freeze,
     "event-loop-stall": check_event_loop_stall,
     "kv-pressure": check_kv_pressure,
     "server-timeouts": check_server_timeouts,
@@ -162,8 +185,21 @@ EXTRA: dict[str, Callable[[Any], None]] = {
 }
 
 
+def needs_docker(path: Path) -> bool:
+    import yaml
+
+    return (yaml.safe_load(path.read_text(encoding="utf-8")).get("target") or {}).get("kind") == "docker"
+
+
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=[p.stem for p in EXPERIMENTS])
 def test_shipped_experiment_runs_green(chaos_run: Callable[..., Any], path: Path) -> None:
+    if needs_docker(path):
+        sys.path.insert(0, str(Path(__file__).parents[1] / "containers"))
+        from dockerd import docker_skip_reason
+
+        reason = docker_skip_reason()
+        if reason is not None:
+            pytest.skip(f"no Docker here: {reason}")
     result = chaos_run(path, check=True)
     assert result.status == "completed" and result.exit_code == 0
     assert (result.out_dir / "report.json").is_file() and (result.out_dir / "junit.xml").is_file()

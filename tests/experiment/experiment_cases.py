@@ -115,7 +115,24 @@ load: {concurrency: 2}
 phases: [{name: x, duration: 1s}]
 """)
 
-GOOD_CASES = (MINIMAL, FULL, ANCHORS, PROXY_OFF)
+DOCKER = Good("docker", """\
+name: docker
+target:
+  kind: docker
+  image: vllm/vllm-openai:v0.6.3
+  command: [--model, /models/llama, --port, "8000"]
+  env: {HF_HOME: /cache, VLLM_LOGGING_LEVEL: INFO, MAX_JOBS: 4}
+  port: 8000
+  volumes: [/srv/models:/models:ro, /srv/cache:/cache]
+  gpus: 1
+  startup_timeout: 10m
+phases:
+  - name: freeze
+    duration: 2s
+    faults: [{kind: docker.pause}, {kind: docker.cpu_limit, cpus: 0.5}, {kind: docker.kill, signal: SIGTERM, at: 1s, restart: true}]
+""")
+
+GOOD_CASES = (MINIMAL, FULL, ANCHORS, PROXY_OFF, DOCKER)
 
 
 SYNTAX = Bad("yaml-syntax", """\
@@ -298,6 +315,39 @@ phases: [{name: a, duration: 1s}]
 """, ((3, 9, "target.kind", "expected one of builtin, openai, vllm, docker, kubernetes, found 'opneai' (did you mean 'openai'?)"),
       (4, 8, "target.url", "expected an http(s) URL")))
 
+DOCKER_ONLY_KEYS = Bad("docker-keys-on-another-kind", """\
+name: x
+target:
+  kind: openai
+  url: http://127.0.0.1:8000/v1
+  image: vllm/vllm-openai
+  gpus: all
+phases: [{name: a, duration: 1s}]
+""", ((5, 10, "target.image", "only a docker target takes 'image' (target.kind is openai); set kind: docker, or remove it"),
+      (6, 9, "target.gpus", "only a docker target takes 'gpus' (target.kind is openai)")))
+
+DOCKER_TARGET = Bad("docker-target", """\
+name: x
+target:
+  kind: docker
+  url: http://127.0.0.1:8000/v1
+  command: [serve]
+  network: hots
+  port: 70000
+  env: {HF_TOKEN: abc, 2BAD: x, NESTED: {a: 1}}
+  volumes: [/models:/models:ro, models:/models, /a:/b:rx]
+  gpus: device=
+phases: [{name: a, duration: 1s}]
+""", ((4, 8, "target.url", "a docker target is reached where its container listens (network, port); remove url"),
+      (5, 12, "target.command", "command needs an image; without one the builtin stack runs"),
+      (6, 12, "target.network", "expected one of host, bridge, found 'hots' (did you mean 'host'?)"),
+      (7, 9, "target.port", "must be at most 65535, found 70000"),
+      (8, 24, "target.env.2BAD", "expected an environment variable name (letters, digits, _), found '2BAD'"),
+      (8, 41, "target.env.NESTED", "expected a string or a number, found dict"),
+      (9, 33, "target.volumes[1]", "both paths must be absolute (/...), found 'models:/models'"),
+      (9, 49, "target.volumes[2]", "the mode must be ro or rw, found 'rx' in '/a:/b:rx'"),
+      (10, 9, "target.gpus", "expected all, a count such as 2, or device=0,1, found 'device='")))
+
 DUPLICATE_FAULT_NAME = Bad("duplicate-fault-name", """\
 name: x
 phases:
@@ -385,5 +435,6 @@ phases: [{name: a, duration: 1s}]
 BAD_CASES = (
     ALLOWED_TARGETS, LOAD_SHARDS, LOAD_SHARD_LISTEN, SYNTAX, TAB, NOT_A_MAPPING, EMPTY, DUPLICATE_KEY, UNKNOWN_SECTION, MISSING_REQUIRED, BARE_DURATION,
     UNKNOWN_FAULT_KIND, UNKNOWN_FAULT_PARAM, BAD_FAULT_VALUE, ONE_OF, FAULT_CROSS_CHECK, DUPLICATE_PHASE,
-    NO_PHASES, SLA_UNKNOWN_PHASE, SLA_BAD_ENTRY, LOAD_BOTH, PROMPTS, SAFETY, TARGET, DUPLICATE_FAULT_NAME, MANY,
+    NO_PHASES, SLA_UNKNOWN_PHASE, SLA_BAD_ENTRY, LOAD_BOTH, PROMPTS, SAFETY, TARGET, DOCKER_ONLY_KEYS, DOCKER_TARGET,
+    DUPLICATE_FAULT_NAME, MANY,
 )
