@@ -163,7 +163,7 @@ def render_summary(result: Result, *, report_name: str = "report.json") -> str:
     lines.append(
         f"{result.experiment.name}: {result.status}, {load['streams']} streams "
         f"({load['complete']} complete, {load['hung_up_on_purpose']} hung up by client faults), "
-        f"client lag p99 {lag.get('p99_ms', float('nan')):.2f}ms"
+        + (f"client lag p99 {lag['p99_ms']:.2f}ms" if lag.get("samples") else "no client lag measured")
         + "".join(f", send delay p99 {d['p99_ms']:.2f}ms ({p or 'run'})" for p, d in (lag.get("send_delay") or {}).items())
         + f", exit {result.exit_code}"
     )
