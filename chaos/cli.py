@@ -34,7 +34,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             if exporter.url:
                 print(f"metrics: {exporter.url} (for the life of the run)", file=sys.stderr)
             listeners.append(exporter)
-        result = run(experiment, target_url=args.target_url, out_dir=args.out, seed=args.seed, listeners=listeners)
+        result = run(experiment, target_url=args.target_url, out_dir=args.out, seed=args.seed, listeners=listeners,
+                     api_key_env=args.api_key_env)
     print(render_summary(result))
     return result.exit_code
 
@@ -236,6 +237,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("experiment", help="experiment YAML file")
     p.add_argument("--target-url", help="run against this OpenAI-compatible server instead of the experiment's target")
     p.add_argument("--out", help="run directory (default: runs/<time>-<name>)")
+    p.add_argument("--api-key-env", metavar="NAME", help="the environment variable holding the target's API key "
+                   "(overrides target.api_key_env / api_key; the key is never written anywhere)")
     p.add_argument("--seed", type=int, help="override the experiment's seed")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.add_argument("--metrics-port", type=int, metavar="PORT",
