@@ -145,7 +145,7 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
     ),
     EngineProfile(
         "litellm", "LiteLLM proxy", _ALL, EndRule(), USAGE_SERIES, RUNNING_SERIES, WAITING_SERIES,
-        metric_prefixes=("litellm_",), detection="x-litellm-* response headers",
+        metric_prefixes=("litellm_",), detection='/health/liveliness "I\'m alive!", x-litellm-* response headers',
         notes="a gateway: fields pass through to the engine behind it; its /metrics needs the key and has no KV series",
     ),
     EngineProfile(
@@ -172,6 +172,7 @@ class Evidence:
     info: Mapping[str, Any] | None = None  # /info as JSON (TGI)
     metric_names: tuple[str, ...] = ()  # the series names of one scrape
     preflight_error: str | None = None  # the server's own text when the preflight was refused
+    liveliness: str | None = None  # GET /health/liveliness (LiteLLM's liveness route answers "I'm alive!")
 
 
 _OWNERS = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "llamacpp", "llama.cpp": "llamacpp"}
@@ -186,6 +187,9 @@ def identify(evidence: Evidence) -> tuple[EngineProfile, str]:
     if any(name.startswith("x-litellm") for name in evidence.headers):
         first = next(n for n in sorted(evidence.headers) if n.startswith("x-litellm"))
         return PROFILES["litellm"], f"response header {first}"
+    if evidence.liveliness is not None and "alive" in evidence.liveliness.lower():
+        # litellm/proxy/health_endpoints: GET /health/liveliness answers "I'm alive!"
+        return PROFILES["litellm"], f"/health/liveliness answered {evidence.liveliness.strip()!r}"
     for owner in evidence.owned_by:
         if owner.lower() in _OWNERS:
             return PROFILES[_OWNERS[owner.lower()]], f'/v1/models owned_by "{owner}"'

@@ -139,7 +139,8 @@ class StreamRecord:
         """Finished properly by ``rule``: what it requires arrived, and no error of any kind did.
 
         A stream whose rule does not require ``[DONE]`` must still have ended cleanly: an HTTP
-        status below 400 and no transport, protocol or in-band error.
+        status below 400 and no transport, protocol or in-band error (a cut connection is a
+        ``read`` error, a body that ends cleanly is not).
         """
         return (
             (self.finish_reason is not None or not rule.finish_reason)
@@ -147,7 +148,6 @@ class StreamRecord:
             and self.in_band_error is None
             and self.error is None
             and (self.status is None or self.status < 400)
-            and (self.t_end is not None)
         )
 
     @property

@@ -116,15 +116,17 @@ async def detect(base_url: str, metrics_url: str | None, headers: Mapping[str, s
     from chaos.scraper import all_metric_names
 
     root = base_url[: -len("/v1")] if base_url.endswith("/v1") else base_url
-    async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, headers=dict(headers), trust_env=False) as client:
-        models, health, version, info = await asyncio.gather(
+    async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, headers=dict(headers), trust_env=False,
+                                 follow_redirects=True) as client:
+        models, health, version, info, alive = await asyncio.gather(
             _get(client, base_url + "/models"), _get(client, root + "/health"), _get(client, root + "/version"),
-            _get(client, root + "/info"))
+            _get(client, root + "/info"), _get(client, root + "/health/liveliness"))
         names: tuple[str, ...] = ()
         if metrics_url:
             scraped = await _get(client, metrics_url) if metrics_headers is None else None
             if metrics_headers is not None:
-                async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, headers=dict(metrics_headers), trust_env=False) as m:
+                async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, headers=dict(metrics_headers), trust_env=False,
+                                             follow_redirects=True) as m:
                     scraped = await _get(m, metrics_url)
             if scraped is not None and scraped.status_code < 400:
                 names = all_metric_names(scraped.text)
@@ -136,6 +138,7 @@ async def detect(base_url: str, metrics_url: str | None, headers: Mapping[str, s
         server_header=models.headers.get("server") if models is not None else None,
         headers={k.lower(): v for k, v in models.headers.items()} if models is not None else {},
         owned_by=owners, health=_json(health), version=_json(version), info=_json(info), metric_names=names,
+        liveliness=alive.text[:100] if alive is not None and alive.status_code < 400 else None,
     )
 
 
@@ -174,10 +177,15 @@ async def preflight(load: LoadSpec, *, base_url: str, model: str, seed: int, api
         message = (record.error.message if record.error is not None else record.in_band_error) or ""
         named = rejected_fields(message, sent_fields(load)) if refused else []
         if not named or attempts > MAX_RETRIES:
-            what = f"HTTP {record.status}" if record.status else (record.error.kind if record.error else "in-band error")
-            raise PreflightRefused(
-                f"the target refused the load's request at the preflight ({what} from {url}): {message}\n"
-                f"  request body: {json.dumps(_shown(body), ensure_ascii=False)[:400]}")
+            shown = json.dumps(_shown(body), ensure_ascii=False)[:400]
+            if record.status is not None and record.status >= 400:
+                what = f"the target refused the load's request at the preflight (HTTP {record.status} from {url})"
+            elif record.in_band_error is not None:
+                what = f"the target answered the load's request at the preflight with an error event ({url})"
+            else:
+                kind = record.error.kind if record.error is not None else "?"
+                what = f"the load's request did not get through at the preflight ({kind} error, {url})"
+            raise PreflightRefused(f"{what}: {message}\n  request body: {shown}")
         refusal = refusal or message
         for name in named:
             load = _without(load, name)

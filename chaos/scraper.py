@@ -76,7 +76,9 @@ class MetricScraper:
         self.scrapes = 0
         self.failures = 0
         self._task: asyncio.Task[None] | None = None
-        self._client = httpx.AsyncClient(timeout=max(1.0, 4 * interval), headers=dict(headers or {}))
+        # redirects followed: LiteLLM answers /metrics with 307 to /metrics/ (httpx drops the
+        # Authorization header on a redirect to another origin)
+        self._client = httpx.AsyncClient(timeout=max(1.0, 4 * interval), headers=dict(headers or {}), follow_redirects=True)
 
     async def scrape_once(self) -> int:
         if not self.url:
