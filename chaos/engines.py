@@ -99,6 +99,7 @@ class EngineProfile:
     metric_prefixes: tuple[str, ...] = ()  # names that identify it in a scrape
     detection: str = ""  # how it is recognised, for the README
     notes: str = ""  # anything a user should know, for the README
+    metrics_hint: str = ""  # what to do when its KV series are missing (kv_cleanup's inconclusive reason)
 
     def describe(self) -> dict[str, Any]:
         """The profile as report.json and the journal keep it."""
@@ -106,7 +107,7 @@ class EngineProfile:
             "name": self.name, "title": self.title, "accepts": sorted(self.accepts),
             "done_required": self.end.done, "finish_reason_required": self.end.finish_reason,
             "usage_series": [n for n, _ in self.usage_series], "running_series": list(self.running_series),
-            "metrics": self.metrics,
+            "metrics": self.metrics, "metrics_hint": self.metrics_hint,
         }
 
 
@@ -125,7 +126,7 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
     EngineProfile(
         "sglang", "SGLang", _ALL, EndRule(), _SGLANG_USAGE, _SGLANG_RUNNING, ("sglang:num_queue_reqs",),
         metric_prefixes=("sglang:",), detection='/v1/models owned_by "sglang", sglang:* metrics',
-        notes="metrics need --enable-metrics",
+        notes="metrics need --enable-metrics", metrics_hint="start SGLang with --enable-metrics",
     ),
     EngineProfile(
         "tgi", "Text Generation Inference", frozenset({"stream_options"}), EndRule(), _TGI_USAGE, _TGI_RUNNING,
@@ -137,16 +138,19 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         ("llamacpp:requests_deferred",), metric_prefixes=("llamacpp:",),
         detection='/v1/models owned_by "llamacpp", llamacpp:* metrics',
         notes="metrics need --metrics; no KV usage series (kv_cleanup inconclusive unless `series` names one)",
+        metrics_hint="llama.cpp exports no KV usage series: name one with `series`, or accept inconclusive",
     ),
     EngineProfile(
         "transformers-serve", "transformers serve", frozenset({"stream_options"}), EndRule(done=False),
         metrics=False, detection='HTTP 422 "Unexpected fields in the request" at the preflight',
         notes="never sends [DONE]; rejects ignore_eos and min_tokens; no /metrics",
+        metrics_hint="transformers serve has no /metrics: KV cleanup cannot be observed",
     ),
     EngineProfile(
         "litellm", "LiteLLM proxy", _ALL, EndRule(), USAGE_SERIES, RUNNING_SERIES, WAITING_SERIES,
         metric_prefixes=("litellm_",), detection='/health/liveliness "I\'m alive!", x-litellm-* response headers',
         notes="a gateway: fields pass through to the engine behind it; its /metrics needs the key and has no KV series",
+        metrics_hint="LiteLLM is a gateway with no KV series: set target.metrics_url to the engine behind it",
     ),
     EngineProfile(
         "openai", "generic OpenAI-compatible server", _ALL, EndRule(), USAGE_SERIES, RUNNING_SERIES, WAITING_SERIES,

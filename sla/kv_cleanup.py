@@ -114,14 +114,14 @@ def _worst(checks: list[_Check]) -> _Check:
     return min(checks, key=lambda c: (order[c.outcome], -(c.took_s or 0.0)))
 
 
-def _profile_series(obs: Observations) -> tuple[list[str], list[str], str]:
-    """(usage names, running names, engine) from the run's engine profile note, else every known name."""
+def _profile_series(obs: Observations) -> tuple[list[str], list[str], str, str]:
+    """(usage names, running names, engine, hint) from the run's engine profile note, else every known name."""
     for note in reversed(obs.notes_on(END_RULE_TOPIC)):
         prof = note.data.get("profile")
         if isinstance(prof, dict) and isinstance(prof.get("usage_series"), list):
             return ([str(n) for n in prof["usage_series"]], [str(n) for n in prof.get("running_series") or []],
-                    str(prof.get("name", "engine")))
-    return [n for n, _ in USAGE_SERIES], list(RUNNING_SERIES), "generic"
+                    str(prof.get("name", "engine")), str(prof.get("metrics_hint") or ""))
+    return [n for n, _ in USAGE_SERIES], list(RUNNING_SERIES), "generic", ""
 
 
 def _scrape_failures(obs: Observations) -> list[str]:
@@ -194,7 +194,7 @@ def kv_cleanup(obs: Observations, params: Mapping[str, Any], phase: str | None) 
 
     if any(n.data.get("metrics") is False for n in obs.notes_on("target")):
         return verdict("inconclusive", None, 0, "the target exposes no metrics (target note says metrics: false)")
-    usage_names, running_names, engine = _profile_series(obs)
+    usage_names, running_names, engine, hint = _profile_series(obs)
     usage_name = params.get("series") or _pick(obs, usage_names)
     running_name = params.get("running_series") or _pick(obs, running_names)
     evidence.update(usage_series=usage_name, running_series=running_name)
@@ -209,7 +209,7 @@ def kv_cleanup(obs: Observations, params: Mapping[str, Any], phase: str | None) 
         why = _scrape_failures(obs)
         if why:
             evidence["scrape_errors"] = why
-        reason = "; ".join(problems) + "; a missing series is unknown, not zero"
+        reason = "; ".join(problems) + "; a missing series is unknown, not zero" + (f" ({hint})" if hint else "")
         return verdict("inconclusive", None, 0, (f"{'; '.join(why)}: " if why else "") + reason)
     assert usage_name is not None and running_name is not None
     sent = [st.t_sent for st in obs.streams if st.t_sent is not None]
