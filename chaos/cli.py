@@ -25,6 +25,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from chaos.runner import run
 
     experiment = load_experiment(args.experiment)
+    if not (args.target_url or experiment.target.url) and experiment.target.kind == "builtin":
+        from chaos.targets import require_engine
+
+        require_engine("the experiment's target (kind builtin)")  # before anything is created: one line, exit 4
     listeners: list[Any] = [] if args.quiet else [LiveProgress()]
     with contextlib.ExitStack() as stack:
         if args.metrics_port is not None or args.push_metrics:
@@ -289,6 +293,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # `stack serve` and `toxiproxy serve` own their flags; hand the rest over untouched
         if argv[:2] == ["stack", "serve"]:
+            from chaos.targets import require_engine
+
+            if "-h" not in argv and "--help" not in argv:
+                require_engine("streamchaos stack serve")
             from chaos.stack.serve import serve_main
 
             return serve_main(argv[2:])

@@ -18,7 +18,7 @@ import pytest
 from chaos.stack.process import StackProcess
 from servers import run_cli
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.thirdparty, pytest.mark.timeout(300)]
 
 
 def _run(url: str, experiment: str, out: Path) -> tuple[int, dict, str]:

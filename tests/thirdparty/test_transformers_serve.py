@@ -16,7 +16,7 @@ import pytest
 
 from servers import Served, run_cli
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.slow, pytest.mark.thirdparty, pytest.mark.timeout(400)]
 
 TIMING = {"ttft", "itl"}  # the server's real speed: judged, printed, not asserted here
 
