@@ -100,6 +100,7 @@ class EngineProfile:
     detection: str = ""  # how it is recognised, for the README
     notes: str = ""  # anything a user should know, for the README
     metrics_hint: str = ""  # what to do when its KV series are missing (kv_cleanup's inconclusive reason)
+    gateway: bool = False  # a proxy in front of an engine: its metrics are the engine's, elsewhere
 
     def describe(self) -> dict[str, Any]:
         """The profile as report.json and the journal keep it."""
@@ -151,6 +152,7 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         metric_prefixes=("litellm_",), detection='/health/liveliness "I\'m alive!", x-litellm-* response headers',
         notes="a gateway: fields pass through to the engine behind it; its /metrics needs the key and has no KV series",
         metrics_hint="LiteLLM is a gateway with no KV series: set target.metrics_url to the engine behind it",
+        gateway=True,
     ),
     EngineProfile(
         "openai", "generic OpenAI-compatible server", _ALL, EndRule(), USAGE_SERIES, RUNNING_SERIES, WAITING_SERIES,
