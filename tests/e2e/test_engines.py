@@ -67,9 +67,10 @@ def test_an_engine_that_refuses_ignore_eos_and_sends_no_done_is_judged_right(pla
 def test_a_refused_request_stops_the_run_before_the_load_with_the_servers_words(tmp_path: Path) -> None:
     with StackProcess.start("--port", "0", "--max-model-len", "64") as stack:
         (tmp_path / "e.yaml").write_text(json.dumps(_experiment("refused", load={"concurrency": 2, "max_tokens": 200})))
-        done = _cli("run", str(tmp_path / "e.yaml"), "--target-url", stack.base_url, "--out", str(tmp_path / "run"), "--quiet")
+        done = _cli("run", str(tmp_path / "e.yaml"), "--target-url", stack.base_url, "--out", str(tmp_path / "run"))
     assert done.returncode == 4, done.stdout + done.stderr
     text = done.stdout + done.stderr
+    assert f"reaching target {stack.base_url} (remote)" in done.stderr and "starting target" not in done.stderr
     assert "refused the load's request at the preflight (HTTP 400" in text
     assert "max_model_len" in text or "max_tokens" in text  # the server's own explanation
     journal = [json.loads(line) for line in (tmp_path / "run" / "journal.jsonl").read_text().splitlines()]
