@@ -9,33 +9,37 @@ scrape, the preflight's error text) and names a profile and why.
 What each profile says, and where it comes from (read in the engines' own code and docs):
 
 - ``vllm``: accepts ``ignore_eos``, ``min_tokens``, ``stream_options`` (vLLM's sampling
-  extensions, ``vllm/entrypoints/openai/protocol.py``); ends every stream with ``data: [DONE]``,
-  also after an in-band error event (reference llm-serving §2.5); ``/v1/models`` says
-  ``owned_by: "vllm"``; ``GET /version`` answers ``{"version": ...}``; metrics ``vllm:*``.
-- ``sglang``: the same request extensions (``sglang/srt/entrypoints/openai/protocol.py``), ``[DONE]``
-  after every stream (§2.6), ``owned_by: "sglang"``, metrics ``sglang:*`` with ``--enable-metrics``
-  (§3.1: ``token_usage``, ``num_running_reqs``, ``num_queue_reqs``).
-- ``tgi``: ``/info`` answers with ``router: "text-generation-router"``; its OpenAI routes ignore
-  fields they do not know and end with ``[DONE]`` (§2.6); metrics ``tgi_*``, KV as
-  ``tgi_batch_current_max_tokens`` of ``tgi_batch_max_total_tokens`` (§3.3).
-- ``llamacpp``: llama.cpp's ``llama-server``: ``owned_by: "llamacpp"``, honours ``ignore_eos``,
-  ignores unknown fields, ``data: [DONE]`` after the last chunk; metrics (with ``--metrics``)
-  ``llamacpp:requests_processing`` / ``llamacpp:requests_deferred``
-  (ggml-org/llama.cpp ``tools/server/README.md``, commit a2df278 "update help metrics
-  processing/deferred"). Its KV metrics (``llamacpp:kv_cache_usage_ratio``) were removed upstream,
-  so ``kv_cleanup`` is inconclusive against it unless ``series`` names one.
+  extensions); ends every stream with ``data: [DONE]``, also after an in-band error event
+  (reference llm-serving §2.5); ``/v1/models`` says ``owned_by: "vllm"``
+  (``vllm/entrypoints/openai/protocol.py``, ``owned_by: str = "vllm"``); metrics ``vllm:*`` (§1.1).
+- ``sglang``: the same request extensions, ``[DONE]`` after every stream (§2.6),
+  ``owned_by: "sglang"`` (``sglang/srt/entrypoints/openai/protocol.py``), metrics ``sglang:*`` with
+  ``--enable-metrics`` (§3.1: ``token_usage``, ``num_running_reqs``, ``num_queue_reqs``).
+- ``tgi``: ``/info`` names its router (``text-generation-router``); OpenAI chunks then ``[DONE]``
+  (§2.6); metrics ``tgi_*``, KV as ``tgi_batch_current_max_tokens`` of ``tgi_batch_max_total_tokens``
+  (§3.3). ``ignore_eos`` is no TGI parameter and is not sent; ``stream_options`` is, and the
+  preflight drops it if a TGI version refuses it.
+- ``llamacpp``: llama.cpp's ``llama-server``: ``{"owned_by", "llamacpp"}`` in its model list
+  (``tools/server``), honours ``ignore_eos``, ``data: [DONE]`` after the last chunk; metrics (with
+  ``--metrics``) ``llamacpp:requests_processing`` / ``llamacpp:requests_deferred`` (ggml-org/llama.cpp
+  commit a2df278 "update help metrics processing/deferred"). Its KV metrics
+  (``llamacpp:kv_cache_usage_ratio``, ``kv_cache_tokens``) were removed (llama.cpp PRs #13660 and
+  #22879, "too internal"; issue #23632 asks for them back), so ``kv_cleanup`` is inconclusive against
+  it unless ``series`` names one.
 - ``transformers-serve``: Hugging Face's ``transformers serve`` (5.x): rejects any field outside the
   OpenAI schema with HTTP 422 ``Unexpected fields in the request: {...}``
   (``transformers/cli/serving/utils.py``, ``_validate_request``), accepts and ignores
-  ``stream_options`` (``UNUSED_LEGACY_COMPLETION_FIELDS``), ends each stream with a chunk carrying
-  ``finish_reason`` and usage and **never sends ``[DONE]``** (measured, reference "Measured against
-  real servers"), has no ``/metrics``; ``owned_by`` is ``"local"`` for a local checkpoint.
-- ``litellm``: the LiteLLM proxy (a gateway): answers with ``x-litellm-*`` headers
-  (BerriAI/litellm ``docs/my-website/docs/proxy/response_headers.md``), passes fields through to the
-  engine behind it, sends ``[DONE]``; every route, ``/metrics`` included, wants the master key.
-  It has no KV series of its own: point ``target.metrics_url`` at the engine behind it.
+  ``stream_options`` (``UNUSED_LEGACY_COMPLETION_FIELDS`` in ``completion.py``), ends each stream with
+  a chunk carrying ``finish_reason`` and usage and **never sends ``[DONE]``** (measured, reference
+  "Measured against real servers"), has no ``/metrics`` (404); ``owned_by`` is ``"local"`` for a
+  local checkpoint (``utils.model_owner``), which other servers may say too, so the 422 is the sign.
+- ``litellm``: the LiteLLM proxy (a gateway): ``GET /health/liveliness`` answers ``"I'm alive!"``
+  (measured, 1.108), completions carry ``x-litellm-*`` headers (BerriAI/litellm
+  ``docs/my-website/docs/proxy/response_headers.md``); it passes fields through to the engine behind
+  it and sends ``[DONE]``; every route, ``/metrics`` included, wants the master key (``/metrics``
+  answers 307 to ``/metrics/``). No KV series of its own: point ``target.metrics_url`` at the engine.
 - ``openai``: any other OpenAI-compatible server: OpenAI's wire format (``[DONE]`` required),
-  every known metric name tried in turn (today's fallbacks).
+  every known metric name tried in turn (the fallbacks that were global before profiles).
 - ``builtin``: this project's stack: everything, ``streamchaos_*`` plus vLLM's names.
 """
 
