@@ -81,7 +81,7 @@ LOAD = Schema(
         Param("max_requests", "int", None, min=1, doc="stop after this many requests"),
         Param("max_tokens", "int_or_range", (32, 32), min=1, doc="tokens to generate: n or [low, high]"),
         Param("temperature", "float", 0.0, min=0, max=2, doc="sampling temperature"),
-        Param("ignore_eos", "bool", True, doc="builtin stack: generate exactly max_tokens"),
+        Param("ignore_eos", "bool", True, doc="generate exactly max_tokens (vLLM, SGLang, llama.cpp, builtin); left out where the engine refuses it"),
         Param("include_usage", "bool", True, doc="ask for stream_options.include_usage"),
         Param("request_timeout", "duration", 30.0, doc="client timeout for one request"),
         Param("workers", "int", 1, min=1, max=64, doc="load generator processes"),
