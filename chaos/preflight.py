@@ -47,6 +47,7 @@ class PreflightResult:
     dropped: dict[str, str] = field(default_factory=dict)  # field → why
     attempts: int = 1
     refusal: str | None = None  # the server's text when it refused a field (a sign of the engine)
+    warning: str | None = None  # something about the preflight stream a person should know before the run
 
     def facts(self) -> dict[str, Any]:
         rec = self.record
@@ -55,6 +56,7 @@ class PreflightResult:
             "finish_reason": rec.finish_reason, "done_seen": rec.done_seen, "usage": rec.usage is not None,
             "error": None if rec.error is None else rec.error.message, "dropped": dict(self.dropped),
             "attempts": self.attempts, "ttft_s": None if rec.ttft_ns is None else round(rec.ttft_ns / 1e9, 4),
+            **({"warning": self.warning} if self.warning else {}),
         }
 
 
@@ -249,4 +251,11 @@ async def learn_engine(load: LoadSpec, *, base_url: str, metrics_url: str | None
             result.load = shaped
             for name, because in more.items():
                 result.dropped.setdefault(name, because)
+    rec = result.record
+    if prof.end.done and not rec.done_seen and rec.finish_reason is not None and rec.error is None:
+        # a server that ends cleanly without [DONE] under a profile that requires it: every stream
+        # would count as cut; say so now rather than after the run
+        result.warning = (f"the preflight stream ended with finish_reason {rec.finish_reason!r} but no [DONE], which the "
+                          f"{prof.name} profile requires: if this engine never sends it, set target.engine to its "
+                          "profile (e.g. transformers-serve) or early_close will count every stream as cut")
     return EngineFindings(prof, why, result, evidence)

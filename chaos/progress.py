@@ -53,6 +53,8 @@ def _note_line(note: Note) -> str | None:
         lines = [f"preflight: HTTP {data.get('status')}, {data.get('events', 0)} events, finish_reason "
                  f"{data.get('finish_reason')}, [DONE] {'seen' if data.get('done_seen') else 'not seen'}"]
         lines += [f"  dropped {name} from every request: {why}" for name, why in dropped.items()]
+        if data.get("warning"):
+            lines.append(f"  !! {data['warning']}")
         return "\n".join(lines)
     if note.topic == "scrape_error":
         return f"  !! metrics: scraping {data.get('url')} failed: {data.get('error')} ({data.get('failures')} so far)"

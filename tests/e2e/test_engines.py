@@ -64,6 +64,17 @@ def test_an_engine_that_refuses_ignore_eos_and_sends_no_done_is_judged_right(pla
     assert {v.sla: v.status for v in again.verdicts}["early_close"] == "pass" and again.exit_code == 3
 
 
+def test_a_profile_set_by_hand_that_wants_done_is_warned_about_at_the_preflight(planted: Any, tmp_path: Path) -> None:
+    url = planted("hf_dialect")
+    body = _experiment("forced", target={"kind": "openai", "model": "tiny", "engine": "openai"},
+                       phases=[{"name": "steady", "duration": "1s"}], sla=[{"kind": "early_close", "budget": "0%"}])
+    result = run(experiment_from_dict(body), target_url=url, out_dir=tmp_path / "run", handle_signals=False)
+    preflight = result.observations.notes_on("preflight")[-1].data
+    assert "no [DONE], which the openai profile requires" in preflight["warning"]
+    assert list(preflight["dropped"]) == ["ignore_eos"]  # refused by the server, dropped all the same
+    assert {v.sla: v.status for v in result.verdicts}["early_close"] == "fail"  # as warned: target.engine said so
+
+
 def test_a_refused_request_stops_the_run_before_the_load_with_the_servers_words(tmp_path: Path) -> None:
     with StackProcess.start("--port", "0", "--max-model-len", "64") as stack:
         (tmp_path / "e.yaml").write_text(json.dumps(_experiment("refused", load={"concurrency": 2, "max_tokens": 200})))
