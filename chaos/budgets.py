@@ -345,6 +345,7 @@ _POLICY = {
     "integrity": "integrity has no budget: any corrupted stream fails it",
     "kv_cleanup": "the cleanup time is bounded by the engine's step, not by load: keep the stated bound",
     "recovery": "a recovery ratio compares phases of one run; it is not a baseline figure",
+    "streaming": "a buffered share is a policy: responses stream or they do not",
 }
 
 

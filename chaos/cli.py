@@ -37,6 +37,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         account = asyncio.run(dry_run(experiment, target_url=args.target_url))
         print("\n".join(account.lines))
         return account.exit_code
+    if not (args.target_url or experiment.target.url) and experiment.target.kind == "builtin":
+        from chaos.targets import require_engine
+
+        require_engine("the experiment's target (kind builtin)")  # before anything is created: one line, exit 4
     listeners: list[Any] = [] if args.quiet else [LiveProgress()]
     with contextlib.ExitStack() as stack:
         if args.metrics_port is not None or args.push_metrics:
@@ -46,7 +50,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             if exporter.url:
                 print(f"metrics: {exporter.url} (for the life of the run)", file=sys.stderr)
             listeners.append(exporter)
-        result = run(experiment, target_url=args.target_url, out_dir=args.out, listeners=listeners)
+        result = run(experiment, target_url=args.target_url, out_dir=args.out, listeners=listeners, api_key_env=args.api_key_env)
     print(render_summary(result))
     return result.exit_code
 
@@ -254,6 +258,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("experiment", help="experiment YAML file")
     p.add_argument("--target-url", help="run against this OpenAI-compatible server instead of the experiment's target")
     p.add_argument("--out", help="run directory (default: runs/<time>-<name>)")
+    p.add_argument("--api-key-env", metavar="NAME", help="the environment variable holding the target's API key "
+                   "(overrides target.api_key_env / api_key; the key is never written anywhere)")
     p.add_argument("--seed", type=int, help="override the experiment's seed")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.add_argument("--dry-run", action="store_true",
@@ -318,6 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # `stack serve` and `toxiproxy serve` own their flags; hand the rest over untouched
         if argv[:2] == ["stack", "serve"]:
+            from chaos.targets import require_engine
+
+            if "-h" not in argv and "--help" not in argv:
+                require_engine("streamchaos stack serve")
             from chaos.stack.serve import serve_main
 
             return serve_main(argv[2:])

@@ -33,6 +33,7 @@ __all__ = [
     "ClientPolicy",
     "ClientRule",
     "FaultAccount",
+    "HaltSpec",
     "ProxyInfo",
     "Reach",
     "RunContext",
@@ -92,6 +93,23 @@ class Reach:
 
 
 @dataclass(frozen=True)
+class HaltSpec:
+    """One live condition that stops a run early (``safety.halt_on``): see ``chaos.halt``.
+
+    ``kind``: ``error_share`` (failed streams' share over ``window`` above ``above``), ``ttft`` (the
+    ``quantile`` of TTFT over ``window`` above ``above`` seconds), ``target_down`` (for ``window``
+    seconds every stream that ended got no answer from the target: refused, reset, timed out).
+    """
+
+    kind: str
+    window: float = 5.0  # seconds of finished streams looked at
+    above: float = 0.5  # a share (error_share) or seconds (ttft)
+    quantile: float = 0.9  # ttft only
+    min_streams: int = 10  # fewer finished streams in the window decide nothing
+    name: str = ""  # how the halt reason calls it (defaults to the kind)
+
+
+@dataclass(frozen=True)
 class SafetySpec:
     """Bounds that keep a run from harming the machine or running forever."""
 
@@ -101,6 +119,8 @@ class SafetySpec:
     allow_gpu_clock_changes: bool = False
     scrape_interval: float = 0.2  # seconds, within [0.1, 1]
     allowed_targets: AllowedTargets | None = None  # None: loopback only, no cluster faults
+    halt_on: tuple[HaltSpec, ...] = ()  # live conditions that stop the run early (chaos.halt)
+    halt_on_dead_target: bool = True  # the default condition: the first 20 streams all failed, or >= 95% over 2s
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from chaos.errors import UsageError
 from chaos.events import RunEvent, RunFinished, RunStarted, VerdictsReady
-from chaos.observations import NS, FaultEvent, PhaseWindow, StreamRecord
+from chaos.observations import END_RULE_TOPIC, NS, STRICT_END, EndRule, FaultEvent, Note, PhaseWindow, StreamRecord
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -83,6 +83,7 @@ class PrometheusExporter:
         self.verdict_figure = Gauge("streamchaos_verdict_figure", METRICS["streamchaos_verdict_figure"], (*verdict_labels, "unit"), registry=r)
         self.exit_code = Gauge("streamchaos_run_exit_code", METRICS["streamchaos_run_exit_code"], ("experiment",), registry=r)
         self.experiment = ""
+        self.end_rule: EndRule = STRICT_END
         self.push_url, self.job, self.push_interval_s = push_url, job, push_interval_s
         self.push_errors: list[str] = []
         self._in_force: set[str] = set()
@@ -153,6 +154,8 @@ class PrometheusExporter:
             self._stream(event)
         elif isinstance(event, FaultEvent):
             self._fault(event)
+        elif isinstance(event, Note) and event.topic == END_RULE_TOPIC and isinstance(event.data.get("end"), dict):
+            self.end_rule = EndRule.from_dict(event.data["end"])  # the engine's end-of-stream rule
         elif isinstance(event, PhaseWindow):
             self.phase.labels(self.experiment, event.name).set(1 if event.t_end is None else 0)
         elif isinstance(event, RunStarted):
@@ -190,14 +193,14 @@ class PrometheusExporter:
             outcome = "hung_up"
         elif kinds:
             outcome = "error"
-        elif st.complete:
+        elif st.is_complete(self.end_rule):
             outcome = "complete"
         else:
             outcome = "early_close"
         self.streams.labels(*labels, outcome).inc()
         for kind in kinds:
             self.errors.labels(*labels, kind).inc()
-        if st.hangup is None and not st.complete:
+        if st.hangup is None and not st.is_complete(self.end_rule):
             self.early.labels(*labels).inc()  # as `early_close` counts: errors included, hang-ups not
 
     def _fault(self, event: FaultEvent) -> None:

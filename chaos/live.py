@@ -18,7 +18,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from chaos.events import RunEvent, RunFinished, RunStarted
-from chaos.observations import NS, FaultEvent, PhaseWindow, StreamRecord
+from chaos.observations import END_RULE_TOPIC, NS, STRICT_END, EndRule, FaultEvent, Note, PhaseWindow, StreamRecord
 from chaos.progress import describe
 
 __all__ = ["LiveProgress", "Snapshot", "Tally", "format_line"]
@@ -60,6 +60,7 @@ class Tally:
     early: int = 0
     faults: dict[str, str] = field(default_factory=dict)  # name → kind, in force
     recent: deque[tuple[int, int]] = field(default_factory=deque)  # (stream end ns, content events)
+    end_rule: EndRule = STRICT_END  # the engine's end-of-stream rule, from the run's engine_profile note
 
     def start(self, phases: tuple[tuple[str, float], ...]) -> None:
         self.durations = dict(phases)
@@ -74,7 +75,7 @@ class Tally:
                 self.ttft_s.append(event.ttft_ns / NS)
             if event.error is not None or event.in_band_error is not None or (event.status or 0) >= 400:
                 self.errors += 1
-            if event.hangup is None and not event.complete:
+            if event.hangup is None and not event.is_complete(self.end_rule):
                 self.early += 1
             end = event.t_end or (event.hangup.t if event.hangup else None) or event.t_sent
             if end is not None:
@@ -83,6 +84,8 @@ class Tally:
             self.phase, self.phase_start = event.name, event.t_start
             self.first_start = event.t_start if self.first_start is None else self.first_start
             self.ttft_s, self.streams, self.errors, self.early = [], 0, 0, 0
+        elif isinstance(event, Note) and event.topic == END_RULE_TOPIC and isinstance(event.data.get("end"), dict):
+            self.end_rule = EndRule.from_dict(event.data["end"])
         elif isinstance(event, FaultEvent):
             if event.action == "inject":
                 self.faults[event.fault] = event.kind

@@ -21,7 +21,10 @@ from pathlib import Path
 from typing import IO, Any, ClassVar, Literal
 
 __all__ = [
+    "END_RULE_TOPIC",
     "RECORD_TYPES",
+    "STRICT_END",
+    "EndRule",
     "ErrorInfo",
     "FaultEvent",
     "Hangup",
@@ -38,6 +41,34 @@ __all__ = [
 ]
 
 NS = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class EndRule:
+    """What a complete stream ends with, for the engine measured (its profile's end-of-stream rule).
+
+    OpenAI's wire format ends a stream with a ``finish_reason`` and then ``data: [DONE]``; some
+    engines never send ``[DONE]`` (``transformers serve``), and judging them by it would call every
+    stream cut. The run records its rule in the journal (``Note(topic=END_RULE_TOPIC)``), so a
+    re-judged run (``streamchaos verify``) applies the same one.
+    """
+
+    finish_reason: bool = True  # a non-null finish_reason must arrive
+    done: bool = True  # data: [DONE] must arrive
+
+    def as_dict(self) -> dict[str, bool]:
+        return {"finish_reason": self.finish_reason, "done": self.done}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> EndRule:
+        """The rule a note recorded; anything unreadable is the strict rule."""
+        if not isinstance(data, dict):
+            return STRICT_END
+        return cls(finish_reason=data.get("finish_reason") is not False, done=data.get("done") is not False)
+
+
+STRICT_END = EndRule()
+END_RULE_TOPIC = "engine_profile"  # the note that carries the run's rule under data["end"]
 
 
 @dataclass(frozen=True)
@@ -98,12 +129,25 @@ class StreamRecord:
 
     @property
     def complete(self) -> bool:
-        """Finished properly: a finish_reason, ``[DONE]`` and no error of any kind."""
+        """Finished properly by the strict rule: a finish_reason, ``[DONE]`` and no error of any kind.
+
+        Verifiers and reports judge by the run's rule instead: ``Observations.complete(stream)``.
+        """
+        return self.is_complete(STRICT_END)
+
+    def is_complete(self, rule: EndRule = STRICT_END) -> bool:
+        """Finished properly by ``rule``: what it requires arrived, and no error of any kind did.
+
+        A stream whose rule does not require ``[DONE]`` must still have ended cleanly: an HTTP
+        status below 400 and no transport, protocol or in-band error (a cut connection is a
+        ``read`` error, a body that ends cleanly is not).
+        """
         return (
-            self.finish_reason is not None
-            and self.done_seen
+            (self.finish_reason is not None or not rule.finish_reason)
+            and (self.done_seen or not rule.done)
             and self.in_band_error is None
             and self.error is None
+            and (self.status is None or self.status < 400)
         )
 
     @property
@@ -270,6 +314,18 @@ class Observations:
         yield from self.metrics
         yield from self.faults
         yield from self.notes
+
+    @property
+    def end_rule(self) -> EndRule:
+        """The run's end-of-stream rule: the last one its notes recorded, else the strict one."""
+        for note in reversed(self.notes):
+            if note.topic == END_RULE_TOPIC and isinstance(note.data.get("end"), dict):
+                return EndRule.from_dict(note.data["end"])
+        return STRICT_END
+
+    def complete(self, stream: StreamRecord) -> bool:
+        """Whether ``stream`` finished properly by this run's end-of-stream rule."""
+        return stream.is_complete(self.end_rule)
 
     def population(self, phase: str | None = None) -> list[StreamRecord]:
         """The streams an SLA judges: not background load, in ``phase`` if given."""

@@ -11,7 +11,7 @@ import time
 from typing import TextIO
 
 from chaos.events import RunEvent, RunFinished, RunStarted, Stage, VerdictsReady
-from chaos.observations import FaultEvent
+from chaos.observations import FaultEvent, Note
 
 __all__ = ["ConsoleProgress", "describe"]
 
@@ -30,11 +30,36 @@ def describe(event: RunEvent) -> str | None:
         if event.action == "error":
             return f"  !! {event.fault} ({event.kind}): {event.message}"
         return None
+    if isinstance(event, Note):
+        return _note_line(event)
     if isinstance(event, VerdictsReady):
         failing = [v for v in event.verdicts if not v.ok]
         return f"verdicts: {len(event.verdicts)} judged, {len(failing)} not as expected"
     if isinstance(event, RunFinished):
         return f"run {event.result.status}, exit {event.result.exit_code}"
+    return None
+
+
+def _note_line(note: Note) -> str | None:
+    """The notes a person watching the run must see: which engine profile and why, what the preflight
+    dropped, a failing metrics scrape, a halt's cause."""
+    data = note.data
+    if note.topic == "engine_profile":
+        prof = data.get("profile") or {}
+        end = "finish_reason and [DONE]" if prof.get("done_required", True) else "finish_reason, [DONE] not required"
+        return f"engine: {prof.get('title', '?')} (profile {prof.get('name', '?')}; {data.get('detected_by', '?')}); complete = {end}"
+    if note.topic == "preflight":
+        dropped = data.get("dropped") or {}
+        lines = [f"preflight: HTTP {data.get('status')}, {data.get('events', 0)} events, finish_reason "
+                 f"{data.get('finish_reason')}, [DONE] {'seen' if data.get('done_seen') else 'not seen'}"]
+        lines += [f"  dropped {name} from every request: {why}" for name, why in dropped.items()]
+        if data.get("warning"):
+            lines.append(f"  !! {data['warning']}")
+        return "\n".join(lines)
+    if note.topic == "scrape_error":
+        return f"  !! metrics: scraping {data.get('url')} failed: {data.get('error')} ({data.get('failures')} so far)"
+    if note.topic == "halt":
+        return f"  !! halt: {data.get('reason')}"
     return None
 
 

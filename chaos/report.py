@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chaos.events import RunEvent, RunFinished
+from chaos.halt import top_errors
 from chaos.observations import Observations
 from chaos.render import verdict_label, verdict_line, verdict_table
 
@@ -108,7 +109,7 @@ def report_dict(result: Result) -> dict[str, Any]:
         "duration_s": round(result.ended - result.started, 3),
         "target": None if target is None else {
             "kind": target.kind, "base_url": target.base_url, "metrics_url": target.metrics_url,
-            "device": target.device, "model": target.model,
+            "device": target.device, "model": target.model, "engine": engine_facts(obs),
         },
         "proxy": None if result.proxy is None else {
             "server": result.proxy.server, "api_url": result.proxy.api_url, "listen": result.proxy.listen,
@@ -125,12 +126,45 @@ def report_dict(result: Result) -> dict[str, Any]:
         "load": {
             "streams": len(population),
             "background_streams": len(obs.streams) - len(population),
-            "complete": sum(1 for s in population if s.complete),
+            "complete": sum(1 for s in population if obs.complete(s)),
             "hung_up_on_purpose": sum(1 for s in population if s.hangup is not None),
             "client_lag": result.client_lag,
         },
+        "errors": {"top": top_errors(stream_errors(population))},
+        "halt": halt_facts(obs),
         "verdicts": [v.to_dict() for v in result.verdicts],
     })
+
+
+def stream_errors(population: list[Any]) -> list[str]:
+    """Each failed stream's error as ``kind: message`` (hang-ups by client faults are not errors)."""
+    out = []
+    for st in population:
+        if st.hangup is not None:
+            continue
+        if st.error is not None:
+            out.append(f"{st.error.kind}: {st.error.message}")
+        elif st.in_band_error is not None:
+            out.append(f"in_band: {st.in_band_error}")
+    return out
+
+
+def engine_facts(obs: Observations) -> dict[str, Any] | None:
+    """The engine profile the run used, why, and what the preflight dropped from the load's requests."""
+    notes = obs.notes_on("engine_profile")
+    if not notes:
+        return None
+    data = notes[-1].data
+    preflight = obs.notes_on("preflight")
+    dropped = preflight[-1].data.get("dropped") if preflight else None
+    return {"profile": data.get("name"), "detected_by": data.get("detected_by"), "end_of_stream": data.get("end"),
+            "dropped_fields": dropped or {}}
+
+
+def halt_facts(obs: Observations) -> dict[str, Any] | None:
+    """Why a halt condition stopped the run, and the top error messages then, when one did."""
+    notes = obs.notes_on("halt")
+    return dict(notes[-1].data) if notes else None
 
 
 def _junit(result: Result) -> ET.ElementTree:
@@ -169,6 +203,13 @@ def render_summary(result: Result, *, report_name: str = "report.json") -> str:
     )
     if result.error:
         lines.append(f"error: {result.error}")
+    if result.status == "halted":
+        for entry in report["errors"]["top"]:
+            lines.append(f"  {entry['count']:>6} x {entry['message']}")
+    engine = (report.get("target") or {}).get("engine")
+    if engine:
+        dropped = ", ".join(engine["dropped_fields"]) or "nothing"
+        lines.append(f"engine profile: {engine['profile']} ({engine['detected_by']}); dropped from requests: {dropped}")
     lines.append(f"report: {Path(result.out_dir) / report_name}")
     return "\n".join(lines)
 

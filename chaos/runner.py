@@ -26,16 +26,20 @@ from typing import Any
 
 from chaos.allowlist import enforce as enforce_allowed_targets
 from chaos.context import ClientPolicy, ProxyInfo, RunContext, TargetInfo
+from chaos.credentials import Credentials
+from chaos.credentials import resolve as resolve_credentials
 from chaos.errors import ChaosError, FaultError, FaultRevertFailed
 from chaos.events import EventBus, RunFinished, RunListener, RunStarted, Stage, VerdictsReady
 from chaos.experiment.model import Experiment, PhaseSpec
+from chaos.halt import HaltWatcher
 from chaos.hostinfo import environment_facts
 from chaos.journal import JOURNAL_NAME, Journal, prepare_run_dir
 from chaos.load import LoadDriver, LoadTarget, running_load
 from chaos.observations import FaultEvent, Note, Observations, PhaseWindow
+from chaos.preflight import learn_engine
 from chaos.report import ReportWriter
 from chaos.scraper import MetricScraper
-from chaos.targets import Target, running_target, target_facts
+from chaos.targets import BuiltinStack, Target, running_target, target_facts
 from chaos.telemetry import gpu_telemetry
 from chaos.watchdog import WatchdogHandle, watchdog
 from faults.base import Injection
@@ -96,9 +100,11 @@ class Runner:
         out_dir: str | Path | None = None,
         listeners: Sequence[RunListener] = (),
         handle_signals: bool = True,
+        api_key_env: str | None = None,
     ) -> None:
         self.experiment = experiment
         self.target_url = target_url
+        self.api_key_env = api_key_env  # --api-key-env: the variable holding the target's API key
         self.out_dir = Path(out_dir) if out_dir else default_out_dir(experiment.name)
         self.listeners = list(listeners)
         self.handle_signals = handle_signals
@@ -115,15 +121,22 @@ class Runner:
         self.injections: dict[str, Injection] = {}
         self.watchdogs: list[WatchdogHandle] = []
         self._deadline: asyncio.Timeout | None = None
+        self.credentials = Credentials()
 
     # -- the run -----------------------------------------------------------------------------
     async def run(self) -> Result:
         exp = self.experiment
+        spec = exp.target
+        # before anything is touched: a named variable or file that is missing is a usage error (exit 2)
+        self.credentials = resolve_credentials(spec.api_key, spec.api_key_env, spec.metrics_auth,
+                                               cli_api_key_env=self.api_key_env)
         prepare_run_dir(self.out_dir)
         save_experiment(exp, self.out_dir)
         t0, started = time.monotonic_ns(), time.time()
         journal = self.journal = Journal(self.out_dir / JOURNAL_NAME, exp.name, t0, started)
         self.events = EventBus([journal, *self.listeners, ReportWriter()])
+        # last, so a stream has reached every other listener before a condition may halt the run
+        self.events.subscribe(HaltWatcher(exp.safety, self.halt, self.events.emit))
         self.events.emit(RunStarted(exp.name, str(self.out_dir), t0, started, tuple((p.name, p.duration) for p in exp.phases)))
         self._note("environment", environment_facts())  # versions and host, for the report
         outcome = await self._attempt()
@@ -224,18 +237,29 @@ class Runner:
 
     async def _bring_up(self, resources: contextlib.AsyncExitStack) -> RunContext:
         """Target, proxy, load, watchdog, scraper, telemetry; the faults activated (checked) against them."""
-        exp, emit = self.experiment, self.events.emit
+        exp, emit, creds = self.experiment, self.events.emit, self.credentials
         # the blast-radius limit, before anything is started or contacted (TargetNotAllowed, exit 2)
         checked = enforce_allowed_targets(exp, target_url=self.target_url)
         if checked:
             self._note("allowed_targets", {"checked": [{k: v for k, v in vars(r).items() if v is not None} for r in checked]})
-        self._stage("target", f"starting target ({'remote' if self.target_url or exp.target.url else exp.target.kind})")
+        remote = self.target_url or exp.target.url
+        self._stage("target", f"reaching target {remote} (remote)" if remote else f"starting target ({exp.target.kind})")
+        target_spec = replace(exp.target, api_key=creds.api_key)  # the resolved key, never written anywhere
         assert self.journal is not None
         target = self.target = await resources.enter_async_context(running_target(
-            exp.target, target_url=self.target_url, run_dir=self.out_dir, seed=exp.seed, run_id=self.journal.run_id,
+            target_spec, target_url=self.target_url, run_dir=self.out_dir, seed=exp.seed, run_id=self.journal.run_id,
             record=self.journal.resource))
-        self._note("target", target_facts(target.info))
-        self._note("warmup", await warm_up(target.info, exp.target.api_key))
+        self._note("target", {**target_facts(target.info), "credentials": creds.describe()})
+        model = exp.load.model or target.info.model
+        self._stage("preflight", "detecting the engine and sending the load's request once")
+        started = time.monotonic()
+        found = await learn_engine(
+            exp.load, base_url=target.info.base_url, metrics_url=target.info.metrics_url, model=model, seed=exp.seed,
+            api_key=creds.api_key, metrics_headers=creds.metrics_headers(), engine=exp.target.engine,
+            started_builtin=isinstance(target, BuiltinStack))
+        self._note("engine_profile", found.note())
+        self._note("preflight", found.preflight.facts())
+        self._note("warmup", {"status": found.preflight.record.status, "seconds": round(time.monotonic() - started, 4)})
         load_url = target.info.base_url
         if exp.proxy.enabled:
             from chaos.proxy import running_proxy  # network faults only; keeps plain runs light
@@ -250,17 +274,17 @@ class Runner:
         ctx.restart_target = self._restarter(target, ctx)
         if exp.load.shards > 1:
             self._stage("load", f"waiting for {exp.load.shards} load shards ({exp.load.shard_launch})")
-        load_target = LoadTarget(base_url=load_url, model=exp.load.model or target.info.model, seed=exp.seed,
-                                 api_key=exp.target.api_key)
+        load_target = LoadTarget(base_url=load_url, model=model, seed=exp.seed, api_key=creds.api_key)
         load = self.load = await resources.enter_async_context(running_load(
-            exp.load, load_target, policy=ctx.clients, sink=emit,
+            found.preflight.load, load_target, policy=ctx.clients, sink=emit,
             run_dir=self.out_dir, notes=emit, run_id=self._run_id(), lifetime_s=exp.safety.max_duration))
         ctx.background = load  # kv.pressure hog sends its own streams through it
         self.injections = {fault.name: fault.activate(ctx) for _, fault in exp.faults()}
         if target.outlives_runner or any(injection.outlives_runner for injection in self.injections.values()):
             self.watchdogs.append(await resources.enter_async_context(watchdog(
                 self.out_dir, self._run_id(), exp.safety.max_duration, self._contacted_urls(target.info), target.info.admin_token)))
-        await resources.enter_async_context(MetricScraper(target.info.metrics_url, exp.safety.scrape_interval, emit))
+        await resources.enter_async_context(MetricScraper(target.info.metrics_url, exp.safety.scrape_interval, emit,
+                                                          headers=creds.metrics_headers()))
         await resources.enter_async_context(gpu_telemetry(emit))
         return ctx
 
@@ -465,24 +489,10 @@ def save_experiment(exp: Experiment, out_dir: Path) -> None:
         f.write(text)
 
 
-async def warm_up(info: TargetInfo, api_key: str | None) -> dict[str, Any]:
-    """One small request before measuring, so first-request costs (lazy init, first kernels) do
-    not land in the baseline phase as a fake stall."""
-    import httpx
-
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    started = time.monotonic()
-    try:
-        async with httpx.AsyncClient(timeout=30.0, headers=headers) as client:
-            response = await client.post(info.base_url + "/completions", json={"model": info.model, "prompt": "warm up", "max_tokens": 4})
-        return {"status": response.status_code, "seconds": round(time.monotonic() - started, 4)}
-    except httpx.HTTPError as exc:
-        return {"error": repr(exc), "seconds": round(time.monotonic() - started, 4)}
-
-
 async def run_async(
     experiment: Experiment | str | Path, *, target_url: str | None = None, out_dir: str | Path | None = None,
     seed: int | None = None, listeners: Sequence[RunListener] = (), handle_signals: bool = True,
+    api_key_env: str | None = None,
 ) -> Result:
     """Run an experiment (an ``Experiment`` or a path to its YAML) and return the ``Result``."""
     if isinstance(experiment, (str, Path)):
@@ -491,7 +501,8 @@ async def run_async(
         experiment = load_experiment(experiment)
     if seed is not None:
         experiment = replace(experiment, seed=seed)
-    return await Runner(experiment, target_url=target_url, out_dir=out_dir, listeners=listeners, handle_signals=handle_signals).run()
+    return await Runner(experiment, target_url=target_url, out_dir=out_dir, listeners=listeners, handle_signals=handle_signals,
+                        api_key_env=api_key_env).run()
 
 
 def run(experiment: Experiment | str | Path, **kwargs: Any) -> Result:

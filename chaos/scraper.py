@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from chaos.observations import MetricSample, Note
 
-__all__ = ["KEPT_PREFIXES", "MetricScraper", "parse_exposition"]
+__all__ = ["KEPT_PREFIXES", "MetricScraper", "all_metric_names", "parse_exposition"]
 
 # Series names (after prometheus-client strips nothing: samples keep their full names) we keep.
 KEPT_PREFIXES = (
@@ -35,6 +35,8 @@ KEPT_PREFIXES = (
     "tgi_batch_current_max_tokens",
     "tgi_batch_max_total_tokens",
     "tgi_request_failure",
+    "llamacpp:requests_processing",
+    "llamacpp:requests_deferred",
 )
 
 
@@ -49,17 +51,34 @@ def parse_exposition(text: str, t: int, keep: Iterable[str] = KEPT_PREFIXES) -> 
     return out
 
 
-class MetricScraper:
-    """Polls ``url`` every ``interval`` seconds until stopped (or while entered); each sample goes to ``sink``."""
+def all_metric_names(text: str) -> tuple[str, ...]:
+    """Every family name in an exposition (engine detection reads them); empty when it does not parse. Pure."""
+    try:
+        return tuple(sorted({family.name for family in text_string_to_metric_families(text)}))
+    except ValueError:
+        return ()
 
-    def __init__(self, url: str | None, interval: float, sink: Callable[[MetricSample | Note], None]) -> None:
+
+class MetricScraper:
+    """Polls ``url`` every ``interval`` seconds until stopped (or while entered); each sample goes to ``sink``.
+
+    ``headers`` go with every scrape (the target's credentials, or ``target.metrics_auth``): a
+    gateway such as LiteLLM answers ``/metrics`` 401 without them. A failing scrape is a
+    ``scrape_error`` note (the 1st, 10th and 100th) with its HTTP status when there is one, so the
+    console and the ``kv_cleanup`` verdict can say why a series is missing; the headers never are.
+    """
+
+    def __init__(self, url: str | None, interval: float, sink: Callable[[MetricSample | Note], None],
+                 headers: Mapping[str, str] | None = None) -> None:
         self.url = url
         self.interval = interval
         self.sink = sink
         self.scrapes = 0
         self.failures = 0
         self._task: asyncio.Task[None] | None = None
-        self._client = httpx.AsyncClient(timeout=max(1.0, 4 * interval))
+        # redirects followed: LiteLLM answers /metrics with 307 to /metrics/ (httpx drops the
+        # Authorization header on a redirect to another origin)
+        self._client = httpx.AsyncClient(timeout=max(1.0, 4 * interval), headers=dict(headers or {}), follow_redirects=True)
 
     async def scrape_once(self) -> int:
         if not self.url:
@@ -72,7 +91,10 @@ class MetricScraper:
         except (httpx.HTTPError, ValueError) as exc:
             self.failures += 1
             if self.failures in (1, 10, 100):
-                self.sink(Note(topic="scrape_error", t=t, data={"url": self.url, "error": repr(exc), "failures": self.failures}))
+                status = exc.response.status_code if isinstance(exc, httpx.HTTPStatusError) else None
+                error = f"HTTP {status}" if status is not None else f"{type(exc).__name__}: {exc}"
+                self.sink(Note(topic="scrape_error", t=t, data={"url": self.url, "error": error[:300], "status": status,
+                                                               "failures": self.failures}))
             return 0
         self.scrapes += 1
         for sample in samples:

@@ -35,8 +35,8 @@ from chaos.stack.process import StackProcess
 from chaos.stack.serve import ADMIN_TOKEN_ENV, ServeUsageError, read_token_file
 
 __all__ = [
-    "BuiltinStack", "RemoteTarget", "ResourceRecorder", "Target", "VllmServer", "configured_admin_token", "running_target",
-    "serve_args", "start_target", "target_facts",
+    "BuiltinStack", "RemoteTarget", "ResourceRecorder", "Target", "VllmServer", "configured_admin_token", "require_engine",
+    "running_target", "serve_args", "start_target", "target_facts",
 ]
 
 if TYPE_CHECKING:
@@ -46,6 +46,20 @@ log = logging.getLogger("chaos.targets")
 
 # Journals a resource a target created outside this process (``Journal.resource``): one JSON body.
 ResourceRecorder = Callable[[dict[str, Any]], None]
+
+
+# What the builtin stack imports that a light install (`pip install streamchaos`) leaves out.
+ENGINE_MODULES = ("torch", "tokenizers", "safetensors", "starlette", "uvicorn")
+
+
+def require_engine(what: str) -> None:
+    """``SetupFailed`` (exit 4, one line) naming what to install when the builtin engine is missing."""
+    import importlib.util
+
+    missing = [m for m in ENGINE_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise SetupFailed(f"{what} needs the builtin engine, which is not installed (missing: {', '.join(missing)}): "
+                          "pip install 'streamchaos[engine]', or point the run at a running server with --target-url URL")
 
 
 def configured_admin_token(spec: TargetSpec, environ: Mapping[str, str] = os.environ) -> str | None:
@@ -280,6 +294,7 @@ def start_target(spec: TargetSpec, *, target_url: str | None, run_dir: Path, see
     if url:
         return RemoteTarget(spec, url)
     if spec.kind == "builtin":
+        require_engine("target kind builtin")
         return BuiltinStack(spec, run_dir / "stack.log", seed)
     if spec.kind == "vllm":
         return VllmServer(spec, run_dir / "vllm.log")

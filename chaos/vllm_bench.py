@@ -39,7 +39,7 @@ def _stats_ms(values_ns: Sequence[float]) -> dict[str, float]:
 def vllm_bench_figures(obs: Observations, phase: str | None = None) -> dict[str, Any]:
     """The run's (or one phase's) figures as vLLM ``bench serve`` names them."""
     population = obs.population(phase)
-    ok = [st for st in population if st.complete and st.t_sent is not None and st.t_content]
+    ok = [st for st in population if obs.complete(st) and st.t_sent is not None and st.t_content]
     hung_up = [st for st in population if st.hangup is not None]
     failed = len(population) - len(ok) - len(hung_up)
     starts = [st.t_sent for st in population if st.t_sent is not None]

@@ -1,4 +1,5 @@
-"""Rewrite the generated catalogue section of README.md from the fault and SLA registries."""
+"""Rewrite the generated sections of README.md: the catalogues (fault and SLA registries) and the
+engine profiles with the fault-support and SLA × metrics matrices (chaos.engines, chaos.support)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 START, END = "<!-- catalogue:start -->", "<!-- catalogue:end -->"
+SUPPORT_START, SUPPORT_END = "<!-- support:start -->", "<!-- support:end -->"
+
+
+def _replace(readme: str, start: str, end: str, body: str) -> str:
+    block = f"{start}\n{body.strip()}\n{end}"
+    return re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: block, readme, flags=re.S)
 
 
 def render(readme: str) -> str:
-    from chaos.catalogue import catalogue_markdown
+    from chaos.catalogue import catalogue_markdown, fault_kinds, sla_kinds
+    from chaos.support import render_markdown
 
-    block = f"{START}\n{catalogue_markdown().strip()}\n{END}"
-    return re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: block, readme, flags=re.S)
+    readme = _replace(readme, START, END, catalogue_markdown())
+    support = render_markdown([k.kind for k in fault_kinds()], [k.kind for k in sla_kinds()])
+    return _replace(readme, SUPPORT_START, SUPPORT_END, support)
 
 
 def main() -> int:

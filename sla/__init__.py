@@ -20,6 +20,7 @@ from sla import (  # noqa: F401  (registers)
     itl,
     kv_cleanup,
     recovery,
+    streaming,
     throughput,
     ttft,
 )

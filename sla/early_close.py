@@ -1,8 +1,10 @@
 """`early_close`: the share of streams that ended without a proper terminal event, against a budget.
 
 A stream is complete when a non-null ``finish_reason`` and ``data: [DONE]`` were both seen and no
-error came, in band or otherwise (``StreamRecord.complete``; reference §2.7: vLLM and TGI send
-``[DONE]`` after an error event, so ``[DONE]`` alone proves nothing). Streams a client fault hung
+error came, in band or otherwise (``StreamRecord.is_complete``; reference §2.7: vLLM and TGI send
+``[DONE]`` after an error event, so ``[DONE]`` alone proves nothing). The run's engine profile may
+not require ``[DONE]`` (``transformers serve`` never sends it): the rule the run recorded in its
+journal (``Observations.end_rule``) is the one applied, and the evidence says which it was. Streams a client fault hung
 up on purpose are not judged and are counted separately.
 """
 
@@ -12,7 +14,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from chaos.observations import Observations, StreamRecord
+from chaos.observations import STRICT_END, EndRule, Observations, StreamRecord
 from chaos.params import Param, Schema
 from sla.base import Status, Verdict, verifier
 from sla.common import MAX_IDS
@@ -27,7 +29,7 @@ SCHEMA = Schema(
 )
 
 
-def why_incomplete(stream: StreamRecord) -> list[str]:
+def why_incomplete(stream: StreamRecord, rule: EndRule = STRICT_END) -> list[str]:
     """The reasons a stream is not complete, in the vocabulary of reference §2.7; empty if complete."""
     why: list[str] = []
     if stream.status is not None and stream.status >= 400:
@@ -36,9 +38,9 @@ def why_incomplete(stream: StreamRecord) -> list[str]:
         why.append(f"{stream.error.kind}_error")  # read_error, timeout_error, ... (http_error once)
     if stream.in_band_error is not None:
         why.append("error_event")
-    if stream.finish_reason is None:
+    if stream.finish_reason is None and rule.finish_reason:
         why.append("no_finish_reason")
-    if not stream.done_seen:
+    if not stream.done_seen and rule.done:
         why.append("no_done")
     return why
 
@@ -50,12 +52,14 @@ def early_close(obs: Observations, params: Mapping[str, Any], phase: str | None)
     population = obs.population(phase)
     judged = [st for st in population if st.hangup is None]
     hung_up = len(population) - len(judged)
-    offenders = [(st, why_incomplete(st)) for st in judged if not st.complete]
+    rule = obs.end_rule
+    offenders = [(st, why_incomplete(st, rule)) for st in judged if not st.is_complete(rule)]
 
     evidence: dict[str, Any] = {
         "streams": len(judged),
         "incomplete": len(offenders),
         "hung_up_excluded": hung_up,
+        "end_rule": ("finish_reason" if rule.finish_reason else "") + (" and [DONE]" if rule.done else " ([DONE] not required)"),
         "by_reason": dict(Counter(reason for _, why in offenders for reason in why)),
         "offenders": [
             {"id": st.id, "why": why, **({"error": st.error.message} if st.error else {})}

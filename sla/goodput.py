@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from chaos.observations import NS, Observations, StreamRecord
+from chaos.observations import NS, STRICT_END, EndRule, Observations, StreamRecord
 from chaos.params import Param, Schema
 from sla.base import Status, Verdict, verifier
 from sla.common import MAX_IDS, SHARE_CONFIDENCE
@@ -66,7 +66,7 @@ class Objectives:
         return {k: v for k, v in (("ttft", self.ttft), ("tpot", self.tpot), ("e2e", self.e2e)) if v is not None}
 
 
-def request_outcome(stream: StreamRecord, objectives: Objectives) -> tuple[bool | None, list[str]]:
+def request_outcome(stream: StreamRecord, objectives: Objectives, rule: EndRule = STRICT_END) -> tuple[bool | None, list[str]]:
     """(good, misses): True/False, or None when a client fault's hang-up leaves it unknown;
     ``misses`` names each objective missed and each way the request failed."""
     misses: list[str] = []
@@ -78,12 +78,12 @@ def request_outcome(stream: StreamRecord, objectives: Objectives) -> tuple[bool 
         elif ttft is None and waited is not None and waited >= objectives.ttft * NS:
             misses.append("ttft")  # no first token that long after sending, whatever came later
     if objectives.e2e is not None:
-        e2e = e2e_ns(stream) if stream.complete else None
+        e2e = e2e_ns(stream) if stream.is_complete(rule) else None
         if e2e is not None and e2e > objectives.e2e * NS:
             misses.append("e2e")
         elif e2e is None and waited is not None and waited >= objectives.e2e * NS:
             misses.append("e2e")  # still not complete that long after sending
-    if objectives.tpot is not None and stream.complete:
+    if objectives.tpot is not None and stream.is_complete(rule):
         tpot = tpot_ns(stream)
         if tpot is not None and tpot > objectives.tpot * NS:
             misses.append("tpot")
@@ -92,17 +92,17 @@ def request_outcome(stream: StreamRecord, objectives: Objectives) -> tuple[bool 
     failures = error_kinds(stream)
     if failures:
         misses.extend(f"error:{kind}" for kind in failures)
-    elif not stream.complete:
+    elif not stream.is_complete(rule):
         misses.append("incomplete")
     return not misses, misses
 
 
-def miss_excess_ns(stream: StreamRecord, objectives: Objectives) -> float:
+def miss_excess_ns(stream: StreamRecord, objectives: Objectives, rule: EndRule = STRICT_END) -> float:
     """How far a missed request is past its objectives, in ns, as a late clock would have to explain
     it: the largest of TTFT and E2E over their objectives and of TPOT's excess over all its gaps
     (a client late by L stamps the last token at most L late, so TPOT by L / (tokens - 1));
     infinite for a request that failed or did not complete, which no lateness explains."""
-    if stream.hangup is None and (error_kinds(stream) or not stream.complete):
+    if stream.hangup is None and (error_kinds(stream) or not stream.is_complete(rule)):
         return math.inf
     excess = 0.0
     waited = (stream.t_end - stream.t_sent) if stream.t_sent is not None and stream.t_end is not None else None
@@ -111,10 +111,10 @@ def miss_excess_ns(stream: StreamRecord, objectives: Objectives) -> float:
         if ttft is not None:
             excess = max(excess, ttft - objectives.ttft * NS)
     if objectives.e2e is not None:
-        e2e = e2e_ns(stream) if stream.complete else waited
+        e2e = e2e_ns(stream) if stream.is_complete(rule) else waited
         if e2e is not None:
             excess = max(excess, e2e - objectives.e2e * NS)
-    if objectives.tpot is not None and stream.complete:
+    if objectives.tpot is not None and stream.is_complete(rule):
         tpot = tpot_ns(stream)
         if tpot is not None:
             excess = max(excess, (tpot - objectives.tpot * NS) * (output_tokens(stream) - 1))
@@ -129,6 +129,7 @@ def goodput(obs: Observations, params: Mapping[str, Any], phase: str | None) -> 
     floor: float = params["min_rate"] if by_rate else params["min_share"]
     unit = "requests/s" if by_rate else "fraction"
     population = sorted(obs.population(phase), key=lambda st: st.t_sent if st.t_sent is not None else 0)
+    rule = obs.end_rule  # the engine's end-of-stream rule, as the run recorded it
 
     outcomes: list[float] = []
     miss_reasons: Counter[str] = Counter()
@@ -136,14 +137,14 @@ def goodput(obs: Observations, params: Mapping[str, Any], phase: str | None) -> 
     excesses: list[float] = []
     unknown = 0
     for stream in population:
-        good, misses = request_outcome(stream, objectives)
+        good, misses = request_outcome(stream, objectives, rule)
         if good is None:
             unknown += 1
             continue
         outcomes.append(1.0 if good else 0.0)
         miss_reasons.update(misses)
         if misses:
-            excesses.append(miss_excess_ns(stream, objectives) / NS)
+            excesses.append(miss_excess_ns(stream, objectives, rule) / NS)
             if len(missed_ids) < MAX_IDS:
                 missed_ids.append(stream.id)
 

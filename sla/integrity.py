@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from chaos.observations import Observations, StreamRecord
+from chaos.observations import STRICT_END, EndRule, Observations, StreamRecord
 from chaos.params import Param, Schema
 from sla.base import Status, Verdict, verifier
 from sla.common import MAX_IDS
@@ -49,7 +49,7 @@ def diff_snippet(expected: str, got: str) -> dict[str, Any]:
     }
 
 
-def _problems(stream: StreamRecord) -> list[str]:
+def _problems(stream: StreamRecord, rule: EndRule = STRICT_END) -> list[str]:
     found = []
     if stream.utf8_errors:
         found.append("utf8_errors")
@@ -60,9 +60,9 @@ def _problems(stream: StreamRecord) -> list[str]:
     if stream.sse_errors:
         found.append("sse_errors")
     if stream.expected_text is not None:
-        if stream.complete and stream.text != stream.expected_text:
+        if stream.is_complete(rule) and stream.text != stream.expected_text:
             found.append("text_mismatch")
-        elif not stream.complete and not stream.expected_text.startswith(stream.text):
+        elif not stream.is_complete(rule) and not stream.expected_text.startswith(stream.text):
             found.append("prefix_mismatch")
     return found
 
@@ -82,8 +82,9 @@ def integrity(obs: Observations, params: Mapping[str, Any], phase: str | None) -
     offenders: list[dict[str, Any]] = []
     first_diff: dict[str, Any] | None = None
     bad = 0
+    rule = obs.end_rule
     for stream in population:
-        found = _problems(stream)
+        found = _problems(stream, rule)
         bad += bool(found)
         for problem in found:
             counts[problem] += 1
@@ -96,7 +97,7 @@ def integrity(obs: Observations, params: Mapping[str, Any], phase: str | None) -
         ):
             first_diff = {"id": stream.id, **diff_snippet(stream.expected_text, stream.text)}
 
-    without_reference = [st for st in population if st.complete and st.expected_text is None]
+    without_reference = [st for st in population if obs.complete(st) and st.expected_text is None]
     evidence: dict[str, Any] = {
         "streams": len(population),
         "problems": counts,

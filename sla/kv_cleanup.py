@@ -1,11 +1,15 @@
 """`kv_cleanup`: after aborts and at the end of load, KV usage and running requests return to baseline.
 
-Series (the first present wins; ``series`` / ``running_series`` override): KV usage from
-``streamchaos_kv_blocks_used`` (the builtin engine's exact block count: must return to exactly
-its baseline), ``vllm:kv_cache_usage_perc``, ``vllm:gpu_cache_usage_perc``, ``sglang:token_usage``
-(fractions: baseline + ``tolerance``), TGI's ``tgi_batch_current_max_tokens`` (tokens: tolerance
-scaled by ``tgi_batch_max_total_tokens`` when scraped, else exact); running requests from
-``vllm:num_requests_running``, ``sglang:num_running_reqs``, ``tgi_batch_current_size`` (exact).
+Series (the first present wins; ``series`` / ``running_series`` override): the run's engine
+profile names them (``chaos.engines``, recorded in the journal's ``engine_profile`` note); without
+one, every known name in turn. KV usage from ``streamchaos_kv_blocks_used`` (the builtin engine's
+exact block count: must return to exactly its baseline), ``vllm:kv_cache_usage_perc``,
+``vllm:gpu_cache_usage_perc``, ``sglang:token_usage`` (fractions: baseline + ``tolerance``), TGI's
+``tgi_batch_current_max_tokens`` (tokens: tolerance scaled by ``tgi_batch_max_total_tokens`` when
+scraped, else exact); running requests from ``vllm:num_requests_running``,
+``sglang:num_running_reqs``, ``tgi_batch_current_size``, ``llamacpp:requests_processing`` (exact).
+An inconclusive verdict for a missing series says why the scrapes failed (``scrape_error`` notes:
+HTTP 401 wants ``target.metrics_auth``, 404 has no metrics there, a refused connection).
 Every label set is judged on its own (one engine of several may leak). A missing series is
 unknown, never zero: the verdict is then inconclusive.
 
@@ -28,23 +32,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from chaos.observations import NS, MetricSample, Observations, StreamRecord
+from chaos.engines import RUNNING_SERIES, USAGE_SERIES
+from chaos.observations import END_RULE_TOPIC, NS, MetricSample, Observations, StreamRecord
 from chaos.params import Param, Schema
 from sla.base import Status, Verdict, verifier
 from sla.common import MAX_IDS, rel_s, stream_end
 
 __all__ = ["RUNNING_SERIES", "USAGE_SERIES", "kv_cleanup"]
-
-# name → how tolerance applies: "exact", "fraction" (value is a share of the cache), or the name
-# of a series holding the total the value is a share of.
-USAGE_SERIES: tuple[tuple[str, str], ...] = (
-    ("streamchaos_kv_blocks_used", "exact"),
-    ("vllm:kv_cache_usage_perc", "fraction"),
-    ("vllm:gpu_cache_usage_perc", "fraction"),
-    ("sglang:token_usage", "fraction"),
-    ("tgi_batch_current_max_tokens", "tgi_batch_max_total_tokens"),
-)
-RUNNING_SERIES: tuple[str, ...] = ("vllm:num_requests_running", "sglang:num_running_reqs", "tgi_batch_current_size")
 
 SCHEMA = Schema(
     (
@@ -120,6 +114,29 @@ def _worst(checks: list[_Check]) -> _Check:
     return min(checks, key=lambda c: (order[c.outcome], -(c.took_s or 0.0)))
 
 
+def _profile_series(obs: Observations) -> tuple[list[str], list[str], str, str]:
+    """(usage names, running names, engine, hint) from the run's engine profile note, else every known name."""
+    for note in reversed(obs.notes_on(END_RULE_TOPIC)):
+        prof = note.data.get("profile")
+        if isinstance(prof, dict) and isinstance(prof.get("usage_series"), list):
+            return ([str(n) for n in prof["usage_series"]], [str(n) for n in prof.get("running_series") or []],
+                    str(prof.get("name", "engine")), str(prof.get("metrics_hint") or ""))
+    return [n for n, _ in USAGE_SERIES], list(RUNNING_SERIES), "generic", ""
+
+
+def _scrape_failures(obs: Observations) -> list[str]:
+    """Why scrapes failed, one line per URL, in words: the status or the connection error."""
+    out: dict[str, str] = {}
+    for note in obs.notes_on("scrape_error"):
+        url = str(note.data.get("url", "?"))
+        status = note.data.get("status")
+        what = f"HTTP {status}" if status else str(note.data.get("error", "failed"))
+        hint = {401: " (unauthorised: set target.metrics_auth or the target's api key)", 403: " (forbidden)",
+                404: " (no metrics there: set target.metrics_url)"}.get(status if isinstance(status, int) else 0, "")
+        out[url] = f"scraping {url} failed: {what}{hint}, {note.data.get('failures', 1)} time(s)"
+    return list(out.values())
+
+
 def _pick(obs: Observations, names: Sequence[str]) -> str | None:
     present = {m.name for m in obs.metrics}
     return next((n for n in names if n in present), None)
@@ -177,20 +194,23 @@ def kv_cleanup(obs: Observations, params: Mapping[str, Any], phase: str | None) 
 
     if any(n.data.get("metrics") is False for n in obs.notes_on("target")):
         return verdict("inconclusive", None, 0, "the target exposes no metrics (target note says metrics: false)")
-    usage_name = params.get("series") or _pick(obs, [n for n, _ in USAGE_SERIES])
-    running_name = params.get("running_series") or _pick(obs, RUNNING_SERIES)
+    usage_names, running_names, engine, hint = _profile_series(obs)
+    usage_name = params.get("series") or _pick(obs, usage_names)
+    running_name = params.get("running_series") or _pick(obs, running_names)
     evidence.update(usage_series=usage_name, running_series=running_name)
     problems = []
-    for what, name, fallbacks in (
-        ("KV usage", usage_name, [n for n, _ in USAGE_SERIES]),
-        ("running requests", running_name, list(RUNNING_SERIES)),
-    ):
+    for what, name, fallbacks in (("KV usage", usage_name, usage_names), ("running requests", running_name, running_names)):
         if name is None:
-            problems.append(f"no {what} series was scraped (looked for {', '.join(fallbacks)})")
+            looked = f"looked for {', '.join(fallbacks)}" if fallbacks else f"the {engine} profile names none; set `series`"
+            problems.append(f"no {what} series was scraped ({looked})")
         elif not obs.series(name):
             problems.append(f"the {what} series {name!r} has no samples")
     if problems:
-        return verdict("inconclusive", None, 0, "; ".join(problems) + "; a missing series is unknown, not zero")
+        why = _scrape_failures(obs)
+        if why:
+            evidence["scrape_errors"] = why
+        reason = "; ".join(problems) + "; a missing series is unknown, not zero" + (f" ({hint})" if hint else "")
+        return verdict("inconclusive", None, 0, (f"{'; '.join(why)}: " if why else "") + reason)
     assert usage_name is not None and running_name is not None
     sent = [st.t_sent for st in obs.streams if st.t_sent is not None]
     if not population or not sent:

@@ -73,7 +73,7 @@ def throughput(obs: Observations, params: Mapping[str, Any], phase: str | None) 
 
     counted = [_tokens_in(st, t0, t1) for st in population]
     tokens = sum(n for n, _ in counted)
-    completed = sum(1 for st in population if st.complete and st.t_end is not None and t0 <= st.t_end <= t1)
+    completed = sum(1 for st in population if obs.complete(st) and st.t_end is not None and t0 <= st.t_end <= t1)
     evidence.update(
         tokens=tokens,
         token_source="usage" if any(used for _, used in counted) else "content_events",

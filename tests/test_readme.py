@@ -37,3 +37,19 @@ def test_readme_names_the_two_commands_that_exist() -> None:
     for script in ("scripts/try", "scripts/test"):
         assert f"./{script}" in readme
         assert (ROOT / script).is_file()
+
+
+def test_readme_has_the_profiles_the_support_matrix_and_how_to_point_it_at_a_stack() -> None:
+    from chaos.catalogue import fault_kinds
+    from chaos.engines import PROFILES
+    from chaos.support import fault_support
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for heading in ("### Pointing it at your stack", "## Engine profiles", "## Fault support", "## What each SLA needs"):
+        assert heading in readme
+    for name in PROFILES:
+        assert f"| `{name}` |" in readme
+    for kind in fault_kinds():
+        assert f"| `{kind.kind}` |" in readme
+        assert "?" not in fault_support(kind.kind).values(), f"{kind.kind}: no entry in chaos/support.py NEEDS"
+    assert fault_support("server.stall")["remote"] == "no" and fault_support("network.latency")["remote"] == "yes"

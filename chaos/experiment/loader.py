@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from chaos.context import HaltSpec
 from chaos.errors import ChaosError, ExperimentInvalid, Problem
 from chaos.params import Schema, suggest
 from chaos.units import format_duration
@@ -45,6 +46,8 @@ _MIX_TOLERANCE = 1e-6
 _SCRAPE_BOUNDS = (0.1, 1.0)
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 _PROXY_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_METRICS_AUTH = re.compile(r"api_key|none|env:[A-Za-z_][A-Za-z0-9_]*|file:.+")
 
 
 def load_experiment(path: str | os.PathLike[str]) -> Experiment:
@@ -244,6 +247,15 @@ def _target(ctx: _Context, raw: object) -> TargetSpec:
     if isinstance(device, str) and not _DEVICE.fullmatch(device):
         _reject(ctx, values, path, "device", f"expected auto, cpu, mps, cuda or cuda:N, found {device!r}")
     _container_keys(ctx, data, values, path)
+    env = values.get("api_key_env")
+    if isinstance(env, str) and not _ENV_NAME.fullmatch(env):
+        _reject(ctx, values, path, "api_key_env", f"expected the name of an environment variable such as LITELLM_KEY, found {env!r}")
+    if isinstance(env, str) and values.get("api_key"):
+        _reject(ctx, values, path, "api_key_env", "give api_key or api_key_env, not both (prefer api_key_env: no secret in the file)")
+    auth = values.get("metrics_auth")
+    if isinstance(auth, str) and not _METRICS_AUTH.fullmatch(auth):
+        _reject(ctx, values, path, "metrics_auth", "expected api_key (the target's key), none, env:NAME (a variable holding "
+                f"a bearer token) or file:PATH (a file holding one), found {auth!r}")
     return TargetSpec(**_fields(values, TargetSpec))
 
 
@@ -409,11 +421,13 @@ def _safety(ctx: _Context, raw: object) -> SafetySpec:
     data = _mapping(ctx, raw, path, "the safety section")
     if data is None:
         return SafetySpec()
-    values = _parse(ctx, data, path, sections.SAFETY)
+    values = _parse(ctx, data, path, sections.SAFETY, extra=("halt_on",))
     _positive(ctx, values, path, "max_duration")
     allowed = values.pop("allowed_targets", None)
     if allowed is not None:
         values["allowed_targets"] = _allowed_targets(ctx, allowed, path + ("allowed_targets",))
+    if data.get("halt_on") is not None:
+        values["halt_on"] = _halt_on(ctx, data["halt_on"], path + ("halt_on",))
     interval = values.get("scrape_interval")
     lo, hi = _SCRAPE_BOUNDS
     if isinstance(interval, float) and not lo <= interval <= hi:
@@ -431,6 +445,31 @@ def _allowed_targets(ctx: _Context, raw: dict[str, Any], path: KeyPath) -> Allow
     for where, message in syntax_problems(allowed):
         ctx.add(path + where, message)
     return allowed
+
+
+def _halt_on(ctx: _Context, raw: object, path: KeyPath) -> tuple[HaltSpec, ...]:
+    """``safety.halt_on``: a list of conditions, each checked against its kind's keys."""
+    if not isinstance(raw, list):
+        ctx.add(path, f"expected a list of halt conditions ({{kind, ...}}; kinds: {', '.join(sections.HALT_KINDS)}), "
+                f"found {_describe(raw)}")
+        return ()
+    out: list[HaltSpec] = []
+    for i, entry in enumerate(raw):
+        hpath = path + (i,)
+        data = _mapping(ctx, entry, hpath, "a halt condition {kind, ...}")
+        if data is None:
+            continue
+        schema = _kind(ctx, data, hpath, sections.HALT, "halt condition", "README: safety.halt_on")
+        if schema is None:
+            continue
+        n = len(ctx.found)
+        values = _parse(ctx, data, hpath, schema)
+        _positive(ctx, values, hpath, "window", "above")
+        if len(ctx.found) > n:
+            continue
+        values["name"] = values.get("name") or f"{data['kind']}[{i}]"
+        out.append(HaltSpec(**_fields(values, HaltSpec)))
+    return tuple(out)
 
 
 @dataclass

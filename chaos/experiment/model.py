@@ -75,6 +75,9 @@ class TargetSpec:
     max_model_len: int = 1024
     startup_timeout: float = 60.0  # seconds
     api_key: str | None = field(default=None, repr=False)  # secrets: kept out of reprs and logs
+    api_key_env: str | None = None  # the environment variable holding the API key (read at run time)
+    metrics_auth: str = "api_key"  # api_key (the target's key) | none | env:NAME | file:PATH (a bearer token)
+    engine: str = "auto"  # an engine profile (chaos.engines) or auto: detected at warm-up
     admin_token: str | None = field(default=None, repr=False)
     admin_token_file: str | None = None  # a 0600 file holding the token (beside STREAMCHAOS_ADMIN_TOKEN)
     extra_args: tuple[str, ...] = ()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from chaos.engines import PROFILES
 from chaos.params import Param, Schema
 
 from .model import PROMPT_CLASSES
@@ -34,6 +35,7 @@ TOP_LEVEL = Schema((
 
 TARGET_KINDS = ("builtin", "openai", "vllm", "docker", "kubernetes")
 DOCKER_NETWORKS = ("host", "bridge")
+ENGINE_CHOICES = ("auto", *PROFILES)
 
 TARGET = Schema((
     Param("kind", "choice", "builtin", choices=TARGET_KINDS, doc="which system under test"),
@@ -46,7 +48,10 @@ TARGET = Schema((
     Param("max_num_seqs", "int", 64, min=1, doc="builtin: most sequences in one batch"),
     Param("max_model_len", "int", 1024, min=2, doc="builtin: prompt plus generated tokens"),
     Param("startup_timeout", "duration", 60.0, doc="how long the target may take to answer /health"),
-    Param("api_key", "str", None, doc="bearer token sent with every request"),
+    Param("api_key", "str", None, doc="bearer token sent with every request (prefer api_key_env)"),
+    Param("api_key_env", "str", None, doc="environment variable holding the API key (also --api-key-env)"),
+    Param("metrics_auth", "str", "api_key", doc="credentials for metrics_url: api_key (the target's), none, env:NAME or file:PATH"),
+    Param("engine", "choice", "auto", choices=ENGINE_CHOICES, doc="the engine's profile (request fields, end of stream, metric names); auto detects it"),
     Param("admin_token", "str", None, doc="token for the builtin stack's admin API (prefer admin_token_file or STREAMCHAOS_ADMIN_TOKEN)"),
     Param("admin_token_file", "str", None, doc="file (mode 0600) holding the admin token of a builtin stack started elsewhere"),
     Param("extra_args", "str_list", (), doc="extra command-line arguments for a spawned server"),
@@ -90,7 +95,7 @@ LOAD = Schema(
         Param("max_requests", "int", None, min=1, doc="stop after this many requests"),
         Param("max_tokens", "int_or_range", (32, 32), min=1, doc="tokens to generate: n or [low, high]"),
         Param("temperature", "float", 0.0, min=0, max=2, doc="sampling temperature"),
-        Param("ignore_eos", "bool", True, doc="builtin stack: generate exactly max_tokens"),
+        Param("ignore_eos", "bool", True, doc="generate exactly max_tokens (vLLM, SGLang, llama.cpp, builtin); left out where the engine refuses it"),
         Param("include_usage", "bool", True, doc="ask for stream_options.include_usage"),
         Param("request_timeout", "duration", 30.0, doc="client timeout for one request"),
         Param("workers", "int", 1, min=1, max=64, doc="load generator processes"),
@@ -123,6 +128,7 @@ SAFETY = Schema((
     Param("scrape_interval", "duration", 0.2, doc="metric scrape period, 100ms to 1s"),
     Param("allowed_targets", "mapping", None, doc="where beyond this host's loopback the run may act: "
           "{hosts, namespaces, selectors}; without it remote targets and cluster faults are refused"),
+    Param("halt_on_dead_target", "bool", True, doc="stop the run when the first 20 streams all fail, or >= 95% fail over 2s"),
 ))
 
 ALLOWED_TARGETS = Schema((
@@ -130,6 +136,32 @@ ALLOWED_TARGETS = Schema((
     Param("namespaces", "str_list", (), doc="Kubernetes namespaces (* patterns) cluster targets and faults may act in"),
     Param("selectors", "str_list", (), doc="label selectors; a cluster fault's selector must imply one of them"),
 ))
+
+# safety.halt_on: a list of {kind, ...} conditions (chaos.halt); each kind's own keys.
+HALT_KINDS = ("error_share", "ttft", "target_down")
+HALT = {
+    "error_share": Schema((
+        Param("kind", "str", required=True),
+        Param("name", "str", None, doc="what the halt reason calls it"),
+        Param("above", "fraction", required=True, doc="halt when the failed share of the window's streams exceeds this"),
+        Param("window", "duration", 5.0, doc="finished streams of the last ... are looked at"),
+        Param("min_streams", "int", 10, min=1, doc="fewer finished streams in the window decide nothing"),
+    )),
+    "ttft": Schema((
+        Param("kind", "str", required=True),
+        Param("name", "str", None, doc="what the halt reason calls it"),
+        Param("above", "duration", required=True, doc="halt when the window's TTFT quantile exceeds this"),
+        Param("quantile", "float", 0.9, min=0.01, max=0.999, doc="which quantile of TTFT (0.9 = p90)"),
+        Param("window", "duration", 5.0, doc="finished streams of the last ... are looked at"),
+        Param("min_streams", "int", 10, min=1, doc="fewer finished streams in the window decide nothing"),
+    )),
+    "target_down": Schema((
+        Param("kind", "str", required=True),
+        Param("name", "str", None, doc="what the halt reason calls it"),
+        Param("window", "duration", 5.0, doc="halt when for this long no stream that ended got an answer"),
+        Param("min_streams", "int", 3, min=1, doc="at least this many streams must have ended unanswered"),
+    )),
+}
 
 # Keys every fault / SLA entry may carry besides its kind's own parameters.
 FAULT_ENTRY_KEYS = ("kind", "name")

@@ -310,7 +310,8 @@ class LoadGenerator:
             prompt = Prompt(text=synthetic_text(rng, prompt_chars, "ascii"))
             body = build_body(
                 self.spec.endpoint, self.target.model, prompt,
-                max_tokens=max_tokens, temperature=self.spec.temperature, ignore_eos=True,
+                # the load's own switch: the preflight turned it off where the engine refuses the field
+                max_tokens=max_tokens, temperature=self.spec.temperature, ignore_eos=self.spec.ignore_eos,
                 include_usage=self.spec.include_usage,
             )
             record = self._record(request_id, body, prompt, background=True)

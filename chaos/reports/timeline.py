@@ -96,7 +96,7 @@ def _errors_panel(obs: Observations, end: float) -> tuple[str, Panel] | None:
             hung.append(at)
         elif st.error is not None or st.in_band_error is not None or (st.status or 0) >= 400:
             errored.append(at)
-        elif not st.complete:
+        elif not obs.complete(st):
             early.append(at)
     edges = _bins(end)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from chaos.observations import NS, Observations, StreamRecord
+from chaos.observations import NS, STRICT_END, EndRule, Observations, StreamRecord
 from chaos.reports.data import fault_windows, phase_windows, run_end, run_start
 from chaos.reports.html import plot_figure
 from chaos.reports.plot import COLOURS, data_gid, decorate_time_axes, new_figure, to_svg
@@ -28,28 +28,29 @@ ENDINGS = {  # how a stream ended → (marker, colour, legend)
 }
 
 
-def ending(stream: StreamRecord) -> str:
+def ending(stream: StreamRecord, rule: EndRule = STRICT_END) -> str:
     """``complete``, ``hangup``, ``timeout`` or ``cut``."""
     if stream.hangup is not None:
         return "hangup"
     if stream.error is not None and stream.error.kind == "timeout":
         return "timeout"
-    return "complete" if stream.complete else "cut"
+    return "complete" if stream.is_complete(rule) else "cut"
 
 
-def sample_streams(streams: list[StreamRecord], rows: int = ROWS) -> list[StreamRecord]:
+def sample_streams(streams: list[StreamRecord], rows: int = ROWS, rule: EndRule = STRICT_END) -> list[StreamRecord]:
     sent = sorted((s for s in streams if s.t_sent is not None), key=lambda s: s.t_sent or 0)
     if len(sent) <= rows:
         return sent
-    odd = [s for s in sent if ending(s) != "complete"][: rows // 2]
-    rest = [s for s in sent if ending(s) == "complete"]
+    odd = [s for s in sent if ending(s, rule) != "complete"][: rows // 2]
+    rest = [s for s in sent if ending(s, rule) == "complete"]
     picks: list[int] = np.linspace(0, len(rest) - 1, rows - len(odd)).round().astype(int).tolist() if rest else []
     chosen = odd + [rest[i] for i in sorted(set(picks))]
     return sorted(chosen, key=lambda s: s.t_sent or 0)
 
 
 def render_waterfall(report: Mapping[str, Any], obs: Observations) -> str:
-    streams = sample_streams(obs.population())
+    rule = obs.end_rule
+    streams = sample_streams(obs.population(), rule=rule)
     if not streams:
         return '<p class="muted">No streams were sent.</p>'
     end = run_end(dict(report), obs)
@@ -69,7 +70,7 @@ def render_waterfall(report: Mapping[str, Any], obs: Observations) -> str:
             at = (t - obs.t0) / NS
             ticks_x += [at, at, np.nan]
             ticks_y += [row - 0.35, row + 0.35, np.nan]
-        kind = ending(st)
+        kind = ending(st, rule)
         if kind in ends:
             ends[kind][0].append(stop)
             ends[kind][1].append(row)

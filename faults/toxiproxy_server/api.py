@@ -132,6 +132,7 @@ def _type_error(v: Any, where: str, gotype: str) -> str:
     kind = _json_kind(v)
     if kind == "number":
         kind = f"number {v}"
+    gotype = gotype.split("=", 1)[-1]  # "object=toxics.NoopToxic": a struct, named as Go names it
     return f"json: cannot unmarshal {kind} into Go struct field {where} of type {gotype}"
 
 
@@ -150,13 +151,16 @@ def _coerce(v: Any, kind: str) -> tuple[bool, Any]:
         if abs(f) > 3.4028234663852886e38:
             return False, v
         return True, struct.unpack("<f", struct.pack("<f", f))[0]
-    if kind == "object":
+    if kind.startswith("object"):
         return isinstance(v, Obj), v
     raise AssertionError(kind)
 
 
-def decode_struct(value: Any, fields: dict[str, str], struct_name: str) -> tuple[dict[str, Any], str | None]:
-    """Go's decode of a JSON value into a struct: (fields set, first type error or None)."""
+def decode_struct(value: Any, fields: dict[str, str], struct_name: str, where: str | None = None) -> tuple[dict[str, Any], str | None]:
+    """Go's decode of a JSON value into a struct: (fields set, first type error or None).
+
+    ``where``: the field path's prefix Go names in a type error (default: the struct's own name).
+    """
     if value is None:
         return {}, None
     if not isinstance(value, Obj):
@@ -172,7 +176,7 @@ def decode_struct(value: Any, fields: dict[str, str], struct_name: str) -> tuple
         if ok:
             out[f] = cv
         elif err is None:
-            err = _type_error(v, f"{struct_name.rsplit('.', 1)[-1]}.{f}", fields[f])
+            err = _type_error(v, f"{where or struct_name.rsplit('.', 1)[-1]}.{f}", fields[f])
     return out, err
 
 
@@ -228,8 +232,15 @@ TOXIC_FIELDS = {
     "type": "string",
     "stream": "string",
     "toxicity": "float32",
-    "attributes": "object",
+    # Toxiproxy decodes a new toxic's wrapper first with a NoopToxic in it (toxic_collection.go
+    # AddToxicJson), so a wrong-typed `attributes` is reported against toxics.NoopToxic (2.12.0, measured)
+    "attributes": "object=toxics.NoopToxic",
 }
+# The Go struct of each toxic type: a wrong-typed attribute is reported as
+# "Go struct field LatencyToxic.attributes.latency of type int64" (2.12.0, measured).
+GO_TOXIC = {"noop": "NoopToxic", "latency": "LatencyToxic", "bandwidth": "BandwidthToxic", "slow_close": "SlowCloseToxic",
+            "timeout": "TimeoutToxic", "reset_peer": "ResetToxic", "slicer": "SlicerToxic", "limit_data": "LimitDataToxic",
+            "buffer": "BufferToxic"}
 UPDATE_FIELDS = {"attributes": "object", "toxicity": "float32"}
 
 
@@ -352,7 +363,7 @@ class Api:
         return ok(200, "{" + items + "}")
 
     async def create_proxy(self, body: bytes) -> Reply:
-        f, err = decode_struct(decode_body(body), PROXY_FIELDS, "api.Proxy")
+        f, err = decode_struct(decode_body(body), PROXY_FIELDS, "toxiproxy.Proxy")
         if err:
             raise ApiError(400, f"bad request body: {err}")
         name, upstream = f.get("name", ""), f.get("upstream", "")
@@ -434,7 +445,7 @@ class Api:
 
     async def update_proxy(self, body: bytes, name: str) -> Reply:
         p = self._proxy(name)
-        f, err = decode_struct(decode_body(body), PROXY_FIELDS, "api.Proxy")
+        f, err = decode_struct(decode_body(body), PROXY_FIELDS, "toxiproxy.Proxy")
         if err:
             raise ApiError(400, f"bad request body: {err}")
         listen = f.get("listen", p.listen)
@@ -482,7 +493,8 @@ class Api:
         if any(t.name == tname for t in p.toxics):
             raise ApiError(409, "toxic already exists")
         attrs = {k: 0 for k in impl.ATTRS}
-        got, err = decode_struct(f.get("attributes"), {k: "int64" for k in impl.ATTRS}, f"toxics.{ttype}")
+        got, err = decode_struct(f.get("attributes"), {k: "int64" for k in impl.ATTRS}, f"toxics.{ttype}",
+                                 where=f"{GO_TOXIC.get(ttype, ttype)}.attributes")
         if err:
             raise ApiError(400, f"bad request body: {err}")
         attrs.update(got)
@@ -502,7 +514,8 @@ class Api:
         t = self._toxic(p, tname)
         value = decode_body(body)
         f, err = decode_struct(value, UPDATE_FIELDS, "struct { Attributes interface {}; Toxicity float32 }")
-        got, err2 = decode_struct(f.get("attributes"), {k: "int64" for k in t.impl.ATTRS}, f"toxics.{t.type}")
+        got, err2 = decode_struct(f.get("attributes"), {k: "int64" for k in t.impl.ATTRS}, f"toxics.{t.type}",
+                                  where=f"{GO_TOXIC.get(t.type, t.type)}.attributes")
         merged = dict(t.attrs)
         merged.update(got)
         bad = t.impl.validate(merged)

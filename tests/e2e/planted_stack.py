@@ -1,6 +1,6 @@
 """The builtin stack with one planted defect, for showing that each verifier catches its bug.
 
-    python tests/e2e/planted_stack.py --defect leak|buffer|no_done|fffd|stall [stack serve flags]
+    python tests/e2e/planted_stack.py --defect leak|buffer|no_done|fffd|stall|hf_dialect [stack serve flags]
 
 - ``leak``: the server never aborts an engine request when its client hangs up, so generation (and
   the KV blocks it holds) goes on for the departed client — the classic disconnect leak.
@@ -9,6 +9,10 @@
 - ``fffd``: content carries U+FFFD, as a detokenizer that emits partial UTF-8 would.
 - ``stall``: every stream stalls once, for ``--stall-for`` seconds before its ``--stall-at``-th
   content event (1-based): early in the stream, or late, with the same gap distribution.
+- ``hf_dialect``: not a defect but another engine's dialect, as ``transformers serve`` speaks it:
+  HTTP 422 ``Unexpected fields in the request: {'ignore_eos'}`` for a field it does not know, no
+  ``data: [DONE]`` after a complete stream (the finish_reason stays), no ``/metrics`` (404) and a
+  ``/health`` that does not say "streamchaos".
 These defects live here, in the tests, and nowhere in the product.
 """
 
@@ -105,7 +109,65 @@ class Stall(_Wrapper):
         return stalling
 
 
-WRAPPERS: dict[str, type[_Wrapper]] = {"buffer": Buffering, "no_done": DropDone, "fffd": ReplacementChars, "stall": Stall}
+class HfDialect(_Wrapper):
+    """transformers serve's dialect (transformers 5.x, measured): strict fields, no [DONE], no /metrics."""
+
+    UNKNOWN = ("ignore_eos", "min_tokens")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        if path == "/health":
+            await _json(send, 200, b'{"status":"ok"}')
+            return
+        if path == "/metrics":
+            await _json(send, 404, b'{"detail":"Not Found"}')
+            return
+        if not path.startswith("/v1/") or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        chunks = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        unknown = [k for k in self.UNKNOWN if f'"{k}"'.encode() in body]
+        if unknown:
+            detail = "Unexpected fields in the request: {" + ", ".join(repr(k) for k in unknown) + "}"
+            await _json(send, 422, ('{"detail":"' + detail + '"}').encode())
+            return
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, self.wrap_send(send))
+
+    def wrap_send(self, send: Send) -> Send:
+        async def no_done(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                message = {**message, "body": message.get("body", b"").replace(b"data: [DONE]\n\n", b"")}
+            await send(message)
+
+        return no_done
+
+
+async def _json(send: Send, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+WRAPPERS: dict[str, type[_Wrapper]] = {"buffer": Buffering, "no_done": DropDone, "fffd": ReplacementChars, "stall": Stall,
+                                       "hf_dialect": HfDialect}
 
 
 def main(argv: list[str]) -> int:

@@ -28,7 +28,7 @@ def test_smoke_experiment() -> None:
     assert [p.name for p in e.phases] == ["baseline"] and e.duration == 8.0
     assert not any(p.faults for p in e.phases)
     assert e.load.concurrency == 4
-    assert {s.kind for s in e.sla} == {"ttft", "itl", "early_close", "errors", "integrity", "kv_cleanup"}
+    assert {s.kind for s in e.sla} == {"ttft", "itl", "early_close", "errors", "integrity", "kv_cleanup", "streaming"}
     ttft = next(s for s in e.sla if s.kind == "ttft")
     assert ttft.params["budget"] == 0.5 and ttft.params["quantile"] == pytest.approx(0.75)  # p75: see smoke.yaml
 

@@ -72,3 +72,19 @@ def test_only_hangups_or_too_few_streams_is_inconclusive(synth: Any) -> None:
     assert verdict.figure is None
     few = synth.obs([synth.stream(f"ok{i}") for i in range(5)])
     assert sla.judge(few, "early_close", {"min_samples": 20}).status == "inconclusive"
+
+
+def test_the_runs_end_rule_applies_an_engine_without_done_is_complete(synth: Any, err: dict[str, Any]) -> None:
+    """transformers serve never sends [DONE]: under its profile's rule (recorded in the journal as the
+    engine_profile note), a stream with a finish_reason that ended cleanly is complete; a cut one is not."""
+    rule = synth.note("engine_profile", 0.0, name="transformers-serve", end={"finish_reason": True, "done": False})
+    ended = [synth.stream(f"ok{i}", finish="length", done=False) for i in range(5)]
+    cut = synth.stream("cut", finish=None, done=False, error=None)
+    failed = synth.stream("reset", finish="length", done=False, error=err["read"])
+    obs = synth.obs(ended + [cut, failed], notes=[rule])
+    verdict = sla.judge(obs, "early_close", {})
+    assert verdict.evidence["by_reason"] == {"no_finish_reason": 1, "read_error": 1}
+    assert verdict.figure == pytest.approx(2 / 7)
+    assert "not required" in verdict.evidence["end_rule"]
+    # the same streams without the note: the strict rule, every one of them incomplete
+    assert sla.judge(synth.obs(ended + [cut, failed]), "early_close", {}).figure == pytest.approx(1.0)

@@ -246,3 +246,26 @@ def test_a_burst_followed_too_soon_by_more_load_is_not_blamed(synth: Any) -> Non
     assert verdict.status == "pass"
     kinds = {p["kind"]: p["outcome"] for p in verdict.evidence["check_points"]}
     assert kinds == {"abort_burst": "unobserved", "end_of_load": "returned"}
+
+
+def test_a_missing_series_says_why_the_scrapes_failed(synth: Any) -> None:
+    """A gateway that answers /metrics 401 (LiteLLM without its key): the reason names the status
+    and what to set, not only "no KV usage series was scraped" (the 401 was in the journal only)."""
+    streams = [synth.stream(f"s{i}", sent=1 + i * 0.1) for i in range(5)]
+    notes = [synth.note("scrape_error", 0.2, url="http://gw/metrics", error="HTTP 401", status=401, failures=10)]
+    verdict = sla.judge(synth.obs(streams, notes=notes), "kv_cleanup", {})
+    assert verdict.status == "inconclusive"
+    reason = verdict.evidence["reason"]
+    assert reason.startswith("scraping http://gw/metrics failed: HTTP 401 (unauthorised: set target.metrics_auth")
+    assert "no KV usage series was scraped" in reason
+
+
+def test_the_profile_names_the_series_and_the_hint(synth: Any) -> None:
+    streams = [synth.stream(f"s{i}", sent=1 + i * 0.1) for i in range(5)]
+    profile = {"name": "transformers-serve", "usage_series": [], "running_series": [],
+               "metrics_hint": "transformers serve has no /metrics: KV cleanup cannot be observed"}
+    notes = [synth.note("engine_profile", 0.0, profile=profile, end={"finish_reason": True, "done": False})]
+    verdict = sla.judge(synth.obs(streams, notes=notes), "kv_cleanup", {})
+    assert verdict.status == "inconclusive"
+    assert "the transformers-serve profile names none" in verdict.evidence["reason"]
+    assert "has no /metrics" in verdict.evidence["reason"]

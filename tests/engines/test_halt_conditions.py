@@ -1,0 +1,81 @@
+"""Halt conditions as pure functions, and the watcher that feeds them and halts a run once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from chaos.context import HaltSpec, SafetySpec
+from chaos.halt import DEAD_FIRST, Ended, HaltWatcher, check, dead_target, error_share, target_down, top_errors, ttft_quantile
+from chaos.observations import NS, ErrorInfo, Hangup, Note, StreamRecord
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _e(t: float, failed: bool = False, answered: bool = True, ttft: float | None = 0.05, msg: str | None = None) -> Ended:
+    return Ended(int(t * NS), failed, answered, None if ttft is None else int(ttft * NS), msg or ("boom" if failed else None))
+
+
+def test_dead_from_the_start_all_of_the_first_20_failed() -> None:
+    streams = [_e(0.01 * i, failed=True) for i in range(DEAD_FIRST)]
+    assert "all of the first 20" in (dead_target(streams, int(1 * NS)) or "")
+    assert dead_target(streams[:-1], int(1 * NS)) is None  # 19 decide nothing
+    mixed = [*streams[:-1], _e(0.5)]
+    assert dead_target(mixed, int(0.6 * NS)) is not None  # ... but 19 of 20 in 2s is >= 95%
+
+
+def test_dead_later_95_percent_over_2_seconds() -> None:
+    healthy = [_e(i * 0.05) for i in range(60)]  # 3 s of successes
+    dying = [_e(3 + i * 0.01, failed=True) for i in range(250)]  # then 2.5 s of refusals
+    assert dead_target(healthy, int(3 * NS)) is None
+    assert dead_target(healthy + dying[:30], int(3.3 * NS)) is None  # the successes still in the window
+    assert "failed (>= 95%)" in (dead_target(healthy + dying, int(5.2 * NS)) or "")
+
+
+def test_error_share_ttft_and_target_down() -> None:
+    spec = HaltSpec("error_share", window=5.0, above=0.5, min_streams=10, name="errors")
+    streams = [_e(i * 0.1, failed=i % 3 != 0) for i in range(40)]  # 26 of 40 failed
+    assert "errors: 65%" in (error_share(streams, int(4 * NS), spec) or "")
+    assert error_share(streams[:5], int(4 * NS), spec) is None
+    slow = HaltSpec("ttft", window=5.0, above=1.0, quantile=0.9, min_streams=10, name="slow")
+    assert ttft_quantile([_e(i * 0.1, ttft=2.0) for i in range(20)], int(2 * NS), slow) is not None
+    assert ttft_quantile([_e(i * 0.1, ttft=0.2) for i in range(20)], int(2 * NS), slow) is None
+    down = HaltSpec("target_down", window=3.0, min_streams=3, name="down")
+    unanswered = [_e(0.5)] + [_e(1 + i * 0.5, failed=True, answered=False) for i in range(8)]
+    assert "did not answer any" in (target_down(unanswered, int(4.9 * NS), down) or "")
+    assert target_down(unanswered, int(3.2 * NS), down) is None  # the answered stream is still in the window
+
+
+def test_check_respects_the_switch_and_the_order() -> None:
+    streams = [_e(0.01 * i, failed=True) for i in range(DEAD_FIRST)]
+    assert check(streams, NS, SafetySpec()) is not None
+    assert check(streams, NS, SafetySpec(halt_on_dead_target=False)) is None
+
+
+def test_top_errors_counts_and_orders() -> None:
+    assert top_errors(["a", "b", "a", None, "a", "b", "c"], n=2) == [{"message": "a", "count": 3}, {"message": "b", "count": 2}]
+
+
+def test_the_watcher_halts_once_with_the_reason_and_ignores_hangups() -> None:
+    halts: list[str] = []
+    notes: list[Note] = []
+    clock = [0]
+    watcher = HaltWatcher(SafetySpec(), halts.append, notes.append, clock=lambda: clock[0])
+    hung = StreamRecord(id="h", phase="p", t_end=1, hangup=Hangup("client.disconnect", "after_tokens", 1))
+    for _ in range(30):
+        watcher.on_event(hung)  # hang-ups on purpose are not failures
+    assert not halts
+    for i in range(25):
+        clock[0] = i * 1000
+        watcher.on_event(StreamRecord(id=str(i), phase="p", t_end=clock[0], error=ErrorInfo("connect", "refused")))
+    assert len(halts) == 1 and "all of the first 20" in halts[0] and "20x connect: refused" in halts[0]
+    assert notes[0].topic == "halt" and notes[0].data["top_errors"] == [{"message": "connect: refused", "count": 20}]
+
+
+def test_an_experiment_without_conditions_never_halts() -> None:
+    halts: list[Any] = []
+    watcher = HaltWatcher(SafetySpec(halt_on_dead_target=False), halts.append, lambda n: None, clock=lambda: 0)
+    for i in range(50):
+        watcher.on_event(StreamRecord(id=str(i), phase="p", t_end=i, error=ErrorInfo("connect", "refused")))
+    assert not halts and not watcher.active

@@ -1,0 +1,62 @@
+"""`streaming` on synthetic observations: a held-and-forwarded stream fails it, a streamed one, a
+jittered one and a queued one (late first token, every event in its own read) do not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import sla
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _held(synth: Any, i: int, reads: int = 2, tokens: int = 32) -> Any:
+    """A stream a buffering proxy held: nothing for 150 ms, then all content in ``reads`` reads."""
+    per = tokens // reads
+    gaps = [0.0 if (k + 1) % per else 0.004 for k in range(tokens - 1)]
+    return synth.stream(f"held{i}", sent=i * 0.2, ttft=0.15, gaps=gaps, tokens=tokens)
+
+
+def test_a_buffered_stream_fails_and_the_reason_says_so(synth: Any) -> None:
+    streams = [_held(synth, i) for i in range(20)]
+    verdict = sla.judge(synth.obs(streams), "streaming", {})
+    assert verdict.status == "fail" and verdict.figure == pytest.approx(1.0)
+    assert "being buffered" in verdict.evidence["reason"]
+    assert verdict.evidence["events_per_read_p50"] == pytest.approx(16.0)
+    assert verdict.evidence["itl_p50_s"] == 0.0
+
+
+def test_streamed_responses_pass(synth: Any) -> None:
+    streams = [synth.stream(f"s{i}", sent=i * 0.2, ttft=0.01, itl=0.003, tokens=32) for i in range(20)]
+    verdict = sla.judge(synth.obs(streams), "streaming", {})
+    assert verdict.status == "pass" and verdict.figure == 0.0
+
+
+def test_a_queued_server_is_not_called_buffered(synth: Any) -> None:
+    # TTFT at 90% of the stream (queued behind other requests), then every token in its own read
+    streams = [synth.stream(f"q{i}", sent=i * 0.5, ttft=2.0, itl=0.007, tokens=32) for i in range(20)]
+    verdict = sla.judge(synth.obs(streams), "streaming", {})
+    assert verdict.evidence["first_share_p50"] > 0.85
+    assert verdict.status == "pass"
+
+
+def test_jitter_bunching_is_not_called_buffered(synth: Any) -> None:
+    # events bunched 4 to a read behind late ones (Toxiproxy latency with jitter)
+    gaps = [0.0 if (k + 1) % 4 else 0.03 for k in range(31)]
+    streams = [synth.stream(f"j{i}", sent=i * 0.3, ttft=0.12, gaps=gaps, tokens=32) for i in range(20)]
+    assert sla.judge(synth.obs(streams), "streaming", {}).status == "pass"
+
+
+def test_a_few_buffered_streams_within_budget_pass_and_short_streams_are_not_judged(synth: Any) -> None:
+    streams = [synth.stream(f"s{i}", sent=i * 0.2, ttft=0.01, itl=0.003, tokens=32) for i in range(19)]
+    streams.append(_held(synth, 99))
+    streams += [synth.stream(f"short{i}", ttft=0.1, itl=0.0, tokens=3) for i in range(10)]  # 3 tokens in one read
+    verdict = sla.judge(synth.obs(streams), "streaming", {})
+    assert verdict.status == "pass" and verdict.samples == 20 and verdict.figure == pytest.approx(0.05)
+
+
+def test_too_few_judged_streams_are_inconclusive(synth: Any) -> None:
+    verdict = sla.judge(synth.obs([_held(synth, 0)]), "streaming", {})
+    assert verdict.status == "inconclusive" and "needed" in verdict.evidence["reason"]

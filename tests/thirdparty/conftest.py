@@ -1,0 +1,122 @@
+"""Servers we did not write, as real processes on 127.0.0.1: nginx, `transformers serve`, LiteLLM.
+
+Each is installed by the project's own files (`.ci/run`: Debian's nginx, the `thirdparty` extra);
+where one is absent its tests skip and say what to install, never silently. Every process is
+started on a free port by a fixture and stopped (and waited for) when the fixture ends.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from chaos.stack.process import StackProcess
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # `from servers import ...`
+
+from servers import LITELLM_KEY, VENV_BIN, Served, free_port, nginx_conf, spawn, stop, wait_http  # noqa: E402
+
+
+def _tool(name: str, *modules: str) -> Path | None:
+    """The console script ``name`` of this environment when the modules it serves with are installed, else None.
+
+    Found, not imported: importing litellm fetches a price list from the internet unless told not to.
+    """
+    path = VENV_BIN / name
+    if not path.is_file():
+        return None
+    try:
+        return path if all(importlib.util.find_spec(m) is not None for m in modules) else None
+    except (ImportError, ValueError):
+        return None
+
+
+@pytest.fixture(scope="module")
+def builtin_stack() -> Iterator[StackProcess]:
+    """A builtin stack (tiny model) for the third-party parts to sit in front of."""
+    stack = StackProcess.start("--port", "0", timeout=60.0)
+    try:
+        yield stack
+    finally:
+        stack.close()
+
+
+@pytest.fixture
+def nginx(tmp_path: Path) -> Iterator[Callable[[str, str], str]]:
+    """``nginx(upstream_url, mode)`` → the URL of a real nginx in front of ``upstream_url``."""
+    binary = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").is_file() else None)
+    if binary is None:
+        pytest.skip("nginx is not installed (Debian: apt-get install nginx-light; .ci/run installs it)")
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(upstream: str, mode: str) -> str:
+        directory = tmp_path / f"nginx-{mode}-{len(procs)}"
+        directory.mkdir()
+        port = free_port()
+        conf = nginx_conf(directory, port, upstream.rstrip("/"), mode)
+        proc = spawn([binary, "-p", str(directory), "-c", str(conf)], directory / "stdout.log")
+        procs.append(proc)
+        wait_http(f"http://127.0.0.1:{port}/health", proc, 20.0, directory / "error.log")
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for proc in procs:
+        stop(proc)
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The builtin tiny model, written by our own code as a Hugging Face Llama directory."""
+    from chaos.stack.engine.export import export_tiny
+
+    return export_tiny(tmp_path_factory.mktemp("tiny-hf") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def transformers_serve(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """`transformers serve` (CPU) serving the exported tiny checkpoint."""
+    binary = _tool("transformers", "fastapi", "uvicorn", "transformers.cli.serving")
+    if binary is None:
+        pytest.skip("transformers serve is not installed: pip install 'streamchaos[thirdparty]' (.ci/run installs it)")
+    log = tmp_path_factory.mktemp("transformers-serve") / "serve.log"
+    port = free_port()
+    # one request at a time (no --continuous-batching: its batcher does not apply the checkpoint's
+    # suppress_tokens and stalls on them); the first request loads the weights
+    proc = spawn([str(binary), "serve", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port), str(tiny_checkpoint)],
+                 log, env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", proc, 120.0, log)
+        yield Served(f"http://127.0.0.1:{port}", log)
+    finally:
+        stop(proc)
+
+
+@pytest.fixture(scope="module")
+def litellm_proxy(builtin_stack: StackProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """A LiteLLM proxy with a master key in front of the builtin stack (model name ``tiny``)."""
+    binary = _tool("litellm", "litellm", "fastapi", "apscheduler", "orjson")
+    if binary is None:
+        pytest.skip("the LiteLLM proxy is not installed: pip install 'streamchaos[thirdparty]' (.ci/run installs it)")
+    directory = tmp_path_factory.mktemp("litellm")
+    config = directory / "config.yaml"
+    config.write_text(
+        "model_list:\n  - model_name: tiny\n    litellm_params:\n      model: hosted_vllm/tiny\n"
+        f"      api_base: {builtin_stack.base_url}\n      api_key: none\n"
+        "litellm_settings:\n  callbacks: [\"prometheus\"]\n", encoding="utf-8")
+    port = free_port()
+    log = directory / "litellm.log"
+    proc = spawn([str(binary), "--config", str(config), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"],
+                 log, env={"LITELLM_MASTER_KEY": LITELLM_KEY, "LITELLM_LOG": "ERROR", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                           "NO_DOCS": "True"}, cwd=directory)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health/liveliness", proc, 180.0, log)
+        yield Served(f"http://127.0.0.1:{port}", log)
+    finally:
+        stop(proc)
