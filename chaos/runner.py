@@ -33,7 +33,6 @@ from chaos.journal import JOURNAL_NAME, Journal, prepare_run_dir
 from chaos.load import LoadDriver, running_load
 from chaos.observations import FaultEvent, Note, Observations, PhaseWindow
 from chaos.report import ReportWriter
-from chaos.scraper import MetricScraper
 from chaos.targets import Target, running_target, target_facts
 from chaos.telemetry import gpu_telemetry
 from chaos.watchdog import WatchdogHandle, watchdog
@@ -246,8 +245,9 @@ class Runner:
         self.injections = {fault.name: fault.activate(ctx) for _, fault in exp.faults()}
         if any(injection.outlives_runner for injection in self.injections.values()):
             self.watchdogs.append(await resources.enter_async_context(watchdog(
-                self.out_dir, self._run_id(), exp.safety.max_duration, self._contacted_urls(target.info), target.info.admin_token)))
-        await resources.enter_async_context(MetricScraper(target.info.metrics_url, exp.safety.scrape_interval, emit))
+                self.out_dir, self._run_id(), exp.safety.max_duration, self._contacted_urls(target.info), target.info.admin_token,
+                extra_env=target.watchdog_env())))
+        await resources.enter_async_context(target.observing(emit, exp.safety.scrape_interval))
         await resources.enter_async_context(gpu_telemetry(emit))
         return ctx
 

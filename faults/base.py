@@ -30,6 +30,7 @@ from chaos.params import Schema
 
 if TYPE_CHECKING:
     from chaos.experiment.model import Experiment
+    from chaos.k8s.rbac import Rule
 
 __all__ = ["REGISTRY", "Fault", "Injection", "register"]
 
@@ -41,6 +42,7 @@ class Fault(ABC):
     kind: ClassVar[str]
     summary: ClassVar[str]
     schema: ClassVar[Schema] = Schema()
+    rbac_rules: ClassVar[tuple[Rule, ...]] = ()  # what it calls on the Kubernetes API (`streamchaos manifests rbac`)
 
     name: str
 

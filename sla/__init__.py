@@ -11,7 +11,7 @@ from typing import Any
 from chaos.errors import ExperimentInvalid
 from chaos.observations import Observations
 from chaos.params import suggest
-from sla import early_close, errors, integrity, itl, kv_cleanup, recovery, throughput, ttft  # noqa: F401  (registers)
+from sla import capacity, early_close, errors, integrity, itl, kv_cleanup, recovery, throughput, ttft  # noqa: F401  (registers)
 from sla.base import REGISTRY, Status, Verdict, VerifierSpec, verifier
 
 __all__ = ["REGISTRY", "Status", "Verdict", "VerifierSpec", "judge", "verifier"]

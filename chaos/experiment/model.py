@@ -15,6 +15,7 @@ __all__ = [
     "PROMPT_CLASSES",
     "Experiment",
     "FrozenMap",
+    "KubernetesSpec",
     "LoadSpec",
     "PhaseSpec",
     "PromptSpec",
@@ -60,6 +61,20 @@ class FrozenMap(Mapping[str, Any]):
 
 
 @dataclass(frozen=True)
+class KubernetesSpec:
+    """``target.kubernetes``: the pods that serve the target, and how the load reaches them."""
+
+    namespace: str | None = None  # default: the kubeconfig context's, the pod's own in a cluster, else default
+    service: str | None = None  # its selector and port name the pods; or give selector (and port)
+    selector: tuple[tuple[str, str], ...] = ()  # matchLabels, sorted by key
+    port: int | str | None = None  # Service port (name or number); with a selector only, the container port
+    access: str = "auto"  # auto | service | endpoints | port-forward
+    kubeconfig: str | None = None  # default: $KUBECONFIG, ~/.kube/config, then the pod's service account
+    context: str | None = None  # kubeconfig context; default: its current-context
+    path: str = "/v1"  # the OpenAI API root on the pods
+
+
+@dataclass(frozen=True)
 class TargetSpec:
     """The system under test: the builtin stack or a server reached by URL."""
 
@@ -77,6 +92,7 @@ class TargetSpec:
     admin_token: str | None = field(default=None, repr=False)
     admin_token_file: str | None = None  # a 0600 file holding the token (beside STREAMCHAOS_ADMIN_TOKEN)
     extra_args: tuple[str, ...] = ()
+    kubernetes: KubernetesSpec | None = None  # kind kubernetes: where the pods are
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ from .model import PROMPT_CLASSES
 
 __all__ = [
     "FAULT_ENTRY_KEYS",
+    "KUBERNETES",
+    "KUBERNETES_ACCESS",
     "LOAD",
     "PHASE",
     "PROMPTS",
@@ -47,6 +49,22 @@ TARGET = Schema((
     Param("admin_token", "str", None, doc="token for the builtin stack's admin API (prefer admin_token_file or STREAMCHAOS_ADMIN_TOKEN)"),
     Param("admin_token_file", "str", None, doc="file (mode 0600) holding the admin token of a builtin stack started elsewhere"),
     Param("extra_args", "str_list", (), doc="extra command-line arguments for a spawned server"),
+    Param("kubernetes", "mapping", None, doc="kind kubernetes: {namespace, service or selector, port, access, kubeconfig, context}"),
+))
+
+KUBERNETES_ACCESS = ("auto", "service", "endpoints", "port-forward")
+
+# `port` (a number or a port name) is parsed by the loader itself.
+KUBERNETES = Schema((
+    Param("namespace", "str", None, doc="the namespace of the target's pods; default the kubeconfig context's, or the runner pod's own"),
+    Param("service", "str", None, doc="the Service in front of the pods: its selector finds them, its port is the target's"),
+    Param("selector", "mapping", None, doc="pod labels (matchLabels), instead of or besides a Service"),
+    Param("access", "choice", "auto", choices=KUBERNETES_ACCESS,
+          doc="how the load reaches the pods: the Service's ClusterIP (in the cluster), each ready pod's IP "
+              "(endpoints, in the cluster), or port-forward through the API server; auto: service in a pod, else port-forward"),
+    Param("kubeconfig", "str", None, doc="kubeconfig file; default $KUBECONFIG, ~/.kube/config, then the pod's service account"),
+    Param("context", "str", None, doc="kubeconfig context; default its current-context"),
+    Param("path", "str", "/v1", doc="the OpenAI API root on the pods"),
 ))
 
 PROXY_SERVERS = ("auto", "embedded", "binary", "docker", "external")

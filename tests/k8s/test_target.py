@@ -1,0 +1,119 @@
+"""``target.kind: kubernetes``: reached through a port-forward, the pods' IPs or the Service; observed
+per pod; refused clearly when the pods are not ready or the account lacks a right."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+from clusters import ClusterUnderTest, fake_only, kube_experiment, started_target
+
+from chaos.errors import SetupFailed, TargetUnreachable
+from chaos.k8s.manifests import experiment_rules
+from chaos.k8s.rbac import Rule
+from chaos.observations import MetricSample, Note
+
+pytestmark = pytest.mark.timeout(90)
+
+
+async def stream(client: httpx.AsyncClient, base_url: str, tokens: int = 4) -> str:
+    """One streamed completion on a fresh connection; the text of its events."""
+    response = await client.post(base_url + "/completions", json={"model": "mock", "prompt": "hi", "max_tokens": tokens, "stream": True},
+                                 headers={"Connection": "close"})
+    response.raise_for_status()
+    return response.text
+
+
+async def spread(cluster: ClusterUnderTest, namespace: str, access: str) -> dict[str, Any]:
+    experiment = kube_experiment(namespace, access=access)
+    target, _ = await started_target(cluster, namespace, experiment)
+    records: list[MetricSample | Note] = []
+    try:
+        async with target.observing(records.append, 0.2):
+            async with httpx.AsyncClient(timeout=20) as client:
+                texts = await asyncio.gather(*(stream(client, target.info.base_url) for _ in range(9)))
+            await asyncio.sleep(0.6)
+        return {"target": target, "texts": texts, "records": records}
+    finally:
+        await target.stop()
+
+
+async def test_port_forward_spreads_connections_over_the_ready_pods(cluster: ClusterUnderTest, namespace: str) -> None:
+    cluster.deploy(namespace, "web", replicas=3)
+    pods = {p["metadata"]["name"] for p in cluster.wait_ready(namespace, "web", 3)}
+    got = await spread(cluster, namespace, "port-forward")
+    target, records = got["target"], got["records"]
+    assert all("[DONE]" in text for text in got["texts"])
+    assert target.info.kind == "kubernetes" and target.info.base_url.startswith("http://127.0.0.1:")
+    assert target.info.cluster.namespace == namespace and target.info.cluster.labels == {"app": "web"}
+    assert set(target.relay.per_pod) == pods and sum(target.relay.per_pod.values()) >= 9  # round robin: every pod got some
+
+    notes = [r for r in records if isinstance(r, Note)]
+    (facts,) = [n.data for n in notes if n.topic == "k8s_target"]
+    assert facts["access"] == "port-forward" and facts["namespace"] == namespace and facts["port"] == "http"
+    seen = {n.data["name"] for n in notes if n.topic == "k8s_pod"}
+    assert seen == pods and all(n.data["ready"] for n in notes if n.topic == "k8s_pod" and n.data["uid"])
+    ready = [r.value for r in records if isinstance(r, MetricSample) and r.name == "streamchaos_k8s_pods_ready"]
+    assert ready and ready[-1] == 3
+    # each pod's /metrics scraped on its own, one timestamp per round
+    per_pod = [r for r in records if isinstance(r, MetricSample) and r.name == "vllm:request_success_total"]
+    assert {r.labels["pod"] for r in per_pod} == pods
+    rounds: dict[int, set[str]] = {}
+    for r in per_pod:
+        rounds.setdefault(r.t, set()).add(r.labels["pod"])
+    assert any(len(names) == 3 for names in rounds.values())
+    assert sum(max(r.value for r in per_pod if r.labels["pod"] == pod) for pod in pods) >= 9  # every stream counted somewhere
+
+
+@fake_only
+async def test_endpoints_access_goes_to_the_pod_ips(cluster: ClusterUnderTest, namespace: str) -> None:
+    cluster.deploy(namespace, "web", replicas=2)
+    ips = {p["status"]["podIP"] for p in cluster.wait_ready(namespace, "web", 2)}
+    got = await spread(cluster, namespace, "endpoints")
+    assert all("[DONE]" in text for text in got["texts"])
+    assert len(got["target"].relay.per_pod) == 2
+    rules = experiment_rules(kube_experiment(namespace, access="endpoints"))
+    assert not any(r.resource == "pods/portforward" for r in rules)  # in the cluster: no port-forward right needed
+    assert all(ip.startswith("127.") for ip in ips)
+
+
+@fake_only
+async def test_service_access_uses_the_cluster_ip(cluster: ClusterUnderTest, namespace: str) -> None:
+    cluster.deploy(namespace, "web", replicas=2)
+    cluster.wait_ready(namespace, "web", 2)
+    cluster_ip = cluster.core.read_namespaced_service("web", namespace).spec.cluster_ip
+    got = await spread(cluster, namespace, "service")
+    assert got["target"].relay is None and got["target"].info.base_url == f"http://{cluster_ip}:8000/v1"
+    assert all("[DONE]" in text for text in got["texts"])
+
+
+async def test_no_ready_pod_is_refused_with_what_the_pods_are(cluster: ClusterUnderTest, namespace: str) -> None:
+    # a pod whose command cannot run never becomes Ready (a real cluster: the process exits at once)
+    cluster.deploy(namespace, "web", replicas=1, command=["python", "-c", "import sys; sys.exit(3)"])
+    experiment = kube_experiment(namespace, startup_timeout="3s")
+    with pytest.raises(TargetUnreachable) as refused:
+        await started_target(cluster, namespace, experiment)
+    message = str(refused.value)
+    assert "no pod matching {'app': 'web'}" in message and namespace in message and "within 3s" in message
+    assert "web-" in message and "not ready" in message  # which pods there are, and what state
+
+
+async def test_a_missing_right_is_named_with_the_grant_that_allows_it(cluster: ClusterUnderTest, namespace: str) -> None:
+    cluster.deploy(namespace, "web", replicas=1)
+    cluster.wait_ready(namespace, "web", 1)
+    experiment = kube_experiment(namespace)
+    without_service = [r for r in experiment_rules(experiment, in_cluster=False) if r.resource != "services"]
+    with pytest.raises(SetupFailed) as refused:
+        await started_target(cluster, namespace, experiment, rules=without_service)
+    message = str(refused.value)
+    assert f"refused to get services web in namespace {namespace}" in message and "403" in message
+    assert '{apiGroups: [""], resources: ["services"], verbs: ["get"]}' in message
+    assert "streamchaos manifests rbac" in message
+
+    no_forward = [*without_service, Rule("", "services", ("get",), "test")]
+    no_forward = [r for r in no_forward if r.resource != "pods/portforward"]
+    with pytest.raises(SetupFailed) as forward:
+        await started_target(cluster, namespace, experiment, rules=no_forward)
+    assert "refused to create pods/portforward web-" in str(forward.value) and "403" in str(forward.value)
