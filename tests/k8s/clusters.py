@@ -120,7 +120,8 @@ class ClusterUnderTest:
             creators[doc["kind"]](namespace, doc)
 
     def pods(self, namespace: str, app: str) -> list[dict[str, Any]]:
-        listed = self.core.list_namespaced_pod(namespace, label_selector=f"app={app}")
+        """The pods labelled ``app=APP`` (or matching ``app`` when it is a whole selector, ``k=v``)."""
+        listed = self.core.list_namespaced_pod(namespace, label_selector=app if "=" in app else f"app={app}")
         return [self.admin.sanitize_for_serialization(p) for p in listed.items]
 
     def ready_pods(self, namespace: str, app: str) -> list[dict[str, Any]]:

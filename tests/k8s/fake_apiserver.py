@@ -533,8 +533,8 @@ class Kubelet:
         proc = runtime.process
         if runtime.terminating_until is not None:
             if proc is None or proc.poll() is not None or now >= runtime.terminating_until:
-                self.kill(uid)
                 self.store.remove(KIND["pods"], pod)
+                self.kill(uid)
             return
         if proc is not None and proc.poll() is not None:  # crashed: count a restart, start again
             if runtime.restart_at is None:
@@ -560,29 +560,31 @@ class Kubelet:
 
     def terminate(self, pod: dict[str, Any], grace: int) -> None:
         runtime = self.pods.get(pod["metadata"]["uid"])
-        if runtime is None or runtime.process is None:
-            self.kill(pod["metadata"]["uid"])
+        if runtime is None or runtime.process is None or grace <= 0:  # gone from the API at once, killed right after
             self.store.remove(KIND["pods"], pod)
-            return
-        if grace <= 0:
             self.kill(pod["metadata"]["uid"])
-            self.store.remove(KIND["pods"], pod)
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(runtime.process.pid, signal.SIGTERM)
         runtime.terminating_until = time.monotonic() + grace
 
-    def kill(self, uid: str) -> None:
+    def kill(self, uid: str, *, reap: bool = False) -> None:
+        """SIGKILL the pod's processes; reaped in a thread (or here, with ``reap``) so the API never waits."""
         runtime = self.pods.pop(uid, None)
         if runtime is not None and runtime.process is not None:
+            process = runtime.process
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(runtime.process.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                runtime.process.wait(2)
+                os.killpg(process.pid, signal.SIGKILL)
+            if reap:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(5)
+            else:
+                self.tasks.add(task := asyncio.ensure_future(asyncio.to_thread(process.wait, 30)))
+                task.add_done_callback(self.tasks.discard)
 
     def kill_all(self) -> None:
         for uid in list(self.pods):
-            self.kill(uid)
+            self.kill(uid, reap=True)
 
 
 KIND = {k.plural: k for k in KINDS}
