@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
-from clusters import ClusterUnderTest, fake_only, kube_experiment, started_target
+from clusters import MOCK_POD, ClusterUnderTest, fake_only, kube_experiment, started_target
 
 from chaos.errors import SetupFailed, TargetUnreachable
 from chaos.k8s.manifests import experiment_rules
@@ -117,3 +117,55 @@ async def test_a_missing_right_is_named_with_the_grant_that_allows_it(cluster: C
     with pytest.raises(SetupFailed) as forward:
         await started_target(cluster, namespace, experiment, rules=no_forward)
     assert "refused to create pods/portforward web-" in str(forward.value) and "403" in str(forward.value)
+
+
+# A pod that ignores SIGTERM, so it stays terminating (and answering) for its whole grace period.
+STUBBORN_POD = ["python", "-c", "import signal, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "from chaos.load.mock import main; main(sys.argv[1:])", *MOCK_POD[3:]]
+
+
+async def test_a_terminating_pod_gets_no_new_connections_and_counts_as_lost_at_once(cluster: ClusterUnderTest, namespace: str) -> None:
+    """As a Service drops a terminating pod from its endpoints at once (not when it is gone), so do the
+    relay and the ready count: a graceful delete takes the capacity away when it is requested."""
+    cluster.deploy(namespace, "web", replicas=2, command=STUBBORN_POD, grace_s=30)
+    victim, other = (p["metadata"]["name"] for p in cluster.wait_ready(namespace, "web", 2))
+    target, _ = await started_target(cluster, namespace, kube_experiment(namespace))
+    records: list[MetricSample | Note] = []
+    try:
+        async with target.observing(records.append, 0.2):
+            await asyncio.to_thread(cluster.core.delete_namespaced_pod, victim, namespace, grace_period_seconds=30)
+            assert await target.watch.wait_for(lambda w: len(w.serving()) == 1, 10)
+            before = dict(target.relay.per_pod)
+            async with httpx.AsyncClient(timeout=20) as client:
+                await asyncio.gather(*(stream(client, target.info.base_url) for _ in range(6)))
+            assert victim in {p["metadata"]["name"] for p in cluster.pods(namespace, "web")}  # still there, terminating
+    finally:
+        await target.stop()
+        await asyncio.to_thread(cluster.core.delete_namespaced_pod, victim, namespace, grace_period_seconds=0)
+    assert target.relay.per_pod.get(victim, 0) == before.get(victim, 0)  # no new connection to it
+    assert target.relay.per_pod[other] >= before.get(other, 0) + 6
+    ready = [r.value for r in records if isinstance(r, MetricSample) and r.name == "streamchaos_k8s_pods_ready"]
+    terminating = [r.value for r in records if isinstance(r, MetricSample) and r.name == "streamchaos_k8s_pods_terminating"]
+    assert ready[-1] == 1 and terminating[-1] == 1
+
+
+@fake_only  # a real server expires versions only at etcd compaction
+async def test_the_watch_relists_when_its_version_has_expired(cluster: ClusterUnderTest, namespace: str) -> None:
+    from chaos.k8s.client import KubeApi
+    from chaos.k8s.watch import PodWatch
+
+    cluster.deploy(namespace, "web", replicas=1, grace_s=0)
+    (pod,) = cluster.wait_ready(namespace, "web", 1)
+    api = await KubeApi.connect(str(cluster.kubeconfig))
+    watch = PodWatch(api, namespace, {"app": "web"})
+    try:
+        await watch.start()
+        watch.resource_version = "1"  # long gone from the server's event log: its next watch gets 410 Expired
+        await watch.stop()
+        watch._task = asyncio.create_task(watch._follow())
+        await asyncio.to_thread(cluster.core.delete_namespaced_pod, pod["metadata"]["name"], namespace, grace_period_seconds=0)
+        assert await watch.wait_for(lambda w: w.history[pod["metadata"]["uid"]].gone_ns is not None and len(w.serving()) == 1, 20)
+        assert watch.errors == [] and int(watch.resource_version) > 1
+    finally:
+        await watch.stop()
+        await api.close()

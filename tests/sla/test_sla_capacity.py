@@ -57,9 +57,9 @@ def test_never_back_fails_once_the_budget_has_passed_and_is_undecided_before(syn
 
 
 def test_a_sample_at_the_old_count_before_the_drop_is_not_a_recovery(synth: Any) -> None:
-    """The watch reports the drop a little after the request: the sample at baseline stamped before the
-    request must not count, nor a late repeat of the old count before the dip is seen."""
-    obs = with_faults(synth.obs(metrics=ready(synth, (0, 3), (9.99, 3), (10.2, 2), (16, 3))), kill(synth, 10))
+    """The watch reports the drop a little after the request; a sample still at the old count stamped
+    after the request (another count changed first) is not a recovery: only a return after the dip is."""
+    obs = with_faults(synth.obs(metrics=ready(synth, (0, 3), (10.01, 3), (10.2, 2), (16, 3))), kill(synth, 10))
     verdict = judge(obs, "capacity", {"within": "5s"})
     assert verdict.status == "fail" and verdict.figure == pytest.approx(6.0)
 
