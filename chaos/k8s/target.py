@@ -190,6 +190,8 @@ class KubernetesTarget(Target):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+            if self.watch is not None:
+                self.watch.record_counts(force=True)  # the series reach the end of the run
             self._sink = None
 
     async def _pod_url(self, pod: dict[str, Any]) -> str | None:

@@ -176,13 +176,18 @@ class PodWatch:
             self._emit(Note(topic="k8s_pod", t=now, data={"event": kind, "namespace": self.namespace, **facts}))
             if kind == "DELETED":
                 self._facts.pop(uid, None)
+        self.record_counts(now)
+        self._changed.set()
+
+    def record_counts(self, now: int | None = None, *, force: bool = False) -> None:
+        """The counts as samples when they changed (or ``force``: e.g. at the end, so a series reaches it)."""
         counts = self.counts()
-        if counts != self._counts:
+        if counts != self._counts or force:
             self._counts = counts
+            t = time.monotonic_ns() if now is None else now
             for series, value in zip(("streamchaos_k8s_pods_ready", "streamchaos_k8s_pods", "streamchaos_k8s_pods_terminating",
                                       "streamchaos_k8s_restarts"), counts, strict=True):
-                self._emit(MetricSample(name=series, labels={"namespace": self.namespace}, value=float(value), t=now))
-        self._changed.set()
+                self._emit(MetricSample(name=series, labels={"namespace": self.namespace}, value=float(value), t=t))
 
     def _emit(self, record: MetricSample | Note) -> None:
         if self.sink is not None:

@@ -52,4 +52,6 @@ async def test_the_shipped_pod_kill_experiment(cluster: ClusterUnderTest, namesp
     # each pod's metrics, labelled by pod: the three first pods and the replacement
     scraped = {m.labels.get("pod") for m in obs.series("vllm:num_requests_running")}
     assert {victim["name"], replacement["name"]} <= scraped and len(scraped) == 4
-    assert any(s.phase == "kill" for s in obs.population()) and (result.out_dir / "report.html").is_file()
+    assert any(s.phase == "kill" for s in obs.population())
+    page = (result.out_dir / "report.html").read_text(encoding="utf-8")
+    assert "series-streamchaos_k8s_pods_ready" in page and "Kubernetes pods: ready (serving) and terminating" in page
