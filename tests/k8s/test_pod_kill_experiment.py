@@ -11,9 +11,10 @@ import pytest
 import yaml
 from clusters import ClusterUnderTest
 
-from chaos.experiment import experiment_from_dict, load_experiment
+from chaos.experiment import load_experiment
 from chaos.k8s.manifests import experiment_rules
 from chaos.runner import run_async
+from chaos.verify import replay
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = "app.kubernetes.io/name=streamchaos-demo"
@@ -28,8 +29,10 @@ async def test_the_shipped_pod_kill_experiment(cluster: ClusterUnderTest, namesp
     shipped = load_experiment(ROOT / "experiments" / "pod-kill.yaml")
     kubeconfig = cluster.runner_kubeconfig(namespace, experiment_rules(shipped, in_cluster=False))
     raw["target"]["kubernetes"].update(namespace=namespace, access="port-forward", kubeconfig=str(kubeconfig))
+    path = tmp_path / "pod-kill.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
     started = time.monotonic()
-    result = await run_async(experiment_from_dict(raw, source="pod-kill"), out_dir=tmp_path / "run", handle_signals=False)
+    result = await run_async(path, out_dir=tmp_path / "run", handle_signals=False)
     took = time.monotonic() - started
     print(f"pod-kill: {result.status}, exit {result.exit_code}, {took:.1f}s wall, {len(result.observations.streams)} streams")
     assert result.status == "completed", result.error
@@ -55,3 +58,7 @@ async def test_the_shipped_pod_kill_experiment(cluster: ClusterUnderTest, namesp
     assert any(s.phase == "kill" for s in obs.population())
     page = (result.out_dir / "report.html").read_text(encoding="utf-8")
     assert "series-streamchaos_k8s_pods_ready" in page and "Kubernetes pods: ready (serving) and terminating" in page
+    # the observations are enough to judge it again offline
+    replayed = replay(load_experiment(result.out_dir / "experiment.yaml"), result.out_dir)
+    again = next(v for v in replayed.verdicts if v.sla == "capacity")
+    assert (again.status, again.figure, again.evidence["disruptions"]) == (capacity.status, capacity.figure, capacity.evidence["disruptions"])
