@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from chaos.errors import ChaosError, FaultUnsupported, SetupFailed
+from chaos.errors import ChaosError, FaultError, FaultUnsupported, SetupFailed
 from chaos.k8s.errors import Call, refusal, unreachable
 from chaos.k8s.pods import selector_text
 
@@ -34,12 +34,12 @@ CONTEXT_ENV = "STREAMCHAOS_KUBE_CONTEXT"
 T = TypeVar("T")
 
 
-def require_client(what: str) -> None:
+def require_client(what: str, error: type[ChaosError] = FaultUnsupported) -> None:
     """Refuse clearly when the optional ``kubernetes`` package is not installed."""
     import importlib.util
 
     if importlib.util.find_spec("kubernetes") is None:
-        raise FaultUnsupported(f"{what} needs the Kubernetes client: pip install 'streamchaos[k8s]' (the kubernetes package)")
+        raise error(f"{what} needs the Kubernetes client: pip install 'streamchaos[k8s]' (the kubernetes package)")
 
 
 def config_source(kubeconfig: str | None, environ: Mapping[str, str] = os.environ) -> Path | None:
@@ -98,7 +98,7 @@ class KubeApi:
 
     @classmethod
     async def connect(cls, kubeconfig: str | None = None, context: str | None = None, *, error: type[ChaosError] = SetupFailed) -> KubeApi:
-        require_client("a Kubernetes target or fault")
+        require_client("a Kubernetes target or fault", FaultUnsupported if issubclass(error, FaultError) else error)
         from kubernetes.aio import client, config
 
         configuration = client.Configuration()

@@ -12,7 +12,9 @@ then make the URL the load uses, by ``access``:
 - ``auto``: ``service`` in a pod (no kubeconfig, a mounted service-account token), else ``port-forward``.
 
 ``target.url`` (or ``--target-url``) overrides the load's URL (an ingress, a gateway); the pods are
-still watched and the ``k8s.*`` faults still act on them. While the run observes, the pods' changes
+still watched and the ``k8s.*`` faults still act on them. The builtin stack's admin API is not used
+through a Kubernetes target (its requests would reach one pod of several): the in-process faults
+(``server.*``, ``kv.pressure`` by reservation) refuse it, as for any target without an admin API. While the run observes, the pods' changes
 are recorded (``chaos.k8s.watch``) and each serving pod's ``/metrics`` is scraped on its own (every
 sample labelled ``pod``, one timestamp per round, so a sum over a timestamp is the whole target).
 """
@@ -119,6 +121,9 @@ class KubernetesTarget(Target):
         if base is None:
             base = await self._access_url(cluster_ip, port_number)
         remote = RemoteTarget(replace(self.spec, url=None), base.rstrip("/") + self.kube.path if not self.url_override else base)
+        # No admin API: its requests would go to whichever pod the connection lands on, so in-process
+        # faults (server.*, kv.pressure by reservation) would act on one pod of several.
+        remote.admin_token = None
         try:
             info = await remote.start()
         except TargetUnreachable:
