@@ -124,12 +124,7 @@ class KubernetesTarget(Target):
         # No admin API: its requests would go to whichever pod the connection lands on, so in-process
         # faults (server.*, kv.pressure by reservation) would act on one pod of several.
         remote.admin_token = None
-        try:
-            info = await remote.start()
-        except TargetUnreachable:
-            if self.relay is not None and isinstance(self.relay.last_error, ChaosError):
-                raise self.relay.last_error from None  # what kept the relay from the pods (a 403 on port-forward, ...)
-            raise
+        info = await self._first_answer(remote, time.monotonic() + self.spec.startup_timeout)
         cluster = ClusterRef(namespace=namespace, selector=tuple(sorted(self.labels.items())), service=kube.service,
                              kubeconfig=str(config_source(kube.kubeconfig) or "") or None, context=kube.context, server=api.server)
         self.info = replace(info, kind="kubernetes", cluster=cluster)
@@ -137,6 +132,24 @@ class KubernetesTarget(Target):
             "namespace": namespace, "service": kube.service, "selector": self.labels, "port": self.pod_port,
             "access": self.access, "url": self.info.base_url, "api_server": api.server, "config": api.source}))
         return self.info
+
+    async def _first_answer(self, remote: RemoteTarget, deadline: float) -> TargetInfo:
+        """``/v1/models`` through the access path, tried until ``deadline``: a pod that just crashed still
+        counts as Ready until its probe fails, so one refused connection says little."""
+        assert self.watch is not None
+        while True:
+            try:
+                return await remote.start()
+            except TargetUnreachable:
+                why = self.relay.last_error if self.relay is not None else None
+                lasting = isinstance(why, ChaosError) and getattr(why, "http_status", None) in (401, 403)
+                left = deadline - time.monotonic()
+                if lasting or left <= 0:
+                    if isinstance(why, ChaosError):
+                        raise why from None  # what kept the relay from the pods (a 403 on port-forward, ...)
+                    raise
+                await asyncio.sleep(min(0.5, left))
+                await self.watch.wait_for(lambda w: bool(w.serving()), max(0.0, deadline - time.monotonic()))
 
     async def _access_url(self, cluster_ip: str | None, port_number: int | None) -> str:
         assert self.api is not None and self.watch is not None

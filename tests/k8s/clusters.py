@@ -216,7 +216,11 @@ async def started_target(cluster: ClusterUnderTest, namespace: str, experiment: 
     kubeconfig = cluster.runner_kubeconfig(namespace, granted, name=f"runner-{secrets.token_hex(3)}")
     kube = replace(experiment.target.kubernetes, kubeconfig=str(kubeconfig), namespace=namespace)
     target = KubernetesTarget(replace(experiment.target, kubernetes=kube), experiment.target.url)
-    await target.start()
+    try:
+        await target.start()
+    except BaseException:
+        await target.stop()  # as the runner's running_target does
+        raise
     return target, RunContext(seed=experiment.seed, target=target.info, run_dir=run_dir or cluster.workdir)
 
 

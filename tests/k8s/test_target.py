@@ -169,3 +169,28 @@ async def test_the_watch_relists_when_its_version_has_expired(cluster: ClusterUn
     finally:
         await watch.stop()
         await api.close()
+
+
+# A pod whose server dies 1.5s after it starts: its container is restarted (restartCount grows).
+CRASHING_POD = ["python", "-c", "import os, sys, threading; threading.Timer(1.5, os._exit, (1,)).start(); "
+                "from chaos.load.mock import main; main(sys.argv[1:])", *MOCK_POD[3:]]
+
+
+async def test_restarts_and_readiness_are_recorded(cluster: ClusterUnderTest, namespace: str) -> None:
+    cluster.deploy(namespace, "web", replicas=1, command=CRASHING_POD)
+    cluster.wait_ready(namespace, "web", 1)
+    target, _ = await started_target(cluster, namespace, kube_experiment(namespace, startup_timeout="20s"))
+    records: list[MetricSample | Note] = []
+    try:
+        async with target.observing(records.append, 0.2):
+            assert await target.watch.wait_for(lambda w: w.counts()[3] >= 1 and w.counts()[0] == 1, 30)
+    finally:
+        await target.stop()
+    pod_notes = [r.data for r in records if isinstance(r, Note) and r.topic == "k8s_pod"]
+    assert [n["restarts"] for n in pod_notes][-1] >= 1
+    readiness = [n["ready"] for n in pod_notes]
+    assert False in readiness[readiness.index(True):]  # Ready, then not (the crash), then Ready again
+    assert readiness[-1] is True
+    restarts = [r.value for r in records if isinstance(r, MetricSample) and r.name == "streamchaos_k8s_restarts"]
+    assert restarts[0] == 0 or restarts[-1] > restarts[0]
+    assert restarts[-1] >= 1
