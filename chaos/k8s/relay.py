@@ -171,7 +171,7 @@ class Relay:
         self._turn = itertools.count()
         self._server: asyncio.Server | None = None
         self._pinned: dict[str, asyncio.Server] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> str:
         """Listen; return ``http://127.0.0.1:PORT``."""
@@ -192,8 +192,8 @@ class Relay:
         for gone in [u for u in self._pinned if u not in self.watch.pods]:
             self._pinned.pop(gone).close()
         if uid not in self._pinned:
-            def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Any:
-                return self._track(self._pinned_to(reader, writer, pod))
+            async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                await self._handled(self._pinned_to(reader, writer, pod))
 
             self._pinned[uid] = await asyncio.start_server(connected, "127.0.0.1", 0)
         return f"http://127.0.0.1:{self._pinned[uid].sockets[0].getsockname()[1]}"
@@ -202,20 +202,28 @@ class Relay:
         servers = [s for s in (self._server, *self._pinned.values()) if s is not None]
         for server in servers:
             server.close()
-        for task in list(self._tasks):
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._pinned.clear()
 
     # -- connections -------------------------------------------------------------------------------------
-    def _track(self, work: Awaitable[None]) -> Any:
-        task = asyncio.ensure_future(work)
+    async def _handled(self, work: Awaitable[None]) -> None:
+        """Run one connection in its own (asyncio's) handler task, tracked so ``close`` can end it; a
+        handler must not end cancelled (asyncio's stream callback would log it as an error)."""
+        task = asyncio.current_task()
+        assert task is not None
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        try:
+            await work
+        except asyncio.CancelledError:
+            pass  # the relay is closing: the connection ends with it
+        finally:
+            self._tasks.discard(task)
 
     async def _balanced(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await self._track(self._carry(reader, writer))
+        await self._handled(self._carry(reader, writer))
 
     async def _carry(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         candidates = self.watch.serving()

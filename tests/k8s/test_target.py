@@ -4,6 +4,7 @@ per pod; refused clearly when the pods are not ready or the account lacks a righ
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import httpx
@@ -194,3 +195,23 @@ async def test_restarts_and_readiness_are_recorded(cluster: ClusterUnderTest, na
     restarts = [r.value for r in records if isinstance(r, MetricSample) and r.name == "streamchaos_k8s_restarts"]
     assert restarts[0] == 0 or restarts[-1] > restarts[0]
     assert restarts[-1] >= 1
+
+
+async def test_stopping_the_target_mid_stream_cuts_it_cleanly(cluster: ClusterUnderTest, namespace: str,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    cluster.deploy(namespace, "web", replicas=1)
+    cluster.wait_ready(namespace, "web", 1)
+    target, _ = await started_target(cluster, namespace, kube_experiment(namespace))
+    got = b""
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        async with httpx.AsyncClient(timeout=20) as client:
+            async with client.stream("POST", target.info.base_url + "/completions",
+                                     json={"model": "mock", "prompt": "x", "max_tokens": 500, "stream": True}) as response:
+                with pytest.raises(httpx.HTTPError):
+                    async for chunk in response.aiter_bytes():
+                        got += chunk
+                        if got.count(b"data:") == 3:
+                            await target.stop()  # the relay closes with the connection in flight
+        await asyncio.sleep(0.2)
+    assert got.count(b"data:") >= 3 and b"[DONE]" not in got
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
