@@ -264,7 +264,8 @@ class _Disruption(Injection):
                         await self._task
                     return {"cancelled": True, "why": f"the phase ended before {self.spec.action} at {self.spec.at:g}s"}
                 try:
-                    evidence.update(await asyncio.wait_for(asyncio.shield(self._task), REVERT_WAIT_S))
+                    async with asyncio.timeout(REVERT_WAIT_S):
+                        evidence.update(await asyncio.shield(self._task))
                 except Exception as exc:  # noqa: BLE001 - the scheduled action failed: the revert reports it
                     evidence["error"] = f"{type(exc).__name__}: {exc}"
                     if isinstance(exc, ChaosError):

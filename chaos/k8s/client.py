@@ -134,7 +134,10 @@ class KubeApi:
         from kubernetes.aio.client.exceptions import ApiException
 
         try:
-            return await asyncio.wait_for(request, CALL_TIMEOUT_S)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation that
+            # arrives as the call completes, and a cancelled watch would then read on for its window
+            async with asyncio.timeout(CALL_TIMEOUT_S):
+                return await request
         except ApiException as exc:
             raise refusal(int(exc.status or 0), exc.body, call, server=self.server, error=self.error) from None
         except (OSError, asyncio.TimeoutError) as exc:
@@ -234,7 +237,8 @@ class KubeApi:
         try:
             connecting = await self._ws_api.connect_get_namespaced_pod_portforward_without_preload_content(
                 pod, namespace, ports=str(port))
-            return await asyncio.wait_for(connecting, CALL_TIMEOUT_S)
+            async with asyncio.timeout(CALL_TIMEOUT_S):
+                return await connecting
         except Exception as exc:  # noqa: BLE001 - a refused upgrade, a dead server, a timeout: each said clearly
             status = getattr(exc, "status", None)
             if isinstance(status, int) and status >= 400:

@@ -71,7 +71,8 @@ class DirectDial:
         ip = (pod.get("status") or {}).get("podIP")
         if not ip:
             raise OSError(f"pod {pod['metadata']['name']} has no IP yet")
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(ip, port), 10.0)
+        async with asyncio.timeout(10.0):
+            reader, writer = await asyncio.open_connection(ip, port)
         return _Tcp(reader, writer)
 
     def url(self, pod: dict[str, Any], port: int) -> str:

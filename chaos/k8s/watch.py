@@ -73,11 +73,18 @@ class PodWatch:
         self._task = asyncio.create_task(self._follow(), name=f"k8s-watch-{self.namespace}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
+        """End the watch; a cancellation a library swallows is delivered again, so this never hangs."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        for _ in range(20):
+            task.cancel()
+            await asyncio.wait({task}, timeout=0.5)
+            if task.done():
+                break
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            if task.done():
+                task.result()
 
     # -- what it knows -----------------------------------------------------------------------------------
     def serving(self) -> list[dict[str, Any]]:
@@ -109,8 +116,9 @@ class PodWatch:
             left = deadline - loop.time()
             if left <= 0:
                 return False
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), left)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await self._changed.wait()
 
     # -- keeping it current ------------------------------------------------------------------------------
     async def _relist(self) -> None:

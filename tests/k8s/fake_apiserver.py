@@ -2,8 +2,9 @@
 
 No real API server can run on the CI machines (no image registry, no Go modules), so the cluster
 code is tested through the official ``kubernetes`` client against this one. It speaks what that
-client and ``kubectl`` expect, as checked against a real kube-apiserver (see
-/work/shared/reference/nvml-k8s.md, "Kubernetes API facts"):
+client and ``kubectl`` expect, as the Kubernetes API reference describes it (404s, 409s on stale
+updates, pod replacement and scaling were compared with a real kube-apiserver 1.36), and
+``test_apiserver_wire.py`` runs the same checks against a real cluster when one is given:
 
 - objects as a real server returns them: ``metadata.uid``, ``resourceVersion`` (a string, one global
   counter), ``creationTimestamp``, ``generation``, ``ownerReferences`` (``controller: true``),

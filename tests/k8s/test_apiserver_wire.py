@@ -1,8 +1,7 @@
 """The API server speaks what the official client expects: objects, Status errors, watch, eviction, scale.
 
 These run against the fake API server, and against a real cluster where ``STREAMCHAOS_TEST_KUBECONFIG``
-names one: they are the evidence that the fake behaves like the real thing where streamchaos relies
-on it (reference/nvml-k8s.md, "Kubernetes API facts").
+names one: they are the evidence that the fake behaves like the real thing where streamchaos relies on it.
 """
 
 from __future__ import annotations

@@ -215,3 +215,29 @@ async def test_stopping_the_target_mid_stream_cuts_it_cleanly(cluster: ClusterUn
         await asyncio.sleep(0.2)
     assert got.count(b"data:") >= 3 and b"[DONE]" not in got
     assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+
+
+async def test_stopping_a_watch_survives_a_swallowed_cancellation() -> None:
+    """Python 3.11's asyncio.wait_for can lose a cancellation that arrives as the awaited call completes
+    (it made a pod watch read on for its 60s window after stop); stop() delivers it again."""
+    from chaos.k8s.watch import PodWatch
+
+    swallowed = asyncio.Event()
+
+    async def a_watch_whose_library_loses_the_first_cancel() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            swallowed.set()  # lost, as the race loses it: the "watch" goes on reading
+        await asyncio.sleep(3600)
+
+    watch = PodWatch(api=None, namespace="demo", labels={"app": "web"})  # type: ignore[arg-type]
+    task = watch._task = asyncio.create_task(a_watch_whose_library_loses_the_first_cancel())
+    await asyncio.sleep(0)
+    stopping = asyncio.create_task(watch.stop())
+    done, _ = await asyncio.wait({stopping}, timeout=20)  # a bound against the hang this is about, not a timing
+    if not done:
+        task.cancel()
+        stopping.cancel()
+    assert stopping in done, "stop() still waits on a watch that lost its cancellation"
+    assert swallowed.is_set() and task.cancelled() and watch._task is None
