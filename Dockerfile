@@ -10,7 +10,7 @@ COPY .ci/constraints.txt .ci/constraints.txt
 COPY chaos chaos
 COPY faults faults
 COPY sla sla
-RUN pip install --no-cache-dir --extra-index-url https://download.pytorch.org/whl/cpu -c .ci/constraints.txt '.[engine]' \
+RUN pip install --no-cache-dir --extra-index-url https://download.pytorch.org/whl/cpu -c .ci/constraints.txt '.[engine,k8s]' \
     && useradd --uid 10001 --create-home streamchaos
 USER 10001
 ENTRYPOINT ["streamchaos"]

@@ -26,10 +26,10 @@ import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from chaos.context import AllowedTargets, Reach
+from chaos.context import AllowedTargets, ClusterRef, Reach
 from chaos.errors import TargetNotAllowed
 
 if TYPE_CHECKING:
@@ -38,7 +38,10 @@ if TYPE_CHECKING:
 __all__ = [
     "HostRule",
     "Requirement",
+    "cluster_reach",
     "enforce",
+    "enforce_cluster",
+    "format_selector",
     "experiment_reach",
     "host_allowed",
     "implies",
@@ -300,10 +303,11 @@ def experiment_reach(experiment: Experiment, target_url: str | None = None, envi
     url = target_url or spec.url
     if url:
         out.append(Reach("target", url=url))
-    # a Kubernetes target (issue 13) names where its pods are; it is a cluster reach like a cluster fault
-    namespace: Any = getattr(spec, "namespace", None)
-    if namespace:
-        out.append(Reach(f"target ({spec.kind})", namespace=str(namespace), selector=getattr(spec, "selector", None) or None))
+    # a Kubernetes target that names its namespace is a cluster reach like a cluster fault; where its
+    # namespace or pods come from the kubeconfig or a Service, ``enforce_cluster`` checks them once resolved
+    kube = spec.kubernetes
+    if kube is not None and kube.namespace and (kube.selector or not kube.service):  # a Service's selector: once resolved
+        out.append(Reach(f"target ({spec.kind})", namespace=kube.namespace, selector=format_selector(kube.selector) or None))
     proxy = experiment.proxy
     if proxy.enabled and proxy.server in ("auto", "external"):
         proxy_url = proxy.url or environ.get("TOXIPROXY_URL")
@@ -312,6 +316,29 @@ def experiment_reach(experiment: Experiment, target_url: str | None = None, envi
     for _, fault in experiment.faults():
         out.extend(fault.reach(experiment))
     return out
+
+
+def format_selector(labels: Iterable[tuple[str, str]] | Mapping[str, str]) -> str:
+    """matchLabels as a selector string: ``app=x,tier=y`` (sorted)."""
+    pairs = labels.items() if isinstance(labels, Mapping) else labels
+    return ",".join(f"{k}={v}" for k, v in sorted(pairs))
+
+
+def cluster_reach(experiment: Experiment, cluster: ClusterRef) -> list[Reach]:
+    """What a Kubernetes run acts on once its target is resolved: the target's pods and each cluster fault's."""
+    out = [Reach(f"target ({experiment.target.kind})", namespace=cluster.namespace, selector=format_selector(cluster.selector) or None)]
+    for _, fault in experiment.faults():
+        out.extend(fault.cluster_reach(cluster))
+    return out
+
+
+def enforce_cluster(experiment: Experiment, cluster: ClusterRef) -> list[Reach]:
+    """``enforce`` for the namespace and pods a Kubernetes target resolved to (before any load or fault)."""
+    reaches = cluster_reach(experiment, cluster)
+    refused = refusals(reaches, experiment.safety.allowed_targets)
+    if refused:
+        raise TargetNotAllowed("refused before any load or fault:\n  " + "\n  ".join(refused))
+    return reaches
 
 
 def enforce(experiment: Experiment, target_url: str | None = None, environ: Mapping[str, str] = os.environ) -> list[Reach]:

@@ -1,4 +1,5 @@
-"""The `streamchaos` command line: run, validate, list, verify, rollback, report, budgets, stack, toxiproxy.
+"""The `streamchaos` command line: run, validate, list, verify, rollback, report, budgets, manifests, stack,
+toxiproxy, shard.
 
 Exit codes (DESIGN.md): 0 every SLA as expected, 1 an SLA failed, 2 invalid experiment or usage,
 3 inconclusive, 4 the run could not be carried out. A user mistake never prints a traceback.
@@ -105,8 +106,15 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_rollback(args: argparse.Namespace) -> int:
+    import os
+
     from chaos.rollback import rollback_run
 
+    # a k8s.scale is restored on the cluster configuration names (never one the journal names)
+    if args.kubeconfig:
+        os.environ["STREAMCHAOS_KUBECONFIG"] = args.kubeconfig
+    if args.kube_context:
+        os.environ["STREAMCHAOS_KUBE_CONTEXT"] = args.kube_context
     done = rollback_run(args.run_dir, allowed_urls=[u for u in (args.target_url, args.toxiproxy_url) if u])
     if not done:
         print(f"{args.run_dir}: nothing to roll back")
@@ -119,6 +127,15 @@ def _cmd_rollback(args: argparse.Namespace) -> int:
         else:
             print(f"rolled back {entry['fault']} ({entry['kind']}): {json.dumps(entry.get('evidence', {}), default=str)}")
     return 4 if failed else 0
+
+
+def _cmd_manifests(args: argparse.Namespace) -> int:
+    from chaos.experiment import load_experiment
+    from chaos.k8s.manifests import render_rbac
+
+    experiment = load_experiment(args.experiment)
+    sys.stdout.write(render_rbac(experiment, name=args.service_account, namespace=args.namespace, in_cluster=not args.outside))
+    return 0
 
 
 def _read_report(run_dir: str | Path) -> dict[str, Any]:
@@ -283,7 +300,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     p.add_argument("--target-url", help="the run's target (its admin API may be contacted); the journal alone is not trusted")
     p.add_argument("--toxiproxy-url", help="the run's Toxiproxy API (also TOXIPROXY_URL); the journal alone is not trusted")
+    p.add_argument("--kubeconfig", help="the run's cluster, for k8s.scale (also STREAMCHAOS_KUBECONFIG, KUBECONFIG)")
+    p.add_argument("--kube-context", help="the kubeconfig context of the run's cluster (also STREAMCHAOS_KUBE_CONTEXT)")
     p.set_defaults(fn=_cmd_rollback)
+    p = sub.add_parser("manifests", help="`manifests rbac EXPERIMENT`: the ServiceAccount, Role and RoleBinding an experiment needs")
+    p.add_argument("what", choices=["rbac"])
+    p.add_argument("experiment", help="experiment YAML file")
+    p.add_argument("--service-account", default="streamchaos", help="the name of the ServiceAccount, Role and RoleBinding")
+    p.add_argument("--namespace", help="put them in this namespace (default: the target's, if the experiment names one)")
+    p.add_argument("--outside", action="store_true",
+                   help="the runner runs outside the cluster (access: auto means port-forward, not the Service)")
+    p.set_defaults(fn=_cmd_manifests)
     p = sub.add_parser("report", help="print a finished run's report; compare two runs; a history page over many")
     p.add_argument("run_dir", nargs="?")
     p.add_argument("--as", dest="as_", choices=["verdicts", "vllm-bench"], default="verdicts",

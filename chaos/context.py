@@ -5,7 +5,7 @@ runner can all speak these types without importing each other: a load worker pro
 unpickles a ``ClientRule`` loads this module and ``chaos.load``, never ``faults``.
 
 - ``TargetInfo`` / ``ProxyInfo``: the system under test and the Toxiproxy in front of it, as the
-  runner brought them up.
+  runner brought them up; ``ClusterRef``: where a Kubernetes target's pods are (for ``k8s.*`` faults).
 - ``SafetySpec``: the experiment's bounds (durations, GPU clock changes allowed or not, and
   ``AllowedTargets``: where beyond this host's loopback a run may act); ``Reach``: one thing a run
   or a fault acts on, as ``chaos.allowlist`` checks it.
@@ -30,6 +30,7 @@ __all__ = [
     "AllowedTargets",
     "BackgroundLoad",
     "ClientPlan",
+    "ClusterRef",
     "ClientPolicy",
     "ClientRule",
     "FaultAccount",
@@ -41,6 +42,23 @@ __all__ = [
     "Scene",
     "TargetInfo",
 ]
+
+
+@dataclass(frozen=True)
+class ClusterRef:
+    """Where a Kubernetes target lives: its namespace, the labels of its pods, and how to reach the
+    API server (a kubeconfig file and context from configuration; None: the usual lookup)."""
+
+    namespace: str
+    selector: tuple[tuple[str, str], ...]  # matchLabels of the target's pods
+    service: str | None = None
+    kubeconfig: str | None = None
+    context: str | None = None
+    server: str = ""  # the API server URL configuration resolved (journaled, compared by rollback)
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return dict(self.selector)
 
 
 @dataclass(frozen=True)
@@ -56,6 +74,7 @@ class TargetInfo:
     device: str = "cpu"  # where the engine runs: cpu | cuda:N
     model: str = ""
     container_id: str | None = None  # docker: the container the runner started (container faults act on it)
+    cluster: ClusterRef | None = None  # kubernetes targets: the pods behind base_url
 
 
 @dataclass(frozen=True)

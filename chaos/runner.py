@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from chaos.allowlist import enforce as enforce_allowed_targets
-from chaos.context import ClientPolicy, ProxyInfo, RunContext, TargetInfo
+from chaos.allowlist import enforce_cluster
+from chaos.context import ClientPolicy, ProxyInfo, Reach, RunContext, TargetInfo
 from chaos.credentials import Credentials
 from chaos.credentials import resolve as resolve_credentials
 from chaos.errors import ChaosError, FaultError, FaultRevertFailed
@@ -38,7 +39,6 @@ from chaos.load import LoadDriver, LoadTarget, running_load
 from chaos.observations import FaultEvent, Note, Observations, PhaseWindow
 from chaos.preflight import learn_engine
 from chaos.report import ReportWriter
-from chaos.scraper import MetricScraper
 from chaos.targets import BuiltinStack, Target, running_target, target_facts
 from chaos.telemetry import gpu_telemetry
 from chaos.watchdog import WatchdogHandle, watchdog
@@ -241,7 +241,7 @@ class Runner:
         # the blast-radius limit, before anything is started or contacted (TargetNotAllowed, exit 2)
         checked = enforce_allowed_targets(exp, target_url=self.target_url)
         if checked:
-            self._note("allowed_targets", {"checked": [{k: v for k, v in vars(r).items() if v is not None} for r in checked]})
+            self._note("allowed_targets", {"checked": [_reach_facts(r) for r in checked]})
         remote = self.target_url or exp.target.url
         self._stage("target", f"reaching target {remote} (remote)" if remote else f"starting target ({exp.target.kind})")
         target_spec = replace(exp.target, api_key=creds.api_key)  # the resolved key, never written anywhere
@@ -250,6 +250,8 @@ class Runner:
             target_spec, target_url=self.target_url, run_dir=self.out_dir, seed=exp.seed, run_id=self.journal.run_id,
             record=self.journal.resource))
         self._note("target", {**target_facts(target.info), "credentials": creds.describe()})
+        if target.info.cluster is not None:  # the namespace and pods a Kubernetes target resolved to: allowed?
+            self._note("allowed_targets", {"cluster": [_reach_facts(r) for r in enforce_cluster(exp, target.info.cluster)]})
         model = exp.load.model or target.info.model
         self._stage("preflight", "detecting the engine and sending the load's request once")
         started = time.monotonic()
@@ -282,9 +284,9 @@ class Runner:
         self.injections = {fault.name: fault.activate(ctx) for _, fault in exp.faults()}
         if target.outlives_runner or any(injection.outlives_runner for injection in self.injections.values()):
             self.watchdogs.append(await resources.enter_async_context(watchdog(
-                self.out_dir, self._run_id(), exp.safety.max_duration, self._contacted_urls(target.info), target.info.admin_token)))
-        await resources.enter_async_context(MetricScraper(target.info.metrics_url, exp.safety.scrape_interval, emit,
-                                                          headers=creds.metrics_headers()))
+                self.out_dir, self._run_id(), exp.safety.max_duration, self._contacted_urls(target.info), target.info.admin_token,
+                extra_env=target.watchdog_env())))
+        await resources.enter_async_context(target.observing(emit, exp.safety.scrape_interval, headers=creds.metrics_headers()))
         await resources.enter_async_context(gpu_telemetry(emit))
         return ctx
 
@@ -462,6 +464,10 @@ async def _finish(work: Any, timeout: float) -> tuple[asyncio.Future[Any], bool]
         except asyncio.CancelledError:
             cancelled = True
     return task, cancelled
+
+
+def _reach_facts(reach: Reach) -> dict[str, Any]:
+    return {k: v for k, v in vars(reach).items() if v is not None}
 
 
 def exit_code_for(verdicts: list[Verdict]) -> int:

@@ -21,6 +21,7 @@ import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,8 @@ import httpx
 from chaos.children import spawn
 from chaos.context import TargetInfo
 from chaos.errors import ExperimentInvalid, SetupFailed, TargetUnreachable
+from chaos.observations import MetricSample, Note
+from chaos.scraper import MetricScraper
 from chaos.stack.admin_client import recognise
 from chaos.stack.process import StackProcess
 from chaos.stack.serve import ADMIN_TOKEN_ENV, ServeUsageError, read_token_file
@@ -107,6 +110,17 @@ class Target:
 
     async def restart(self) -> None:
         raise SetupFailed(f"target {self.info.kind} cannot be restarted by streamchaos")
+
+    def observing(self, sink: Callable[[MetricSample | Note], None], interval: float,
+                  headers: Mapping[str, str] | None = None) -> AbstractAsyncContextManager[Any]:
+        """What the run records about the target while it runs: its ``/metrics`` scraped every ``interval``
+        with ``headers`` (the metrics credentials); a Kubernetes target also records its pods and
+        scrapes each of them."""
+        return MetricScraper(self.info.metrics_url, interval, sink, headers=headers)
+
+    def watchdog_env(self) -> dict[str, str]:
+        """Environment a watchdog's rollback needs to reach this target (configuration, never the journal)."""
+        return {}
 
 
 class BuiltinStack(Target):
@@ -291,6 +305,10 @@ def start_target(spec: TargetSpec, *, target_url: str | None, run_dir: Path, see
                  record: ResourceRecorder | None = None) -> Target:
     """The target the experiment names; ``target_url`` (the CLI's --target-url) makes it remote."""
     url = target_url or spec.url
+    if spec.kind == "kubernetes" and spec.kubernetes is not None:  # a URL only overrides where the load goes
+        from chaos.k8s.target import KubernetesTarget
+
+        return KubernetesTarget(spec, url)
     if url:
         return RemoteTarget(spec, url)
     if spec.kind == "builtin":

@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
 
 __all__ = ["WatchdogHandle", "main", "watchdog"]
@@ -91,12 +91,13 @@ class WatchdogHandle:
 
 @contextlib.asynccontextmanager
 async def watchdog(run_dir: Path, run_id: str, max_duration: float, allowed_urls: Iterable[str],
-                   admin_token: str | None = None) -> AsyncIterator[WatchdogHandle]:
+                   admin_token: str | None = None, extra_env: Mapping[str, str] | None = None) -> AsyncIterator[WatchdogHandle]:
     """While entered: a watchdog process in its own session, and a task renewing its lease.
 
     On exit the lease renewal stops; the watchdog itself stands down when the journal's ``end``
     record appears (the runner writes it after every revert), or rolls back if it never does. The
-    target's admin token reaches it through its environment, never its command line.
+    target's admin token reaches it through its environment, never its command line; so does
+    ``extra_env`` (a Kubernetes target's kubeconfig and context).
     """
     import asyncio
 
@@ -107,7 +108,7 @@ async def watchdog(run_dir: Path, run_id: str, max_duration: float, allowed_urls
     for url in allowed_urls:
         command += ["--allow-url", url]
     with open(run_dir / "watchdog.log", "ab") as log:
-        env = dict(os.environ)
+        env = {**os.environ, **(extra_env or {})}
         if admin_token:
             env["STREAMCHAOS_ADMIN_TOKEN"] = admin_token
         process = subprocess.Popen(

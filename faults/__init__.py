@@ -5,7 +5,7 @@ One module per family; a new family is one module plus one name in the import be
 
 from __future__ import annotations
 
-from faults import client, docker, gpu, kv, network, process, server  # noqa: F401  (each registers its kinds)
+from faults import client, docker, gpu, k8s, kv, network, process, server  # noqa: F401  (each registers its kinds)
 from faults.base import REGISTRY, Fault, Injection, register
 
 __all__ = ["REGISTRY", "Fault", "Injection", "register"]

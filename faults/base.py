@@ -24,12 +24,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
 
-from chaos.context import FaultAccount, Reach, RunContext, Scene
+from chaos.context import ClusterRef, FaultAccount, Reach, RunContext, Scene
 from chaos.errors import ExperimentInvalid
 from chaos.params import Schema
 
 if TYPE_CHECKING:
     from chaos.experiment.model import Experiment
+    from chaos.k8s.rbac import Rule
 
 __all__ = ["REGISTRY", "Fault", "Injection", "register"]
 
@@ -41,6 +42,7 @@ class Fault(ABC):
     kind: ClassVar[str]
     summary: ClassVar[str]
     schema: ClassVar[Schema] = Schema()
+    rbac_rules: ClassVar[tuple[Rule, ...]] = ()  # what it calls on the Kubernetes API (`streamchaos manifests rbac`)
 
     name: str
 
@@ -69,6 +71,11 @@ class Fault(ABC):
     def reach(self, experiment: Experiment) -> tuple[Reach, ...]:
         """What this fault acts on beyond the run's own target and proxy (a Kubernetes namespace and
         selector, another host), for ``safety.allowed_targets``; checked before anything starts."""
+        return ()
+
+    def cluster_reach(self, cluster: ClusterRef) -> tuple[Reach, ...]:
+        """What this fault acts on in a Kubernetes target's cluster, once the target is resolved (a
+        namespace and a pod selector), for ``safety.allowed_targets``; checked before any fault acts."""
         return ()
 
     def describe(self, scene: Scene) -> FaultAccount:

@@ -12,6 +12,7 @@ from chaos.errors import ExperimentInvalid
 from chaos.observations import Observations
 from chaos.params import suggest
 from sla import (  # noqa: F401  (registers)
+    capacity,
     early_close,
     errors,
     fluidity,

@@ -282,16 +282,27 @@ def _judge_point(
     deadline = t + int(within * NS)
     entry: dict[str, Any] = {"kind": kind, "t_s": rel_s(obs, t), "next_load_s": rel_s(obs, next_start)}
     checks: list[_Check] = []
+    gone: list[dict[str, str]] = []
     for name, (samples, allowed) in per_series.items():
         groups = _by_labels(samples)
+        judged = dict(baselines[name])
+        # A label set with no sample from the check point on, while others still have some, belongs to a
+        # source that is gone (a deleted pod, whose blocks went with its process): it cannot leak, and
+        # nothing can be observed of it. Without any sample left at all, the point stays unobserved.
+        observed = {labels for labels in judged if any(m.t >= t and (next_start is None or m.t < next_start) for m in groups[labels])}
+        if observed:
+            gone += [dict(labels) for labels in judged if labels not in observed and dict(labels) not in gone]
+            judged = {labels: base for labels, base in judged.items() if labels in observed}
         worst = _worst(
             [
                 _check_one(groups[labels], base + allowed, t, deadline, next_start, base, labels)
-                for labels, base in baselines[name].items()
+                for labels, base in judged.items()
             ]
         )
         entry[name] = worst.as_evidence()
         checks.append(worst)
+    if gone:
+        entry["series_gone"] = gone[:MAX_IDS]
     quiet_after_deadline = [
         i for nt, ids in leak_notes if nt >= deadline and (next_start is None or nt < next_start) for i in ids
     ]

@@ -79,6 +79,14 @@ def _pod_template(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 WORKLOADS = [(f, i, d) for f, i, d in OBJECTS if d["kind"] in WORKLOAD_KINDS]
+POD_KILL_JOB = "streamchaos-pod-kill"
+# The pods that run an experiment: (kind, name, ConfigMap, key, --out).
+RUNNERS = (
+    ("CronJob", "streamchaos-gameday", "streamchaos-experiments", "gameday.yaml", "/runs/gameday"),
+    ("Job", GPU_JOB, "streamchaos-gpu-experiment", "gpu-throttle.yaml", "/runs/gpu"),
+    ("Job", POD_KILL_JOB, "streamchaos-pod-kill", "pod-kill.yaml", "/runs/pod-kill"),
+    ("Job", "streamchaos-sharded-gameday", "streamchaos-sharded-experiment", "sharded-gameday.yaml", "/runs/sharded"),
+)
 
 
 def _experiments() -> dict[str, tuple[str, str]]:
@@ -105,7 +113,8 @@ def _parse(key: str) -> Experiment:
 
 def test_the_manifests_are_there() -> None:
     names = {p.name for p in MANIFESTS.glob("*.yaml")}
-    assert {"rbac.yaml", "toxiproxy.yaml", "gameday-configmap.yaml", "cronjob.yaml", "gpu-throttle-job.yaml", "load-shards.yaml"} <= names
+    assert {"rbac.yaml", "toxiproxy.yaml", "gameday-configmap.yaml", "cronjob.yaml", "gpu-throttle-job.yaml", "load-shards.yaml",
+            "demo-stack.yaml", "pod-kill-job.yaml"} <= names
     assert (MANIFESTS / "README.md").is_file()
 
 
@@ -150,7 +159,8 @@ def test_everything_is_namespace_scoped_and_unpinned() -> None:
 
 def test_every_embedded_experiment_parses() -> None:
     assert set(_experiments()) == {"streamchaos-experiments/gameday.yaml", "streamchaos-gpu-experiment/gpu-throttle.yaml",
-                                   "streamchaos-sharded-experiment/sharded-gameday.yaml"}
+                                   "streamchaos-sharded-experiment/sharded-gameday.yaml",
+                                   "streamchaos-pod-kill/pod-kill.yaml"}
     for key in _experiments():
         _parse(key)
 
@@ -186,11 +196,7 @@ def test_only_the_gpu_job_may_change_gpu_clocks() -> None:
 
 
 def test_the_pods_run_the_experiments_their_configmaps_hold() -> None:
-    for kind, name, configmap, key, out in (
-        ("CronJob", "streamchaos-gameday", "streamchaos-experiments", "gameday.yaml", "/runs/gameday"),
-        ("Job", GPU_JOB, "streamchaos-gpu-experiment", "gpu-throttle.yaml", "/runs/gpu"),
-        ("Job", "streamchaos-sharded-gameday", "streamchaos-sharded-experiment", "sharded-gameday.yaml", "/runs/sharded"),
-    ):
+    for kind, name, configmap, key, out in RUNNERS:
         pod = _pod_template(_one(kind, name))["spec"]
         (container,) = pod["containers"]
         command = " ".join(container.get("command", []) + container.get("args", []))
@@ -319,19 +325,44 @@ def test_the_wiring_between_objects_holds() -> None:
     assert gpu_labels["app.kubernetes.io/name"] != "streamchaos"  # the privileged pod is not
 
 
+def test_the_pod_kill_game_day_targets_the_demo_stack() -> None:
+    """experiments/pod-kill.yaml and its in-cluster copy target the demo Deployment, through a Service
+    port that exists, with a budget that a delete ignores and an eviction would honour."""
+    from chaos.experiment import load_experiment
+
+    shipped = load_experiment(MANIFESTS.parent / "experiments" / "pod-kill.yaml")
+    embedded = _parse("streamchaos-pod-kill/pod-kill.yaml")
+    assert embedded.target.kubernetes.namespace is None and shipped.target.kubernetes.namespace == "streamchaos-demo"
+    for e in (shipped, embedded):
+        assert (e.target.kind, e.target.kubernetes.service, e.target.kubernetes.port) == ("kubernetes", "streamchaos-demo", "http")
+        assert [f.kind for f in e.phase("kill").faults] == ["k8s.pod_kill"] and e.phase("kill").faults[0].params["grace_period"] == 0
+    # the in-cluster copy is the shipped experiment but for the namespace
+    assert [(p.name, p.duration, p.faults) for p in embedded.phases] == [(p.name, p.duration, p.faults) for p in shipped.phases]
+    assert embedded.sla == shipped.sla and embedded.load == shipped.load
+    assert _parse("streamchaos-pod-kill/pod-kill.yaml").safety.max_duration < _one("Job", POD_KILL_JOB)["spec"]["activeDeadlineSeconds"]
+
+    deployment, service, budget = (_one(kind, "streamchaos-demo") for kind in ("Deployment", "Service", "PodDisruptionBudget"))
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert service["spec"]["selector"].items() <= labels.items() and budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (port,) = service["spec"]["ports"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert port["name"] == "http" and port["targetPort"] in {p["name"] for p in container["ports"]}
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert deployment["spec"]["replicas"] == 3 and budget["spec"]["maxUnavailable"] == 1
+
+
 # -- least privilege -------------------------------------------------------------------------------------------
 
 
-# What the shipped code calls on the Kubernetes API, as (apiGroup, resource, verb). Empty: no fault,
-# target or runner step talks to the API (network faults use Toxiproxy's HTTP API; the target is a
-# Service URL). A k8s.* fault that ships adds its calls here, and rbac.yaml must then grant exactly them.
-USED_BY_SHIPPED_CODE: set[tuple[str, str, str]] = set()
 _PACKAGES = ("chaos", "faults", "sla")
 _KUBERNETES_CLIENTS = ("import kubernetes", "from kubernetes", "kubectl", "import kr8s", "from kr8s", "lightkube")
+# The rooms whose Kubernetes API calls are declared as rules (chaos.k8s.rbac.target_rules, Fault.rbac_rules),
+# from which `streamchaos manifests rbac` generates every Role. A caller elsewhere would be undeclared.
+DECLARED_CALLERS = ("chaos/k8s/", "faults/k8s.py")
 
 
-def test_no_shipped_module_calls_the_kubernetes_api_undeclared() -> None:
-    """The premise of the empty grant list: if this fails, declare the new calls in USED_BY_SHIPPED_CODE."""
+def test_only_modules_whose_calls_are_declared_use_a_kubernetes_client() -> None:
     root = MANIFESTS.parent
     callers = sorted(
         str(path.relative_to(root))
@@ -339,41 +370,80 @@ def test_no_shipped_module_calls_the_kubernetes_api_undeclared() -> None:
         for path in (root / package).rglob("*.py")
         if any(client in path.read_text(encoding="utf-8") for client in _KUBERNETES_CLIENTS)
     )
-    assert callers == [] or USED_BY_SHIPPED_CODE, f"these call the Kubernetes API with no grant declared: {callers}"
+    assert callers and all(c.startswith(DECLARED_CALLERS) for c in callers), callers
 
 
-def _granted() -> set[tuple[str, str, str]]:
-    granted: set[tuple[str, str, str]] = set()
-    for _, _, doc in OBJECTS:
-        if doc["kind"] in ("Role", "ClusterRole"):
-            for rule in doc.get("rules") or []:
-                granted |= {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
-    return granted
+def _runner_experiments() -> dict[str, tuple[str, Experiment]]:
+    """The ServiceAccount each experiment-running pod uses ("default" when none) and its experiment, by workload name."""
+    out = {}
+    for kind, name, configmap, key, _ in RUNNERS:
+        spec = _pod_template(_one(kind, name))["spec"]
+        out[name] = (spec.get("serviceAccountName", "default"), _parse(f"{configmap}/{key}"))
+    return out
 
 
-def test_rbac_grants_exactly_what_the_shipped_code_uses() -> None:
+def _rules(role: dict[str, Any]) -> list[tuple[str, str, tuple[str, ...]]]:
+    return [(g, r, tuple(rule["verbs"])) for rule in role.get("rules") or [] for g in rule["apiGroups"] for r in rule["resources"]]
+
+
+def test_each_role_is_what_the_generator_makes_for_the_experiment_its_account_runs() -> None:
+    """RBAC grants exactly what the shipped code calls for the experiment that runs with it: each Role in
+    these files equals `streamchaos manifests rbac` for that experiment, rule for rule, and no Role is
+    left over. (tests/k8s run every fault with exactly these generated rules against an API server that
+    enforces them, so they are also enough.)"""
+    from chaos.k8s.manifests import rbac_documents
+
+    roles = {d["metadata"]["name"]: d for _, _, d in OBJECTS if d["kind"] == "Role"}
+    bindings = {d["metadata"]["name"]: d for _, _, d in OBJECTS if d["kind"] == "RoleBinding"}
+    accounts = {d["metadata"]["name"] for _, _, d in OBJECTS if d["kind"] == "ServiceAccount"}
+    expected_roles = set()
+    for workload, (account, experiment) in _runner_experiments().items():
+        generated = {d["kind"]: d for d in rbac_documents(experiment, name=account, in_cluster=True)}
+        if "Role" not in generated:
+            assert account not in roles, f"{workload}: its experiment calls no Kubernetes API, yet Role {account} grants {roles[account]}"
+            continue
+        assert account in accounts, f"{workload} runs as {account}, which these files do not create"
+        assert _rules(roles[account]) == _rules(generated["Role"]), f"{workload}: Role {account} differs from the generated one"
+        binding = bindings[account]
+        assert binding["roleRef"] == generated["RoleBinding"]["roleRef"]
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account}]
+        expected_roles.add(account)
+    assert set(roles) == expected_roles, f"Roles no experiment needs: {set(roles) - expected_roles}"
+    assert set(bindings) == expected_roles
     kinds = {d["kind"] for _, _, d in OBJECTS}
     assert not {"ClusterRole", "ClusterRoleBinding"} & kinds, "nothing here is cluster-wide"
-    assert _granted() == USED_BY_SHIPPED_CODE, f"granted but unused: {_granted() - USED_BY_SHIPPED_CODE}"
-    if not USED_BY_SHIPPED_CODE:
-        assert not {"Role", "RoleBinding"} & kinds, "a Role or binding with nothing to grant is a place to widen later"
     for _, _, doc in OBJECTS:
         for rule in doc.get("rules") or []:
             assert set(rule) <= {"apiGroups", "resources", "verbs"}, f"unexpected rule keys: {rule}"
             for field in ("apiGroups", "resources", "verbs"):
                 assert all("*" not in value for value in rule[field]), f"wildcard in {field}: {rule}"
             assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
+            assert not {"secrets", "pods/exec"} & set(rule["resources"]), rule
+
+
+def test_the_pod_kill_role_grants_a_delete_and_the_game_day_account_nothing() -> None:
+    """Guards the comparison above against a generator that returned nothing for everyone."""
+    roles = {d["metadata"]["name"]: d for _, _, d in OBJECTS if d["kind"] == "Role"}
+    assert ("", "pods", ("delete", "get", "list", "watch")) in _rules(roles["streamchaos-pod-kill"])
+    assert "streamchaos" not in roles
 
 
 def test_service_account_tokens_are_mounted_only_where_needed() -> None:
-    assert _one("ServiceAccount", "streamchaos")["automountServiceAccountToken"] is False
+    from chaos.k8s.manifests import experiment_rules
+
+    for _, _, doc in OBJECTS:
+        if doc["kind"] == "ServiceAccount":
+            assert doc["automountServiceAccountToken"] is False, doc["metadata"]["name"]
+    runners = _runner_experiments()
     for name, _, doc in WORKLOADS:
         spec = _pod_template(doc)["spec"]
-        # a token is needed only where the shipped code calls the API: nowhere, today
-        wants_token = bool(USED_BY_SHIPPED_CODE) and doc["kind"] == "CronJob" and doc["metadata"]["name"] == "streamchaos-gameday"
-        assert spec.get("automountServiceAccountToken") is wants_token, f"{name}: {doc['kind']}/{doc['metadata']['name']}"
-        if doc["metadata"]["name"] != "streamchaos-gameday":
-            assert "serviceAccountName" not in spec, f"{name}: only the game-day runner uses the streamchaos account"
+        workload = doc["metadata"]["name"]
+        # a token only in a pod whose experiment calls the Kubernetes API
+        wants_token = workload in runners and bool(experiment_rules(runners[workload][1], in_cluster=True))
+        assert spec.get("automountServiceAccountToken") is wants_token, f"{name}: {doc['kind']}/{workload}"
+        if workload not in runners or workload == GPU_JOB:
+            assert "serviceAccountName" not in spec, f"{name}: only the game-day runners use a streamchaos account"
+    assert runners[POD_KILL_JOB][0] == "streamchaos-pod-kill" and runners["streamchaos-gameday"][0] == "streamchaos"
 
 
 def _privileges(doc: dict[str, Any]) -> list[str]:

@@ -25,6 +25,7 @@ from .model import (
     PROMPT_CLASSES,
     Experiment,
     FrozenMap,
+    KubernetesSpec,
     LoadSpec,
     PhaseSpec,
     AllowedTargets,
@@ -48,6 +49,13 @@ _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 _PROXY_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _METRICS_AUTH = re.compile(r"api_key|none|env:[A-Za-z_][A-Za-z0-9_]*|file:.+")
+# Kubernetes names (k8s.io/apimachinery validation): a namespace is an RFC 1123 label, a Service an
+# RFC 1035 label, a port name an IANA service name; label keys may carry a DNS-subdomain prefix.
+_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+_PORT_NAME = re.compile(r"(?=.{1,15}$)(?=.*[a-z])[a-z0-9]+(-[a-z0-9]+)*")
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_LABEL_PREFIX = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 def load_experiment(path: str | os.PathLike[str]) -> Experiment:
@@ -256,7 +264,69 @@ def _target(ctx: _Context, raw: object) -> TargetSpec:
     if isinstance(auth, str) and not _METRICS_AUTH.fullmatch(auth):
         _reject(ctx, values, path, "metrics_auth", "expected api_key (the target's key), none, env:NAME (a variable holding "
                 f"a bearer token) or file:PATH (a file holding one), found {auth!r}")
-    return TargetSpec(**_fields(values, TargetSpec))
+    kind = values.get("kind", "builtin")
+    kube: KubernetesSpec | None = None
+    if isinstance(values.get("kubernetes"), dict):
+        if kind != "kubernetes":
+            ctx.add(path + ("kubernetes",), f"target.kubernetes describes the pods of a kind: kubernetes target; "
+                    f"this target is kind {kind!r}", at="key")
+        else:
+            kube = _kubernetes(ctx, values["kubernetes"], path + ("kubernetes",))
+    elif kind == "kubernetes" and not values.get("url"):
+        ctx.add(path, "kind kubernetes needs a kubernetes section {namespace, service or selector} (or a url to reach it by)")
+    return TargetSpec(**_fields(values, TargetSpec, skip=("kubernetes",)), kubernetes=kube)
+
+
+def _label_key(key: str) -> bool:
+    prefix, _, name = key.rpartition("/")
+    return bool(_LABEL_NAME.fullmatch(name)) and (not prefix or bool(_LABEL_PREFIX.fullmatch(prefix)))
+
+
+def _kubernetes(ctx: _Context, raw: dict[str, Any], path: KeyPath) -> KubernetesSpec | None:
+    """``target.kubernetes``: names checked as the API server would, so a typo fails here, not mid-run."""
+    n = len(ctx.found)
+    values = _parse(ctx, raw, path, sections.KUBERNETES, extra=("port",))
+    namespace = values.get("namespace")
+    if isinstance(namespace, str) and not _DNS1123_LABEL.fullmatch(namespace):
+        _reject(ctx, values, path, "namespace", f"expected a namespace name (lowercase letters, digits and '-', at most 63), "
+                f"found {namespace!r}")
+    service = values.get("service")
+    if isinstance(service, str) and not _DNS1035_LABEL.fullmatch(service):
+        _reject(ctx, values, path, "service", f"expected a Service name (lowercase letters, digits and '-', starting with a "
+                f"letter, at most 63), found {service!r}")
+    selector: list[tuple[str, str]] = []
+    raw_selector = values.get("selector")
+    if isinstance(raw_selector, dict):
+        if not raw_selector:
+            ctx.add(path + ("selector",), "an empty selector would match every pod of the namespace; name at least one label")
+        for key, value in raw_selector.items():
+            if not isinstance(key, str) or not _label_key(key):
+                ctx.add(path + ("selector", str(key)), f"expected a label key such as app or app.kubernetes.io/name, found {key!r}",
+                        at="key")
+            elif not isinstance(value, str) or (value and not _LABEL_NAME.fullmatch(value)):
+                ctx.add(path + ("selector", key), f"expected a label value (letters, digits, '-', '_', '.', at most 63; quote "
+                        f"numbers and booleans), found {value!r}")
+            else:
+                selector.append((key, value))
+    port = raw.get("port")
+    if port is not None:
+        if isinstance(port, bool) or not isinstance(port, (int, str)) or (isinstance(port, int) and not 1 <= port <= 65535) \
+                or (isinstance(port, str) and not _PORT_NAME.fullmatch(port)):
+            ctx.add(path + ("port",), f"expected a port number (1-65535) or a port name such as http, found {port!r}")
+            port = None
+    if "service" not in raw and "selector" not in raw:
+        ctx.add(path, "give service (its selector and port find the pods) or selector (pod labels, with port)")
+    elif "service" not in raw and "port" not in raw:
+        ctx.add(path, "with a selector and no service, give port: the container port (number or name) the pods serve on")
+    kubeconfig = values.get("kubeconfig")
+    if isinstance(kubeconfig, str) and not Path(os.path.expanduser(kubeconfig)).is_file():
+        _reject(ctx, values, path, "kubeconfig", f"no kubeconfig file at {kubeconfig!r}")
+    api_path = values.get("path")
+    if isinstance(api_path, str) and not api_path.startswith("/"):
+        _reject(ctx, values, path, "path", f"expected an absolute path such as /v1, found {api_path!r}")
+    if len(ctx.found) > n:
+        return None
+    return KubernetesSpec(**_fields(values, KubernetesSpec, skip=("selector", "port")), selector=tuple(sorted(selector)), port=port)
 
 
 def _container_keys(ctx: _Context, data: dict[str, Any], values: dict[str, Any], path: KeyPath) -> None:

@@ -16,6 +16,7 @@ __all__ = [
     "AllowedTargets",
     "Experiment",
     "FrozenMap",
+    "KubernetesSpec",
     "LoadSpec",
     "PhaseSpec",
     "PromptSpec",
@@ -61,6 +62,20 @@ class FrozenMap(Mapping[str, Any]):
 
 
 @dataclass(frozen=True)
+class KubernetesSpec:
+    """``target.kubernetes``: the pods that serve the target, and how the load reaches them."""
+
+    namespace: str | None = None  # default: the kubeconfig context's, the pod's own in a cluster, else default
+    service: str | None = None  # its selector and port name the pods; or give selector (and port)
+    selector: tuple[tuple[str, str], ...] = ()  # matchLabels, sorted by key
+    port: int | str | None = None  # Service port (name or number); with a selector only, the container port
+    access: str = "auto"  # auto | service | endpoints | port-forward
+    kubeconfig: str | None = None  # default: $KUBECONFIG, ~/.kube/config, then the pod's service account
+    context: str | None = None  # kubeconfig context; default: its current-context
+    path: str = "/v1"  # the OpenAI API root on the pods
+
+
+@dataclass(frozen=True)
 class TargetSpec:
     """The system under test: the builtin stack, a server reached by URL, or a container streamchaos starts."""
 
@@ -89,6 +104,7 @@ class TargetSpec:
     port: int | None = None  # where the server listens in the container; image default 8000, builtin: a free one
     volumes: tuple[str, ...] = ()  # HOST:CONTAINER[:ro|rw]
     gpus: str | None = None  # all | N | device=0,1 (as `docker run --gpus`)
+    kubernetes: KubernetesSpec | None = None  # kind kubernetes: where the pods are
 
 
 @dataclass(frozen=True)

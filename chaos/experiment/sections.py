@@ -11,6 +11,8 @@ __all__ = [
     "ALLOWED_TARGETS",
     "DOCKER_KEYS",
     "FAULT_ENTRY_KEYS",
+    "KUBERNETES",
+    "KUBERNETES_ACCESS",
     "LOAD",
     "PHASE",
     "PROMPTS",
@@ -63,6 +65,22 @@ TARGET = Schema((
     Param("port", "int", None, min=1, max=65535, doc="docker: the port the server listens on in the container (image default 8000)"),
     Param("volumes", "str_list", (), doc="docker: bind mounts HOST:CONTAINER[:ro|rw]"),
     Param("gpus", "str", None, doc="docker: GPUs as `docker run --gpus`: all, a count, or device=0,1"),
+    Param("kubernetes", "mapping", None, doc="kind kubernetes: {namespace, service or selector, port, access, kubeconfig, context}"),
+))
+
+KUBERNETES_ACCESS = ("auto", "service", "endpoints", "port-forward")
+
+# `port` (a number or a port name) is parsed by the loader itself.
+KUBERNETES = Schema((
+    Param("namespace", "str", None, doc="the namespace of the target's pods; default the kubeconfig context's, or the runner pod's own"),
+    Param("service", "str", None, doc="the Service in front of the pods: its selector finds them, its port is the target's"),
+    Param("selector", "mapping", None, doc="pod labels (matchLabels), instead of or besides a Service"),
+    Param("access", "choice", "auto", choices=KUBERNETES_ACCESS,
+          doc="how the load reaches the pods: the Service's ClusterIP (in the cluster), each ready pod's IP "
+              "(endpoints, in the cluster), or port-forward through the API server; auto: service in a pod, else port-forward"),
+    Param("kubeconfig", "str", None, doc="kubeconfig file; default $KUBECONFIG, ~/.kube/config, then the pod's service account"),
+    Param("context", "str", None, doc="kubeconfig context; default its current-context"),
+    Param("path", "str", "/v1", doc="the OpenAI API root on the pods"),
 ))
 
 # The target keys only a docker target takes.

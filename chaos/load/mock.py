@@ -2,7 +2,10 @@
 
 Raw asyncio HTTP/1.1 (keep-alive, chunked transfer encoding) so that it costs the client machine as
 little as possible and so that every misbehaviour a checker must catch can be produced on demand.
-A request may carry a ``"mock"`` object in its JSON body to shape its own response:
+``GET /health``, ``GET /v1/models`` and ``GET /metrics`` (running streams and requests served, under
+vLLM's names) answer plainly, so the mock can also stand in for a server pod (the Kubernetes tests
+run it as their pods' process). A request may carry a ``"mock"`` object in its JSON body to shape
+its own response:
 
     tokens: int         number of content events (default: the body's max_tokens, else 16)
     tick_s: float       pause between content events (default: the server's tick)
@@ -118,6 +121,11 @@ class MockSSEServer:
                 length = int(headers.get("content-length", "0"))
                 raw = await reader.readexactly(length) if length else b""
                 body = json.loads(raw) if raw else {}
+                if _method == "GET":
+                    await self._answer_get(path, writer)
+                    if headers.get("connection", "").lower() == "close":
+                        break
+                    continue
                 request = MockRequest(headers.get("x-request-id", str(len(self.requests))), path, body, time.monotonic_ns())
                 self.requests.append(request)
                 keep = await self._respond(request, reader, writer)
@@ -132,6 +140,29 @@ class MockSSEServer:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
             self._tasks.discard(task)
+
+    async def _answer_get(self, path: str, writer: asyncio.StreamWriter) -> None:
+        """``/health``, ``/v1/models``, ``/metrics``; 404 for anything else."""
+        route = path.split("?", 1)[0]
+        status, ctype = 200, "application/json"
+        if route == "/health":
+            payload = b'{"status":"ok"}'
+        elif route == "/v1/models":
+            payload = json.dumps({"object": "list", "data": [{"id": "mock", "object": "model"}]}).encode()
+        elif route == "/metrics":
+            ctype = "text/plain; version=0.0.4"
+            payload = (
+                "# TYPE vllm:num_requests_running gauge\n"
+                f'vllm:num_requests_running{{model_name="mock"}} {self.active}\n'
+                "# TYPE vllm:num_requests_waiting gauge\n"
+                'vllm:num_requests_waiting{model_name="mock"} 0\n'
+                "# TYPE vllm:request_success counter\n"
+                f'vllm:request_success_total{{model_name="mock"}} {sum(1 for r in self.requests if r.finished)}\n'
+            ).encode()
+        else:
+            status, payload = 404, b'{"error":{"message":"not found","type":"NotFoundError","code":404}}'
+        writer.write(f"HTTP/1.1 {status} OK\r\nContent-Type: {ctype}\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        await writer.drain()
 
     async def _respond(self, req: MockRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         """Write one response; return whether the connection may be reused."""
@@ -320,14 +351,15 @@ class ThreadedMockServer:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m chaos.load.mock [--port P] [--tick S]``: serve until killed; prints ``PORT n``."""
+    """``python -m chaos.load.mock [--host H] [--port P] [--tick S]``: serve until killed; prints ``PORT n``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--tick", type=float, default=0.02, help="seconds between content events")
     args = parser.parse_args(argv)
 
     async def serve() -> None:
-        server = MockSSEServer(port=args.port, tick_s=args.tick)
+        server = MockSSEServer(host=args.host, port=args.port, tick_s=args.tick)
         port = await server.start()
         print(f"PORT {port}", flush=True)
         await asyncio.Event().wait()

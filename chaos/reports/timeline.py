@@ -170,6 +170,8 @@ def render_timeline(report: Mapping[str, Any], obs: Observations) -> str:
         _series_panel(obs, ((RUNNING_SERIES, COLOURS[4]), (WAITING_SERIES, COLOURS[1])), "requests",
                       "running and waiting requests at the engine"),
         _gpu_panel(obs),
+        _series_panel(obs, ((("streamchaos_k8s_pods_ready",), COLOURS[2]), (("streamchaos_k8s_pods_terminating",), COLOURS[1])),
+                      "pods", "Kubernetes pods: ready (serving) and terminating"),
     ) if p is not None]
     if not panels:
         return '<p class="muted">Nothing was observed over time.</p>'

@@ -207,6 +207,34 @@ def test_one_leaking_engine_among_several_fails(synth: Any) -> None:
     assert verdict.evidence["check_points"][0][USAGE]["labels"] == {"engine": "1"}
 
 
+def test_a_pod_that_is_gone_is_set_aside_and_the_others_are_judged(synth: Any) -> None:
+    """A Kubernetes target's series carry a pod label; a deleted pod's series stop mid-run. It cannot hold
+    blocks any more, so the check points are judged on the pods still scraped (it used to be unobserved,
+    so every pod kill made kv_cleanup inconclusive); a leak in a pod that stayed still fails."""
+    streams = load(synth)
+    end = end_of(streams, synth)
+
+    def metrics(survivor_leaks: bool) -> list[Any]:
+        out = []
+        for pod, stops, leaks in (("web-a", 2.0, False), ("web-b", 10.0, survivor_leaks)):
+            def usage(t: float, lk: bool = leaks) -> float:
+                return 0.0 if t < 1 else (0.5 if t < end or lk else 0.0)
+
+            out += synth.steps(USAGE, 0.0, stops, EVERY, usage, pod=pod)
+            out += synth.steps(RUNNING, 0.0, stops, EVERY, lambda t: 0.0 if t < 1 or t >= end else 3.0, pod=pod)
+        return out
+
+    verdict = sla.judge(synth.obs(streams, metrics(False)), "kv_cleanup", {"within": "2s"})
+    assert verdict.status == "pass"
+    (point,) = verdict.evidence["check_points"]
+    assert point["series_gone"] == [{"pod": "web-a"}] and point[USAGE]["labels"] == {"pod": "web-b"}
+    leaking = sla.judge(synth.obs(streams, metrics(True)), "kv_cleanup", {"within": "2s"})
+    assert leaking.status == "fail" and leaking.evidence["check_points"][0][USAGE]["labels"] == {"pod": "web-b"}
+    # with no series left at all past the point, nothing is judged from the absence
+    early = [m for m in metrics(False) if m.t < synth.ns(2.0)]
+    assert sla.judge(synth.obs(streams, early), "kv_cleanup", {"within": "2s"}).status == "inconclusive"
+
+
 def test_blocks_held_after_an_abort_burst_fail_even_if_freed_by_later_load(synth: Any) -> None:
     # The bug: aborted requests free their blocks only at the next scheduler step, and an idle
     # engine takes no step. Clients hang up at ~1.3s; nothing runs until the next load at 8s,

@@ -16,7 +16,7 @@ from chaos.observations import Observations
 
 pytestmark = pytest.mark.timeout(60)
 
-KINDS = {"ttft", "itl", "early_close", "kv_cleanup", "errors", "integrity", "throughput", "recovery", "goodput", "fluidity", "streaming"}
+KINDS = {"ttft", "itl", "early_close", "kv_cleanup", "errors", "integrity", "throughput", "recovery", "goodput", "fluidity", "streaming", "capacity"}
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -1,0 +1,51 @@
+"""RBAC rules as data: what each cluster-touching part of streamchaos calls on the Kubernetes API.
+
+A fault kind declares ``rbac_rules`` (a tuple of ``Rule``), the Kubernetes target declares its own
+(``target_rules``), and ``streamchaos manifests rbac EXPERIMENT`` assembles exactly the rules one
+experiment uses into a namespaced Role. Each rule says why it is needed, and the Role's YAML keeps
+that as a comment. A leaf module: it imports nothing of ours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = ["Rule", "merge_rules", "target_rules"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One grant: ``verbs`` on ``resource`` (``pods``, ``pods/eviction``) of API group ``group``."""
+
+    group: str  # "" is the core group
+    resource: str
+    verbs: tuple[str, ...]
+    why: str
+
+    def covers(self, group: str, resource: str, verb: str) -> bool:
+        return self.group == group and self.resource == resource and verb in self.verbs
+
+
+def merge_rules(rules: Iterable[Rule]) -> list[Rule]:
+    """One rule per (group, resource): verbs united and sorted, reasons joined. Pure and ordered."""
+    merged: dict[tuple[str, str], tuple[set[str], list[str]]] = {}
+    for rule in rules:
+        verbs, whys = merged.setdefault((rule.group, rule.resource), (set(), []))
+        verbs.update(rule.verbs)
+        if rule.why not in whys:
+            whys.append(rule.why)
+    return [Rule(group, resource, tuple(sorted(verbs)), "; ".join(whys))
+            for (group, resource), (verbs, whys) in sorted(merged.items())]
+
+
+def target_rules(*, service: bool, port_forward: bool) -> list[Rule]:
+    """What ``target.kind: kubernetes`` calls: follow its pods, read its Service, port-forward to them."""
+    rules = [Rule("", "pods", ("get", "list", "watch"), "find the target's pods and follow their readiness and restarts")]
+    if service:
+        rules.append(Rule("", "services", ("get",), "read the target Service's selector, port and ClusterIP"))
+    if port_forward:
+        # A port-forward is a WebSocket upgrade (GET): clusters from 1.30 authorize it as `create`
+        # (AuthorizePodWebsocketUpgradeCreatePermission), older ones as `get`.
+        rules.append(Rule("", "pods/portforward", ("create", "get"), "carry the load and the scrapes to the pods from outside the cluster"))
+    return rules
