@@ -67,9 +67,9 @@ def test_report_as_vllm_bench_prints_its_names(tmp_path: Path, capsys: pytest.Ca
                   "Mean E2EL (ms):", "Request throughput (req/s):", "Output token throughput (tok/s):"):
         assert label in out
     assert "Mean TTFT (ms):                          45.00" in out
-    assert main(["report", str(run_dir), "--as", "vllm-bench", "--phase", "nope"]) == 4
+    assert main(["report", str(run_dir), "--as", "vllm-bench", "--phase", "nope"]) == 2  # a usage error: no such phase
     assert "no phase 'nope'" in capsys.readouterr().err
-    assert main(["report", str(tmp_path / "missing"), "--as", "vllm-bench"]) == 4
+    assert main(["report", str(tmp_path / "missing"), "--as", "vllm-bench"]) == 2  # a usage error: not a run directory
     assert main(["report", str(run_dir), "--as", "other"]) == 2
 
 
