@@ -85,8 +85,8 @@ def _run_blocking(experiment: Any, *, out_dir: Path, target_url: str | None = No
     """Run an experiment in its own thread and loop; Ctrl-C here interrupts it and still reverts.
 
     pytest owns SIGINT (KeyboardInterrupt in this thread), so the run cannot install its own
-    handlers: on KeyboardInterrupt we mark the runner interrupted and cancel its task from here,
-    wait for its `finally` to revert every fault and stop the stack, then re-raise.
+    handlers: on KeyboardInterrupt we interrupt the runner in its loop (as its own handler would),
+    wait for it to revert every fault and stop the stack, then re-raise.
     """
     from dataclasses import replace
 
@@ -98,7 +98,7 @@ def _run_blocking(experiment: Any, *, out_dir: Path, target_url: str | None = No
     box: dict[str, Any] = {}
 
     async def main() -> Any:
-        box["loop"], box["task"] = asyncio.get_running_loop(), asyncio.current_task()
+        box["loop"] = asyncio.get_running_loop()
         return await runner.run()
 
     def target() -> None:
@@ -113,9 +113,8 @@ def _run_blocking(experiment: Any, *, out_dir: Path, target_url: str | None = No
         while thread.is_alive():
             thread.join(0.2)
     except KeyboardInterrupt:
-        if "task" in box:
-            runner.interrupted = "KeyboardInterrupt"
-            box["loop"].call_soon_threadsafe(box["task"].cancel)
+        if "loop" in box:
+            box["loop"].call_soon_threadsafe(runner.interrupt, "KeyboardInterrupt")
         thread.join(120)
         raise
     if "error" in box:

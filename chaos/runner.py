@@ -48,6 +48,7 @@ from sla.base import Verdict
 __all__ = ["Result", "Runner", "exit_code_for", "run", "run_async"]
 
 REVERT_TIMEOUT_S = 20.0  # one revert may not hold the run hostage
+STOP_REDELIVERY_S = 1.0  # a stop (signal, halt) is cancelled into the run again this often until teardown
 BASELINE_MIN_S = 0.5  # metrics scraped before the load starts
 
 
@@ -108,7 +109,7 @@ class Runner:
         self.out_dir = Path(out_dir) if out_dir else default_out_dir(experiment.name)
         self.listeners = list(listeners)
         self.handle_signals = handle_signals
-        self.interrupted: str | None = None  # the signal that interrupted the run (set by the pytest plugin too)
+        self.interrupted: str | None = None  # the signal that interrupted the run (``interrupt``)
         self.halted: str | None = None  # why a safety condition stopped the run early (``halt``)
         self._main_task: asyncio.Task[Any] | None = None
         self.cleaning = False  # past the work: a signal is noted, not acted on
@@ -168,8 +169,9 @@ class Runner:
         main_task = self._main_task = asyncio.current_task()
         assert main_task is not None
         try:
-            with self._signals(main_task):
-                await self._execute()
+            with self._signals():
+                if self._stopped() is None:  # a stop that came before the run had a task to cancel
+                    await self._execute()
             outcome = _Outcome()
         except asyncio.CancelledError:
             if self._stopped() is None:
@@ -196,8 +198,31 @@ class Runner:
             return
         self.halted = reason
         self._stage("halt", f"halting: {reason}")
-        if self._main_task is not None:
-            self._main_task.cancel()
+        self._stop_work()
+
+    def interrupt(self, name: str) -> None:
+        """Stop the run as a signal would (``interrupted``); for a caller that owns the signal itself
+        (the pytest plugin, where pytest owns SIGINT). Call it in the run's loop; safe more than once."""
+        if self.cleaning or self._stopped() is not None:
+            self._stage("signal", f"{name}: already reverting and stopping")
+            return
+        self.interrupted = name
+        self._stage("signal", f"{name}: reverting faults and stopping")
+        self._stop_work()
+
+    def _stop_work(self) -> None:
+        """Cancel the run's work, and cancel it again each second until its teardown has begun.
+
+        Once is not always enough on Python 3.11: a cancellation that arrives as an awaited call
+        completes inside ``asyncio.wait_for`` (ours or a library's) is lost, and the run would go on
+        to the end of its phase. A repeat lands in unwinding code at worst, which finishes every
+        inject and revert it started (``_finish``) before passing the cancellation on.
+        """
+        task = self._main_task
+        if task is None or task.done() or self.cleaning:
+            return
+        task.cancel()
+        asyncio.get_running_loop().call_later(STOP_REDELIVERY_S, self._stop_work)
 
     def _stopped(self) -> tuple[str, str] | None:
         """``(status, why)`` when a signal or a halt condition stopped the run, else None."""
@@ -409,8 +434,8 @@ class Runner:
 
     # -- signals --------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def _signals(self, task: asyncio.Task[Any]) -> Iterator[None]:
-        """SIGINT/SIGTERM cancel the run once (it then unwinds and reverts); later ones are noted."""
+    def _signals(self) -> Iterator[None]:
+        """SIGINT/SIGTERM stop the run (it then unwinds and reverts); later ones are noted."""
         if not self.handle_signals:
             yield
             return
@@ -418,7 +443,7 @@ class Runner:
         installed: list[signal.Signals] = []
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
-                loop.add_signal_handler(sig, self._on_signal, sig, task)
+                loop.add_signal_handler(sig, self._on_signal, sig)
                 installed.append(sig)
             except (ValueError, RuntimeError, NotImplementedError):  # not the main thread
                 pass
@@ -428,14 +453,8 @@ class Runner:
             for sig in installed:
                 loop.remove_signal_handler(sig)
 
-    def _on_signal(self, sig: int, task: asyncio.Task[Any]) -> None:
-        name = signal.Signals(sig).name
-        if self.cleaning or self._stopped() is not None:
-            self._stage("signal", f"{name}: already reverting and stopping")
-            return
-        self.interrupted = name
-        self._stage("signal", f"{name}: reverting faults and stopping")
-        task.cancel()
+    def _on_signal(self, sig: int) -> None:
+        self.interrupt(signal.Signals(sig).name)
 
 
 async def _finish(work: Any, timeout: float) -> tuple[asyncio.Future[Any], bool]:

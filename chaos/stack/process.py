@@ -61,15 +61,18 @@ class StackProcess:
     ) -> StackProcess:
         """Spawn the stack (``python -m chaos.stack ARGS``, or ``command``) without waiting for it.
 
-        Spawned through ``chaos.children``, so from the main thread the child dies with us. Its
+        Spawned through ``chaos.children``, so from the main thread the child dies with us; our own
+        stack also watches its parent id, so it shuts down once we are gone from any thread. Its
         stderr goes to ``log`` (appended) or to a temporary file. Its admin token is ``admin_token``
         or a new random one, in its environment (``STREAMCHAOS_ADMIN_TOKEN``: readable only by its
         owner in /proc, unlike the command line). Call ``wait_ready`` next.
         """
         token = admin_token or secrets.token_urlsafe(32)
         stderr: IO[bytes] = open(log, "ab") if log is not None else tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
+        # our own stack shuts down when we are gone, however we went (see serve's --exit-with-parent)
+        own = [sys.executable, "-m", "chaos.stack", *args, "--exit-with-parent", str(os.getpid())]
         proc = spawn(
-            command or [sys.executable, "-m", "chaos.stack", *args],
+            command or own,
             stdout=subprocess.PIPE, stderr=stderr,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}), ADMIN_TOKEN_ENV: token},
             start_new_session=new_session,

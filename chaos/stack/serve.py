@@ -19,6 +19,7 @@ import contextlib
 import logging
 import os
 import secrets
+import signal
 import socket
 import stat
 import sys
@@ -40,6 +41,7 @@ __all__ = ["ADMIN_TOKEN_ENV", "READY_PREFIX", "ServeUsageError", "build_parser",
 
 READY_PREFIX = "streamchaos stack ready url="
 ADMIN_TOKEN_ENV = "STREAMCHAOS_ADMIN_TOKEN"
+PARENT_POLL_S = 0.5  # --exit-with-parent: how often the parent id is read
 log = logging.getLogger("chaos.stack.serve")
 
 
@@ -70,6 +72,8 @@ def build_parser(prog: str = "streamchaos stack serve") -> argparse.ArgumentPars
     p.add_argument("--max-connections", type=int, default=DEFAULT_LIMITS.max_connections,
                    help="open connections at most; the next is answered 503 and closed (default %(default)s)")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--exit-with-parent", type=int, default=None, metavar="PID",
+                   help="shut down cleanly once PID is no longer this process's parent (the runner was killed)")
     return p
 
 
@@ -245,9 +249,21 @@ async def _serve(engine: Engine, sock: socket.socket, args: argparse.Namespace, 
         shown = f"[{host}]" if ":" in host else host
         print(f"{READY_PREFIX}http://{shown}:{port}", flush=True)
 
+    async def exit_with_parent(parent: int) -> None:
+        # PR_SET_PDEATHSIG cannot serve a parent that started us from a worker thread (it fires when
+        # that thread ends), nor survive every fork: watching our parent id works from any thread.
+        while os.getppid() == parent and not server.should_exit:
+            await asyncio.sleep(PARENT_POLL_S)
+        if not server.should_exit:
+            log.warning("parent process %d is gone: shutting down", parent)
+            server.handle_exit(signal.SIGTERM, None)
+
     announcer = asyncio.create_task(announce())
+    orphan_watch = asyncio.create_task(exit_with_parent(args.exit_with_parent)) if args.exit_with_parent else None
     await server.serve(sockets=[sock])
     announcer.cancel()
+    if orphan_watch is not None:
+        orphan_watch.cancel()
     stack.leases.close()
     await stack.hooks.aclose()
     released = engine.release_reserved_blocks()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -37,7 +38,8 @@ def test_ctrl_c_in_pytest_reverts_the_faults(tmp_path: Path) -> None:
     with ToxiproxyThread() as tpx:
         toxics = f"{tpx.url}/proxies/streamchaos/toxics"
         inner = subprocess.Popen(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_inner.py")],
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "faulthandler_timeout=50",
+             str(tmp_path / "test_inner.py")],  # a hang prints every thread's stack (in the failure below)
             cwd=tmp_path, env={**os.environ, "TPX_URL": tpx.url}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         try:
@@ -49,10 +51,24 @@ def test_ctrl_c_in_pytest_reverts_the_faults(tmp_path: Path) -> None:
                 assert time.monotonic() < deadline and inner.poll() is None, "the fault never took effect"
                 time.sleep(0.1)
             inner.send_signal(signal.SIGINT)
-            output, _ = inner.communicate(timeout=60)
+            try:
+                output, _ = inner.communicate(timeout=60)
+            except subprocess.TimeoutExpired as hung:
+                said = hung.output.decode(errors="replace") if isinstance(hung.output, bytes) else hung.output or ""
+                raise AssertionError(f"Ctrl-C did not end the inner run within 60s:\n{_signal_state(inner.pid)}\n{said}") from None
         finally:
             if inner.poll() is None:
                 inner.kill()
         assert "KeyboardInterrupt" in output or "Interrupted" in output, output[-2000:]
         response = httpx.get(toxics, timeout=5)
         assert response.status_code == 404 or response.json() == [], response.text
+
+
+def _signal_state(pid: int) -> str:
+    """Each thread's blocked, pending and caught signal masks, for a hang's failure message."""
+    lines = []
+    for status in sorted(Path(f"/proc/{pid}/task").glob("*/status")):
+        with contextlib.suppress(OSError):
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+            lines.append(" ".join(f"{k}={fields.get(k, '?').strip()}" for k in ("Name", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")))
+    return "\n".join(lines)

@@ -45,7 +45,13 @@ def test_a_sharded_run_is_merged_and_judged_as_one(tmp_path: Path) -> None:
     streams = result.observations.population()
     assert {s.id.split("-")[0] for s in streams} == {"0", "1"}  # both shards' load, one population
     assert len({s.id for s in streams}) == len(streams)
-    assert all(s.hangup is not None for s in streams if s.phase == "storm")  # the client rule reached both shards
+    # The client rule reached both shards. A stream may join "storm" in the moment between the phase
+    # change and the rule's arrival (streams join a phase before its injects, by design): at most one
+    # such stream per slot, so every other storm stream hangs up.
+    storm = [s for s in streams if s.phase == "storm"]
+    hung_up = [s for s in storm if s.hangup is not None]
+    assert {s.id.split("-")[0] for s in hung_up} == {"0", "1"}
+    assert len(storm) - len(hung_up) <= EXPERIMENT["load"]["concurrency"], [(s.id, s.t_sent) for s in storm if s.hangup is None]
     assert all(s.hangup is None for s in streams if s.phase == "baseline")
     background = [s for s in result.observations.streams if s.background]
     assert {s.id.split("-")[0] for s in background} == {"0", "1"}  # the hog's streams split across the shards too
