@@ -41,6 +41,7 @@ def test_ctrl_c_in_pytest_reverts_the_faults(tmp_path: Path) -> None:
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "faulthandler_timeout=50",
              str(tmp_path / "test_inner.py")],  # a hang prints every thread's stack (in the failure below)
             cwd=tmp_path, env={**os.environ, "TPX_URL": tpx.url}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            preexec_fn=_ctrl_c_as_in_a_terminal,
         )
         try:
             deadline = time.monotonic() + 60
@@ -62,6 +63,16 @@ def test_ctrl_c_in_pytest_reverts_the_faults(tmp_path: Path) -> None:
         assert "KeyboardInterrupt" in output or "Interrupted" in output, output[-2000:]
         response = httpx.get(toxics, timeout=5)
         assert response.status_code == 404 or response.json() == [], response.text
+
+
+def _ctrl_c_as_in_a_terminal() -> None:
+    """SIGINT back to its default in the inner pytest, as a terminal gives it.
+
+    A suite started in the background by a shell without job control (``cmd &`` in a script,
+    ``nohup``) inherits SIGINT *ignored*, and Python then never turns SIGINT into
+    KeyboardInterrupt: the inner run would ignore the Ctrl-C this test sends and run out its phase.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _signal_state(pid: int) -> str:
