@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from chaos.stack.process import StackProcess
 from faults.toxiproxy_server import ToxiproxyThread
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # a stack process per case, or killed ones: the slow tier
 
 HANG_GUARD_S = 10.0  # per case; the stack's own limits are 1 s, Toxiproxy answers at EOF
 STACK_ARGS = ("--header-timeout", "1s", "--body-timeout", "1s", "--keep-alive-timeout", "1s", "--max-num-seqs", "8")

@@ -22,7 +22,7 @@ from chaos.experiment import experiment_from_dict
 from chaos.targets import Target, running_target
 from faults.docker import DockerCpuLimit, DockerKill, DockerPause
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # a real daemon or cluster: the slow tier
 
 
 @pytest.fixture

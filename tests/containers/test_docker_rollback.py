@@ -18,7 +18,7 @@ import pytest
 
 from chaos.containers import run_labels
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # a real daemon or cluster: the slow tier
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_ID = "0123456789abcdef"

@@ -23,7 +23,7 @@ import yaml
 
 from chaos.containers import LABEL_RUN_DIR
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]  # a real daemon or cluster: the slow tier
 
 EXPERIMENT = {
     "name": "docker-killed", "seed": 1,

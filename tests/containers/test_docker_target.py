@@ -18,7 +18,7 @@ from chaos.host_image import host_image, host_mounts
 from chaos.targets import running_target
 from dockerd import free_port
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # a real daemon or cluster: the slow tier
 
 
 def spec(**target: Any) -> Any:

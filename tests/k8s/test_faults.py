@@ -18,7 +18,7 @@ from chaos.k8s.manifests import experiment_rules
 from chaos.k8s.pods import choose
 from faults.k8s import Scale
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # a real daemon or cluster: the slow tier
 
 
 async def run_fault(cluster: ClusterUnderTest, namespace: str, fault: dict[str, Any], *, hold_s: float = 0.0,

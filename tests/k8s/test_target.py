@@ -16,7 +16,7 @@ from chaos.k8s.manifests import experiment_rules
 from chaos.k8s.rbac import Rule
 from chaos.observations import MetricSample, Note
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]  # a real daemon or cluster: the slow tier
 
 
 async def stream(client: httpx.AsyncClient, base_url: str, tokens: int = 4) -> str:

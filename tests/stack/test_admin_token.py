@@ -29,7 +29,7 @@ from chaos.stack.process import StackProcess
 from chaos.stack.serve import READY_PREFIX
 from chaos.targets import BuiltinStack, RemoteTarget
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # a stack process per case, or killed ones: the slow tier
 
 TOKEN = "t0ken-" + "x" * 30
 

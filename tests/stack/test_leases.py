@@ -21,7 +21,7 @@ import pytest
 from chaos.children import first_line
 from chaos.stack.process import StackProcess
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]  # a stack process per case, or killed ones: the slow tier
 
 HANG_GUARD_S = 15.0
 

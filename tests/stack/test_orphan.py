@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]  # a stack process per case, or killed ones: the slow tier
 
 PARENT = textwrap.dedent("""
     import threading, time

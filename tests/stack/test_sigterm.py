@@ -12,7 +12,7 @@ import pytest
 from chaos.stack.process import READY_PREFIX, StackProcess
 from chaos.stack.serve import READY_PREFIX as SERVE_READY_PREFIX
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]  # a stack process per case, or killed ones: the slow tier
 
 
 def _read_to_eof(sock: socket.socket) -> bytes:
