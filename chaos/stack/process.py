@@ -69,10 +69,10 @@ class StackProcess:
         """
         token = admin_token or secrets.token_urlsafe(32)
         stderr: IO[bytes] = open(log, "ab") if log is not None else tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
-        # our own stack shuts down when we are gone, however we went (see serve's --exit-with-parent)
-        own = [sys.executable, "-m", "chaos.stack", *args, "--exit-with-parent", str(os.getpid())]
+        if command is None:  # our own stack shuts down when we are gone, however we went (serve --exit-with-parent)
+            command = [sys.executable, "-m", "chaos.stack", *args, "--exit-with-parent", str(os.getpid())]
         proc = spawn(
-            command or own,
+            command,
             stdout=subprocess.PIPE, stderr=stderr,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}), ADMIN_TOKEN_ENV: token},
             start_new_session=new_session,
