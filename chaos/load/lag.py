@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["LagMonitor", "delay_summary", "lag_summary"]
+__all__ = ["LagMonitor", "delay_summary", "lag_summary", "merged_lag", "merged_send_delay", "summed_stats"]
 
 
 def _quantile(ordered: list[float], q: float) -> float:
@@ -48,6 +49,27 @@ def delay_summary(samples_s: Iterable[float]) -> dict[str, Any]:
         "max_ms": (ordered[-1] if ordered else 0.0) * 1e3,
         "samples": len(ordered),
     }
+
+
+def merged_lag(per_process: Mapping[int, Iterable[float]], threshold_s: float) -> dict[str, Any]:
+    """Lag over several load processes (workers, shards): all samples together, plus each one's own
+    summary under ``"workers"``; saturated if the whole is or any one process is."""
+    merged = lag_summary(itertools.chain.from_iterable(per_process.values()), threshold_s)
+    merged["workers"] = {i: lag_summary(s, threshold_s) for i, s in sorted(per_process.items())}
+    merged["saturated"] = merged["saturated"] or any(w["saturated"] for w in merged["workers"].values())
+    return merged
+
+
+def merged_send_delay(per_process: Mapping[int, Mapping[str, Iterable[float]]]) -> dict[str, dict[str, Any]]:
+    """Per phase, the open-loop send delay of several load processes summarised together."""
+    phases = sorted({p for d in per_process.values() for p in d})
+    return {p: delay_summary(itertools.chain.from_iterable(d.get(p, ()) for d in per_process.values())) for p in phases}
+
+
+def summed_stats(per_process: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    """The generators' counters (sent, in flight, overflows, abandoned) added over several processes."""
+    keys = ("sent", "in_flight", "overflows", "abandoned")
+    return {k: sum(s.get(k, 0) for s in per_process.values()) for k in keys}
 
 
 class LagMonitor:

@@ -39,7 +39,7 @@ from chaos.children import spawn
 from chaos.context import ClientPolicy, ClientRule
 from chaos.errors import SetupFailed
 from chaos.load.clock import ClockOffset, Exchange, estimate, shift_record
-from chaos.load.lag import delay_summary, lag_summary
+from chaos.load.lag import merged_lag, merged_send_delay, summed_stats
 from chaos.load.shard import TOKEN_ENV, API_KEY_ENV, shard_journal_name
 from chaos.load.wire import (
     MAX_LINE_BYTES,
@@ -398,19 +398,14 @@ class ShardPool:
         return sum(n or 0 for n in await self._call("stop", [fault]))
 
     def lag_stats(self) -> dict[str, Any]:
-        merged = lag_summary(itertools.chain.from_iterable(self._lag.values()), self.lag_threshold)
-        merged["workers"] = {i: lag_summary(s, self.lag_threshold) for i, s in sorted(self._lag.items())}
-        merged["saturated"] = merged["saturated"] or any(w["saturated"] for w in merged["workers"].values())
-        return merged
+        return merged_lag(self._lag, self.lag_threshold)
 
     def send_delay_stats(self) -> dict[str, dict[str, Any]]:
         """Per phase, the shards' open-loop send delay merged, as of their last reply."""
-        phases = sorted({p for d in self._send_delay.values() for p in d})
-        return {p: delay_summary(itertools.chain.from_iterable(d.get(p, ()) for d in self._send_delay.values())) for p in phases}
+        return merged_send_delay(self._send_delay)
 
     def stats(self) -> dict[str, Any]:
-        keys = ("sent", "in_flight", "overflows", "abandoned")
-        return {k: sum(s.get(k, 0) for s in self._stats.values()) for k in keys} | {"shards": self.count}
+        return summed_stats(self._stats) | {"shards": self.count}
 
     # ---- close and merge ---------------------------------------------------------------------------
 

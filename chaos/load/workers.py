@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from chaos.context import ClientPolicy, ClientRule
 from chaos.errors import SetupFailed
 from chaos.load.generator import LoadGenerator
-from chaos.load.lag import delay_summary, lag_summary
+from chaos.load.lag import merged_lag, merged_send_delay, summed_stats
 from chaos.load.workload import LoadSettings, LoadSpecLike, LoadTarget
 from chaos.observations import Note, StreamRecord
 
@@ -368,19 +368,14 @@ class WorkerPool:
 
     def lag_stats(self) -> dict[str, Any]:
         """Merged lag over all workers as of their last reply, plus each worker's own summary."""
-        merged = lag_summary(itertools.chain.from_iterable(self._lag.values()), self.lag_threshold)
-        merged["workers"] = {i: lag_summary(s, self.lag_threshold) for i, s in sorted(self._lag.items())}
-        merged["saturated"] = merged["saturated"] or any(w["saturated"] for w in merged["workers"].values())
-        return merged
+        return merged_lag(self._lag, self.lag_threshold)
 
     def send_delay_stats(self) -> dict[str, dict[str, Any]]:
         """Per phase, the workers' open-loop send delay merged, as of their last reply."""
-        phases = sorted({p for d in self._send_delay.values() for p in d})
-        return {p: delay_summary(itertools.chain.from_iterable(d.get(p, ()) for d in self._send_delay.values())) for p in phases}
+        return merged_send_delay(self._send_delay)
 
     def stats(self) -> dict[str, Any]:
-        keys = ("sent", "in_flight", "overflows", "abandoned")
-        return {k: sum(s.get(k, 0) for s in self._stats.values()) for k in keys} | {"workers": self.count}
+        return summed_stats(self._stats) | {"workers": self.count}
 
     async def aclose(self) -> None:
         if self._policy is not None and self._rules_changed in self._policy.on_change:

@@ -20,18 +20,16 @@ sys.path.insert(0, str(HERE))
 from dockerd import docker_skip_reason  # noqa: E402
 
 REASON = docker_skip_reason()
-SLOW_FILES = ("test_docker_runs.py",)  # whole experiments and killed runners: the slow tier
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Where no Docker daemon answers, every test here skips and says why (each file marks itself slow)."""
     for item in items:
         path = Path(str(item.fspath))
         if HERE not in path.parents:
             continue
         if REASON is not None:
             item.add_marker(pytest.mark.skip(reason=f"no Docker here: {REASON}"))
-        if path.name in SLOW_FILES:
-            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture
