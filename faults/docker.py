@@ -19,7 +19,6 @@ blocks, so every call runs in a worker thread.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from chaos.context import RunContext
 from chaos.errors import FaultError, FaultUnsupported
 from chaos.params import Param, Schema
 from faults.base import Fault, Injection, register
+from faults.kill_schedule import KillSchedule
 
 if TYPE_CHECKING:
     from chaos.experiment.model import Experiment
@@ -37,8 +37,6 @@ if TYPE_CHECKING:
 __all__ = ["DockerCpuLimit", "DockerKill", "DockerPause", "quota_for"]
 
 EXIT_WAIT_S = 30.0  # a SIGTERM'd server may drain its streams first
-INJECT_WAIT_S = 5.0  # inject with at: 0 waits this long for the exit
-REVERT_WAIT_S = 15.0  # a pending restart at revert (the runner allows a revert 20s)
 DEFAULT_PERIOD_US = 100_000  # the kernel's CFS period when none is set
 
 
@@ -247,10 +245,9 @@ class _Kill(_ContainerInjection):
     def __init__(self, fault: DockerKill, ctx: RunContext) -> None:
         super().__init__(fault, ctx)
         self.spec = fault
-        self._task: asyncio.Task[None] | None = None
-        self._killed = asyncio.Event()
+        self._schedule = KillSchedule(self.name)
         self._outcome: dict[str, Any] = {}
-        self._restarted = self._reverted = False
+        self._restarted = False
 
     def plan(self) -> dict[str, Any]:
         return {"container_id": self.container_id, "signal": self.spec.signal, "note": "a kill cannot be undone"}
@@ -259,27 +256,18 @@ class _Kill(_ContainerInjection):
         before = await asyncio.to_thread(lambda: container_facts(self._container().attrs))
         if before["status"] != "running":
             raise FaultError(f"docker.kill: container {before['container']} is {before['status']}, not running")
-        self._killed = asyncio.Event()
-        self._restarted = self._reverted = False
+        self._restarted = False
         self._outcome = {"container": before["container"], "signal": self.spec.signal, "at_s": self.spec.at,
                          "started_at_before": before["started_at"]}
-        self._task = asyncio.create_task(self._kill_later(), name=f"{self.name}-kill")
-        if self.spec.at > 0:
-            return dict(self._outcome, scheduled=True)
-        waiter = asyncio.create_task(self._killed.wait())
-        await asyncio.wait({waiter, self._task}, timeout=INJECT_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
-        if self._task.done() and self._task.exception() is not None:
-            raise self._task.exception()  # type: ignore[misc]
-        return dict(self._outcome)
+        scheduled = await self._schedule.start(self.spec.at, self._kill)
+        return dict(self._outcome, scheduled=True) if scheduled else dict(self._outcome)
 
-    async def _kill_later(self) -> None:
-        await asyncio.sleep(self.spec.at)
+    async def _kill(self) -> None:
         sent = time.monotonic()
         await asyncio.to_thread(lambda: self._container().kill(signal=self.spec.signal))
         self._outcome.update(killed=True, sent_at_monotonic_ns=time.monotonic_ns())
         self._outcome.update(await self._wait_exit(sent))
-        self._killed.set()
+        self._schedule.acted.set()
         if self.spec.restart and self._outcome.get("exited"):
             await self._restart()
 
@@ -304,25 +292,14 @@ class _Kill(_ContainerInjection):
                              status=facts["status"], restart_count=facts["restart_count"])
 
     async def revert(self) -> dict[str, Any]:
-        if self._task is None or self._reverted:
-            return {"skipped": "not injected" if self._task is None else "already reverted"}
-        self._reverted = True
+        if (skipped := self._schedule.skip_revert()) is not None:
+            return skipped
         try:
-            if not self._task.done() and "sent_at_monotonic_ns" not in self._outcome:
-                self._task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._task
-                return dict(self._outcome, killed=False, cancelled=True)
-            error = None
-            try:
-                await asyncio.wait_for(asyncio.shield(self._task), REVERT_WAIT_S)
-            except Exception as exc:  # noqa: BLE001 - reported in the evidence; the restart is retried below
-                error = repr(exc)
-            if self.spec.restart and self._outcome.get("exited") and not self._restarted:
-                if not self._task.done():
-                    self._task.cancel()
+            settled = await self._schedule.settle(sent="sent_at_monotonic_ns" in self._outcome)
+            if not settled.get("cancelled") and self.spec.restart and self._outcome.get("exited") and not self._restarted:
+                self._schedule.stop()
                 await self._restart()  # a failure here is the revert's failure: the runner journals it
-            return dict(self._outcome, **({"kill_task_error": error} if error else {}))
+            return dict(self._outcome, **settled)
         finally:
             await asyncio.to_thread(self._close)
 

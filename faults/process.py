@@ -14,7 +14,6 @@ nothing to do; a restart after a crashed run is the runner's next start.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import time
@@ -26,12 +25,11 @@ from chaos.errors import FaultError, FaultUnsupported
 from chaos.params import Param, Schema
 from chaos.procs import check_signalable, exit_status, proc_state, start_time
 from faults.base import Fault, Injection, register
+from faults.kill_schedule import KillSchedule
 
 __all__ = ["ProcessKill", "describe_status"]
 
 EXIT_WAIT_S = 30.0  # a SIGTERM'd server may drain its streams first
-INJECT_WAIT_S = 5.0  # inject with at: 0 waits this long for the exit
-REVERT_WAIT_S = 15.0  # waiting on a pending restart at revert (the runner allows a revert 20s)
 
 
 def describe_status(status: int | None) -> str | None:
@@ -98,11 +96,9 @@ class _Kill(Injection):
     def __init__(self, fault: ProcessKill, ctx: RunContext) -> None:
         super().__init__(fault, ctx)
         self.spec = fault
-        self._task: asyncio.Task[None] | None = None
-        self._killed = asyncio.Event()
+        self._schedule = KillSchedule(self.name)
         self._outcome: dict[str, Any] = {}
         self._restarted = False
-        self._reverted = False
         self._injected_ns = 0
 
     def plan(self) -> dict[str, Any]:
@@ -113,34 +109,24 @@ class _Kill(Injection):
         if pid is None:
             raise FaultUnsupported("process.kill: the target has no known pid any more")
         check_signalable(pid, "process.kill: the target process")
-        self._killed = asyncio.Event()
         self._injected_ns = time.monotonic_ns()
         self._outcome = {"pid": pid, "signal": self.spec.signal, "at_s": self.spec.at}
-        self._restarted = self._reverted = False
-        self._task = asyncio.create_task(self._kill_later(pid, start_time(pid)), name=f"{self.name}-kill")
-        if self.spec.at > 0:
-            return dict(self._outcome, scheduled=True)
-        # At the phase start: the evidence is the kill itself (a graceful SIGTERM exit may take longer
-        # than the timeline should wait; revert then reports the exit).
-        waiter = asyncio.create_task(self._killed.wait())
-        await asyncio.wait({waiter, self._task}, timeout=INJECT_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
-        if self._task.done() and self._task.exception() is not None:
-            raise self._task.exception()  # type: ignore[misc]
-        return dict(self._outcome)
+        self._restarted = False
+        identity = start_time(pid)
+        scheduled = await self._schedule.start(self.spec.at, lambda: self._kill(pid, identity))
+        return dict(self._outcome, scheduled=True) if scheduled else dict(self._outcome)
 
-    async def _kill_later(self, pid: int, identity: int | None) -> None:
-        await asyncio.sleep(self.spec.at)
+    async def _kill(self, pid: int, identity: int | None) -> None:
         if start_time(pid) != identity:
             self._outcome.update(killed=False, why=f"pid {pid} exited (or was reused) before the kill")
-            self._killed.set()
+            self._schedule.acted.set()
             return
         sig = signal.Signals[self.spec.signal]
         sent = time.monotonic_ns()
         self._outcome.update(sent_at_monotonic_ns=sent, sent_after_s=round((sent - self._injected_ns) / 1e9, 4))
         os.kill(pid, sig)
         self._outcome.update(killed=True, **await _wait_exit(pid, identity, EXIT_WAIT_S))
-        self._killed.set()
+        self._schedule.acted.set()
         if self.spec.restart:
             await self._restart()
 
@@ -155,24 +141,13 @@ class _Kill(Injection):
         self._outcome.update(restarted=True, new_pid=self.ctx.target.pid, restart_s=round(time.monotonic() - start, 3))
 
     async def revert(self) -> dict[str, Any]:
-        if self._task is None or self._reverted:
-            return {"skipped": "not injected" if self._task is None else "already reverted"}
-        self._reverted = True
-        if not self._task.done() and "sent_at_monotonic_ns" not in self._outcome:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            return dict(self._outcome, killed=False, cancelled=True)
-        error = None
-        try:
-            await asyncio.wait_for(asyncio.shield(self._task), REVERT_WAIT_S)
-        except Exception as exc:  # noqa: BLE001 - retried below, reported in evidence
-            error = repr(exc)
-        if self.spec.restart and self._outcome.get("killed") and not self._restarted:
-            if not self._task.done():
-                self._task.cancel()
+        if (skipped := self._schedule.skip_revert()) is not None:
+            return skipped
+        settled = await self._schedule.settle(sent="sent_at_monotonic_ns" in self._outcome)
+        if not settled.get("cancelled") and self.spec.restart and self._outcome.get("killed") and not self._restarted:
+            self._schedule.stop()
             await self._restart()  # a failure here is the revert's failure: the runner journals it
-        return dict(self._outcome, **({"kill_task_error": error} if error else {}))
+        return dict(self._outcome, **settled)
 
 
 async def _wait_exit(pid: int, identity: int | None, timeout: float) -> dict[str, Any]:
