@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from chaos.load.client import make_http_client, stream_request
-from chaos.observations import StreamRecord
+from chaos.model.observations import StreamRecord
 from chaos.stack.process import StackProcess
 
 MODEL = "tiny"
@@ -65,8 +65,9 @@ async def run_ours(url: str, concurrency: int, per_slot: int) -> list[Sample]:
         for k in range(per_slot):
             rec = StreamRecord(id=f"o{i}-{k}", phase="bench")
             await stream_request(http, url, body_for(i * per_slot + k), rec)
-            out.append(Sample(rec.t_sent or 0, rec.t_headers, rec.t_first_byte, rec.t_first_content, list(rec.t_content),
-                              rec.read_count, None if rec.error is None else rec.error.message))
+            out.append(Sample(rec.t_sent or 0, rec.t_headers, rec.t_first_byte, rec.t_first_content,
+                              list(rec.t_content), rec.read_count,
+                              None if rec.error is None else rec.error.message))
 
     try:
         await asyncio.gather(*(slot(i) for i in range(concurrency)))
@@ -214,7 +215,8 @@ async def run_tapped(url: str, concurrency: int, per_slot: int) -> tuple[list[Sa
                 w = writes.get(id(rec))
                 if w is not None and rec.t_sent is not None and k > 0:  # reused keep-alive connections only
                     sent_to_write.append((w - rec.t_sent) / 1e6)
-                out.append(Sample(rec.t_sent or 0, rec.t_headers, rec.t_first_byte, rec.t_first_content, list(rec.t_content), rec.read_count))
+                out.append(Sample(rec.t_sent or 0, rec.t_headers, rec.t_first_byte, rec.t_first_content,
+                                  list(rec.t_content), rec.read_count))
 
         try:
             await asyncio.gather(*(slot(i) for i in range(concurrency)))
@@ -241,7 +243,7 @@ def summarize(samples: list[Sample]) -> dict[str, float]:
     h2c = [(s.t_first_content - s.t_headers) / 1e6 for s in ok]  # type: ignore[operator]
     ttft = [(s.t_first_content - s.t_sent) / 1e6 for s in ok]  # type: ignore[operator]
     s2h = [(s.t_headers - s.t_sent) / 1e6 for s in ok]  # type: ignore[operator]
-    gaps = [(b - a) / 1e6 for s in ok for a, b in zip(s.t_content, s.t_content[1:])]
+    gaps = [(b - a) / 1e6 for s in ok for a, b in zip(s.t_content, s.t_content[1:], strict=False)]
     total = [(s.t_content[-1] - s.t_sent) / 1e6 for s in ok if s.t_content]
     return {
         "n": len(ok), "errors": len(samples) - len(ok),
@@ -274,7 +276,8 @@ def main() -> None:
         print(f"stack {stack.url} (pid {stack.pid}); rounds {args.rounds}, {args.per_slot} requests/slot/round; ms")
         asyncio.run(run_raw(url, 2, 2))  # warm-up (engine, allocator), not counted
         asyncio.run(run_ours(url, 2, 2))
-        head = f"{'conc':>4} {'side':>5} {'n':>4} " + " ".join(f"{label:>12}" for _, label in COLS) + f" {'reads':>6} {'content':>7} {'cpu/req':>8}"
+        head = (f"{'conc':>4} {'side':>5} {'n':>4} " + " ".join(f"{label:>12}" for _, label in COLS)
+                + f" {'reads':>6} {'content':>7} {'cpu/req':>8}")
         print(head)
         for conc in (int(c) for c in args.concurrency.split(",")):
             got: dict[str, list[Sample]] = {"ours": [], "raw": []}
@@ -290,13 +293,18 @@ def main() -> None:
             for side in ("ours", "raw"):
                 row = rows[side]
                 print(f"{conc:>4} {side:>5} {row['n']:>4} " + " ".join(f"{row[key]:>12.2f}" for key, _ in COLS)
-                      + f" {row['reads']:>6.1f} {row['content']:>7.1f} {1e3 * cpu[side] / max(1, len(got[side])):>8.2f}" + (f"  errors={row['errors']}" if row["errors"] else ""))
-            ratio = " ".join(f"{rows['ours'][key] / rows['raw'][key] if rows['raw'][key] else float('nan'):>12.2f}" for key, _ in COLS)
+                      + f" {row['reads']:>6.1f} {row['content']:>7.1f} "
+                        f"{1e3 * cpu[side] / max(1, len(got[side])):>8.2f}"
+                      + (f"  errors={row['errors']}" if row["errors"] else ""))
+            ratio = " ".join(f"{rows['ours'][key] / rows['raw'][key] if rows['raw'][key] else float('nan'):>12.2f}"
+                             for key, _ in COLS)
             print(f"{conc:>4} {'o/r':>5} {'':>4} {ratio}", flush=True)
             if args.tap:
                 _tapped, r2s, s2w = asyncio.run(run_tapped(url, conc, args.per_slot))
-                print(f"{conc:>4}  tap: recv→stamp p50 {pct(r2s, .5):.3f} p99 {pct(r2s, .99):.3f} max {max(r2s):.3f} (n={len(r2s)}); "
-                      f"t_sent→first write (reused conn) p50 {pct(s2w, .5):.3f} p99 {pct(s2w, .99):.3f} (n={len(s2w)})", flush=True)
+                print(f"{conc:>4}  tap: recv→stamp p50 {pct(r2s, .5):.3f} p99 {pct(r2s, .99):.3f} "
+                      f"max {max(r2s):.3f} (n={len(r2s)}); "
+                      f"t_sent→first write (reused conn) p50 {pct(s2w, .5):.3f} p99 {pct(s2w, .99):.3f} "
+                      f"(n={len(s2w)})", flush=True)
     finally:
         stack.close()
         print(f"stack stopped (exit {stack.proc.returncode})")

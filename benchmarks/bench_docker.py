@@ -26,15 +26,16 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from chaos.context import RunContext  # noqa: E402
 from chaos.experiment import experiment_from_dict  # noqa: E402
+from chaos.model.context import RunContext  # noqa: E402
 from chaos.stack.process import StackProcess  # noqa: E402
-from chaos.targets import running_target  # noqa: E402
+from chaos.targets.registry import running_target  # noqa: E402
 from faults.docker import DockerCpuLimit  # noqa: E402
 
 
 def _spec() -> object:
-    return experiment_from_dict({"name": "bench", "target": {"kind": "docker"}, "phases": [{"name": "p", "duration": "1s"}]}).target
+    return experiment_from_dict({"name": "bench", "target": {"kind": "docker"},
+                                 "phases": [{"name": "p", "duration": "1s"}]}).target
 
 
 async def _container_start(root: Path, i: int) -> float:
@@ -87,7 +88,8 @@ async def _sweep(root: Path, shares: list[float | None], streams: int, tokens: i
                 throttled = ""
                 if injection is not None:
                     evidence = await injection.revert()
-                    throttled = f"{evidence['throttled_periods']}/{evidence['periods']} ({evidence['throttled_share']:.0%})"
+                    throttled = (f"{evidence['throttled_periods']}/{evidence['periods']} "
+                                 f"({evidence['throttled_share']:.0%})")
                 ttft = statistics.median(t for t, _ in results)
                 rate = statistics.median(r for _, r in results)
                 free_rate = free_rate or rate

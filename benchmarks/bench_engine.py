@@ -109,7 +109,8 @@ def main() -> None:
     import_s = time.perf_counter() - t0
     results = []
     for threads in (1, 2):
-        cmd = [sys.executable, __file__, "--_child", str(threads), "--device", args.device] + (["--quick"] if args.quick else [])
+        cmd = ([sys.executable, __file__, "--_child", str(threads), "--device", args.device]
+               + (["--quick"] if args.quick else []))
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         results.append(json.loads(out.strip().splitlines()[-1]))
     print(f"python + torch + engine import (fresh process): {import_s:.2f} s")

@@ -23,7 +23,8 @@ import httptools
 def response_reads(events: int) -> list[bytes]:
     """One chunked SSE response, cut into the reads a client would see (one per event)."""
     reads = [b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n"
-             b"cache-control: no-cache\r\nx-request-id: 0-1\r\ndate: Mon, 01 Jan 2024 00:00:00 GMT\r\nserver: uvicorn\r\n\r\n"]
+             b"cache-control: no-cache\r\nx-request-id: 0-1\r\n"
+             b"date: Mon, 01 Jan 2024 00:00:00 GMT\r\nserver: uvicorn\r\n\r\n"]
     for i in range(events):
         obj = {"id": "cmpl-0123456789abcdef", "object": "text_completion", "created": 1700000000, "model": "tiny",
                "choices": [{"index": 0, "text": f"tok{i} ", "logprobs": None, "finish_reason": None}]}
@@ -38,7 +39,8 @@ def run_h11(reads: list[bytes], responses: int) -> int:
     body = 0
     for _ in range(responses):
         conn = h11.Connection(h11.CLIENT)
-        conn.send(h11.Request(method="POST", target="/v1/completions", headers=[("Host", "x"), ("Content-Length", "2")]))
+        conn.send(h11.Request(method="POST", target="/v1/completions",
+                              headers=[("Host", "x"), ("Content-Length", "2")]))
         conn.send(h11.Data(data=b"{}"))
         conn.send(h11.EndOfMessage())
         for data in reads:
@@ -102,9 +104,11 @@ def main() -> None:
     assert run_h11(reads, 1) == run_httptools(reads, 1)  # both frame the same body
     h11_us = best_us_per_event(run_h11, reads, args.responses, args.repeats)
     ht_us = best_us_per_event(run_httptools, reads, args.responses, args.repeats)
-    print(f"{args.events} events per response, one read per event, {args.responses} responses, best of {args.repeats} (CPU time)")
+    print(f"{args.events} events per response, one read per event, {args.responses} responses, "
+          f"best of {args.repeats} (CPU time)")
     print(f"h11 {h11.__version__:>8}: {h11_us:6.2f} µs per event")
-    print(f"httptools {httptools.__version__:>5}: {ht_us:6.2f} µs per event   (h11 / httptools = {h11_us / ht_us:.1f}x)")
+    print(f"httptools {httptools.__version__:>5}: {ht_us:6.2f} µs per event   "
+          f"(h11 / httptools = {h11_us / ht_us:.1f}x)")
 
 
 if __name__ == "__main__":

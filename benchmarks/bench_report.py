@@ -25,7 +25,7 @@ def main() -> None:
     from synthetic import synthetic_run
 
     t = time.perf_counter()
-    from chaos.reports.page import render_html
+    from chaos.output.reports.page import render_html
 
     render_html(*synthetic_run(streams=10, seconds=10))  # imports matplotlib: not counted per size
     print(f"first render (matplotlib import included): {time.perf_counter() - t:.2f}s")

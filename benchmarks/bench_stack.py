@@ -49,7 +49,8 @@ async def _ttft_keepalive(host: str, port: int, n: int) -> list[float]:
     prompt = [100 + i for i in range(32)]
     payload = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True,
                           "stream": True}).encode()
-    head = b"POST /v1/completions HTTP/1.1\r\nHost: b\r\nContent-Type: application/json\r\n" + f"Content-Length: {len(payload)}\r\n\r\n".encode()
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: b\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(payload)}\r\n\r\n".encode())
     reader, writer = await asyncio.open_connection(host, port)
     out = []
     try:
@@ -122,7 +123,8 @@ def main() -> None:
         print(f"idle TTFT, 32-token prompt, {len(ttfts)} requests: p50 {_pct(ttfts, 0.5) * 1e3:.1f} ms, "
               f"p99 {_pct(ttfts, 0.99) * 1e3:.1f} ms")
         kept = asyncio.run(_ttft_keepalive(host, port, args.requests))
-        print(f"idle TTFT, keep-alive, concurrency 1, {len(kept)} requests on one connection: p50 {_pct(kept, 0.5) * 1e3:.1f} ms, "
+        print(f"idle TTFT, keep-alive, concurrency 1, {len(kept)} requests on one connection: "
+              f"p50 {_pct(kept, 0.5) * 1e3:.1f} ms, "
               f"p99 {_pct(kept, 0.99) * 1e3:.1f} ms (goal p50 <= 8 ms; 43.5 ms with Nagle on)")
         for concurrency in (1, 8, 32):
             rate, total, wall = asyncio.run(_throughput(host, port, concurrency, args.tokens))

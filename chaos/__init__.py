@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from chaos.errors import (
+from chaos.model.errors import (
     ChaosError,
     ExperimentInvalid,
     FaultError,
@@ -20,6 +20,7 @@ from chaos.errors import (
     FaultRevertFailed,
     FaultUnsupported,
     SetupFailed,
+    TargetNotAllowed,
     TargetUnreachable,
     UsageError,
     VerificationInconclusive,
@@ -27,6 +28,7 @@ from chaos.errors import (
 
 __all__ = [
     "ChaosError",
+    "Experiment",
     "ExperimentInvalid",
     "FaultError",
     "FaultPermissionDenied",
@@ -34,8 +36,10 @@ __all__ = [
     "FaultUnsupported",
     "Result",
     "SetupFailed",
+    "TargetNotAllowed",
     "TargetUnreachable",
     "UsageError",
+    "Verdict",
     "VerificationInconclusive",
     "load_experiment",
     "run",
@@ -43,10 +47,12 @@ __all__ = [
 ]
 
 _LAZY = {
+    "Experiment": ("chaos.model.experiment", "Experiment"),
+    "Verdict": ("chaos.model.verdict", "Verdict"),
     "load_experiment": ("chaos.experiment", "load_experiment"),
-    "run": ("chaos.runner", "run"),
-    "run_async": ("chaos.runner", "run_async"),
-    "Result": ("chaos.runner", "Result"),
+    "run": ("chaos.api", "run"),
+    "run_async": ("chaos.api", "run_async"),
+    "Result": ("chaos.execution.result", "Result"),
 }
 
 

@@ -1,7 +1,7 @@
-"""The `streamchaos` command line: run, validate, list, verify, rollback, report, budgets, manifests, stack,
+"""The `streamchaos` command line: run, capacity, validate, list, verify, rollback, report, budgets, manifests, stack,
 toxiproxy, shard.
 
-Exit codes (DESIGN.md): 0 every SLA as expected, 1 an SLA failed, 2 invalid experiment or usage,
+Exit codes (docs/contracts.md): 0 every SLA as expected, 1 an SLA failed, 2 invalid experiment or usage,
 3 inconclusive, 4 the run could not be carried out. A user mistake never prints a traceback.
 """
 
@@ -12,18 +12,21 @@ import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from chaos.errors import ChaosError, ExperimentInvalid, UsageError
+from chaos.model.errors import ChaosError, ExperimentInvalid, UsageError
+
+if TYPE_CHECKING:
+    from chaos.model.verdict import Verdict
 
 __all__ = ["main"]
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from chaos.api import run
     from chaos.experiment import load_experiment
-    from chaos.live import LiveProgress
-    from chaos.report import render_summary
-    from chaos.runner import run
+    from chaos.output.live import LiveProgress
+    from chaos.output.report import render_summary
 
     experiment = load_experiment(args.experiment)
     if args.seed is not None:
@@ -33,26 +36,72 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run:
         import asyncio
 
-        from chaos.dryrun import dry_run
+        from chaos.execution.dryrun import dry_run
 
         account = asyncio.run(dry_run(experiment, target_url=args.target_url))
         print("\n".join(account.lines))
         return account.exit_code
     if not (args.target_url or experiment.target.url) and experiment.target.kind == "builtin":
-        from chaos.targets import require_engine
+        from chaos.targets.base import require_engine
 
         require_engine("the experiment's target (kind builtin)")  # before anything is created: one line, exit 4
     listeners: list[Any] = [] if args.quiet else [LiveProgress()]
     with contextlib.ExitStack() as stack:
         if args.metrics_port is not None or args.push_metrics:
-            from chaos.exporter import PrometheusExporter
+            from chaos.output.exporter import PrometheusExporter
 
             exporter = stack.enter_context(PrometheusExporter(port=args.metrics_port, push_url=args.push_metrics))
             if exporter.url:
                 print(f"metrics: {exporter.url} (for the life of the run)", file=sys.stderr)
             listeners.append(exporter)
-        result = run(experiment, target_url=args.target_url, out_dir=args.out, listeners=listeners, api_key_env=args.api_key_env)
+        result = run(experiment, target_url=args.target_url, out_dir=args.out, listeners=listeners,
+                     api_key_env=args.api_key_env)
     print(render_summary(result))
+    return result.exit_code
+
+
+def _cmd_capacity(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from chaos.capacity.report import write_capacity_report
+    from chaos.capacity.run import as_dict, search_capacity, summary_lines
+    from chaos.execution.runner import default_out_dir
+    from chaos.experiment import load_experiment
+    from chaos.model.units import parse_duration
+
+    experiment = load_experiment(args.experiment)
+    if args.seed is not None:
+        from dataclasses import replace
+
+        experiment = replace(experiment, seed=args.seed)
+    try:
+        budget = parse_duration(args.budget) if args.budget is not None else None
+    except ValueError as exc:
+        raise UsageError(f"--budget: {exc}") from None
+    if not (args.target_url or experiment.target.url) and experiment.target.kind == "builtin":
+        from chaos.targets.base import require_engine
+
+        require_engine("the experiment's target (kind builtin)")
+    out = Path(args.out) if args.out else default_out_dir(f"{experiment.name}-capacity")
+    say = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    with contextlib.ExitStack() as stack:
+        exporter = None
+        if args.metrics_port is not None or args.push_metrics:
+            from chaos.output.exporter import PrometheusExporter
+
+            exporter = stack.enter_context(PrometheusExporter(port=args.metrics_port, push_url=args.push_metrics))
+            if exporter.url:
+                print(f"metrics: {exporter.url} (for the life of the search)", file=sys.stderr)
+        progress = None if exporter is None else (lambda partial: exporter.capacity(as_dict(partial)))
+        result = asyncio.run(search_capacity(experiment, out_dir=out, target_url=args.target_url,
+                                             api_key_env=args.api_key_env, budget_s=budget, say=say,
+                                             progress=progress))
+        body = as_dict(result)
+        if exporter is not None:
+            exporter.capacity(body, final=True)
+    write_capacity_report(body, out)
+    print("\n".join([*summary_lines(result), f"probes: {body['probes']} ({body['runs']} runs) in {body['took_s']:.0f}s "
+                     f"(budget {body['budget_s']:.0f}s); report: {out / 'capacity.html'}"]))
     return result.exit_code
 
 
@@ -63,10 +112,28 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from chaos.catalogue import render_catalogue
+    if args.what == "experiments":
+        from chaos.execution.shipped import experiments_dir, render_experiments, shipped_experiments
+
+        print(render_experiments(shipped_experiments(), experiments_dir()), end="")
+        return 0
+    from chaos.output.catalogue import render_catalogue
 
     print(render_catalogue(args.what))
     return 0
+
+
+def _run_dir(raw: str, needs: tuple[str, ...] = ("journal.jsonl",)) -> Path:
+    """A run directory given on the command line, with the files the command needs; else a usage
+    error (exit 2), worded the same for `report`, `verify`, `rollback` and `budgets`."""
+    run_dir = Path(raw)
+    if not run_dir.is_dir():
+        raise UsageError(f"{run_dir}: no such run directory (give one `streamchaos run --out` wrote)")
+    missing = [name for name in needs if not (run_dir / name).is_file()]
+    if missing:
+        raise UsageError(f"{run_dir} is not a finished run directory (no {', '.join(missing)}): give one "
+                         "`streamchaos run --out` wrote")
+    return run_dir
 
 
 def _load_sla_override(experiment_file: Path, sla_file: Path) -> Any:
@@ -80,7 +147,8 @@ def _load_sla_override(experiment_file: Path, sla_file: Path) -> Any:
         other = load_bounded(read_text_bounded(str(sla_file)))
         raw = load_bounded(read_text_bounded(str(experiment_file)))
     except YamlSyntaxError as exc:
-        raise ExperimentInvalid(f"{sla_file}:{exc.mark.line}:{exc.mark.column}: cannot read it as YAML: {exc.message}") from None
+        raise ExperimentInvalid(f"{sla_file}:{exc.mark.line}:{exc.mark.column}: cannot read it as YAML: "
+                                f"{exc.message}") from None
     entries = other.get("sla") if isinstance(other, dict) else other
     if not isinstance(entries, list):
         raise ExperimentInvalid(f"{sla_file}: expected a list of SLA entries or a mapping with an `sla:` list")
@@ -91,30 +159,29 @@ def _load_sla_override(experiment_file: Path, sla_file: Path) -> Any:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     from chaos.experiment import load_experiment
-    from chaos.verify import replay
+    from chaos.output.replay import replay
 
-    run_dir = Path(args.run_dir)
-    journal, stored = run_dir / "journal.jsonl", run_dir / "experiment.yaml"
-    if not journal.is_file() or not stored.is_file():
-        raise ChaosError(f"{run_dir} is not a finished run directory (needs journal.jsonl and experiment.yaml)")
+    run_dir = _run_dir(args.run_dir, ("journal.jsonl", "experiment.yaml"))
+    stored = run_dir / "experiment.yaml"
     experiment = _load_sla_override(stored, Path(args.sla)) if args.sla else load_experiment(stored)
     result = replay(experiment, run_dir)
-    from chaos.report import render_summary
+    from chaos.output.report import render_summary
 
-    print(render_summary(result, report_name="verify.json"))
+    print(render_summary(result, page_name="verify.html"))
     return result.exit_code
 
 
 def _cmd_rollback(args: argparse.Namespace) -> int:
     import os
 
-    from chaos.rollback import rollback_run
+    from chaos.execution.rollback import rollback_run
 
     # a k8s.scale is restored on the cluster configuration names (never one the journal names)
     if args.kubeconfig:
         os.environ["STREAMCHAOS_KUBECONFIG"] = args.kubeconfig
     if args.kube_context:
         os.environ["STREAMCHAOS_KUBE_CONTEXT"] = args.kube_context
+    _run_dir(args.run_dir)
     done = rollback_run(args.run_dir, allowed_urls=[u for u in (args.target_url, args.toxiproxy_url) if u])
     if not done:
         print(f"{args.run_dir}: nothing to roll back")
@@ -125,7 +192,8 @@ def _cmd_rollback(args: argparse.Namespace) -> int:
             failed += 1
             print(f"FAILED {entry['fault']} ({entry['kind']}): {entry['error']}")
         else:
-            print(f"rolled back {entry['fault']} ({entry['kind']}): {json.dumps(entry.get('evidence', {}), default=str)}")
+            print(f"rolled back {entry['fault']} ({entry['kind']}): "
+                  f"{json.dumps(entry.get('evidence', {}), default=str)}")
     return 4 if failed else 0
 
 
@@ -134,37 +202,35 @@ def _cmd_manifests(args: argparse.Namespace) -> int:
     from chaos.k8s.manifests import render_rbac
 
     experiment = load_experiment(args.experiment)
-    sys.stdout.write(render_rbac(experiment, name=args.service_account, namespace=args.namespace, in_cluster=not args.outside))
+    sys.stdout.write(render_rbac(experiment, name=args.service_account, namespace=args.namespace,
+                                 in_cluster=not args.outside))
     return 0
 
 
 def _read_report(run_dir: str | Path) -> dict[str, Any]:
-    path = Path(run_dir) / "report.json"
-    if not path.is_file():
-        raise UsageError(f"{path} does not exist: run `streamchaos run` with --out {run_dir} first")
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UsageError(f"{path}: not a readable report.json ({exc})") from None
-    if not isinstance(report, dict) or "verdicts" not in report:
-        raise UsageError(f"{path}: not a streamchaos report (no `verdicts`)")
-    return report
+    from chaos.output.reports.history import read_report
+
+    return read_report(_run_dir(str(run_dir), ("report.json",)) / "report.json")
 
 
 def _write_page(path: Path, text: str) -> None:
+    from chaos.host.runfiles import replace_file
+
     try:
-        path.write_text(text, encoding="utf-8")
+        replace_file(path, text)  # a new 0600 file renamed over the old page: a planted link is replaced, not followed
     except OSError as exc:
         raise UsageError(f"--html {path}: cannot write it ({exc.strerror})") from None
     print(f"page: {path}")
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from chaos.reports.compare import compare_reports, compare_table, render_compare
+    from chaos.output.reports.compare import compare_reports, compare_table, render_compare
 
     dir_a, dir_b = (Path(d) for d in args.compare)
+    if (dir_a / "capacity.json").is_file() and (dir_b / "capacity.json").is_file():
+        return _compare_capacity(dir_a, dir_b)
     a, b = _read_report(dir_a), _read_report(dir_b)
-    rows = compare_reports(a, b, alpha=args.alpha, min_change=args.min_change)
+    rows = compare_reports(a, b, alpha=args.alpha, min_change=args.min_change, min_delay=args.min_delay)
     label_a, label_b = f"A {dir_a.name}", f"B {dir_b.name}"
     if a.get("experiment") != b.get("experiment"):
         print(f"note: comparing different experiments ({a.get('experiment')} and {b.get('experiment')})")
@@ -176,12 +242,31 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 1 if flagged else 0
 
 
+def _compare_capacity(dir_a: Path, dir_b: Path) -> int:
+    """Two capacity searches: per case both intervals; exit 1 when one is decisively lower in B."""
+    from chaos.capacity.compare import compare_capacity, compare_lines
+
+    try:
+        a, b = (json.loads((d / "capacity.json").read_text(encoding="utf-8")) for d in (dir_a, dir_b))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read capacity.json: {exc}") from None
+    rows = compare_capacity(a, b)
+    for line in compare_lines(rows, str(b.get("unit", "")), f"A {dir_a.name}", f"B {dir_b.name}"):
+        print(line)
+    flagged = [r for r in rows if r.flagged]
+    print(f"{len(flagged)} flagged (capacity lower in B)" if flagged else "nothing flagged")
+    return 1 if flagged else 0
+
+
 def _cmd_history(args: argparse.Namespace) -> int:
-    from chaos.reports.history import history_lines, load_runs, regressions, render_history
+    from chaos.output.reports.history import history_lines, load_runs, regressions, render_history
 
     root = Path(args.history)
-    runs = load_runs(root, args.experiment)
-    transitions = regressions(runs, alpha=args.alpha, min_change=args.min_change)
+    left_out: list[Path] = []
+    runs = load_runs(root, args.experiment, left_out=left_out)
+    for path in left_out:
+        print(f"left out {path}: it ended before any verdict (failed or stopped during setup)")
+    transitions = regressions(runs, alpha=args.alpha, min_change=args.min_change, min_delay=args.min_delay)
     for line in history_lines(runs, transitions):
         print(line)
     _write_page(Path(args.html) if args.html else root / "history.html", render_history(runs, transitions))
@@ -189,8 +274,6 @@ def _cmd_history(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from chaos.render import from_report, verdict_table
-
     if args.compare:
         return _cmd_compare(args)
     if args.history:
@@ -199,34 +282,69 @@ def _cmd_report(args: argparse.Namespace) -> int:
         raise UsageError("report: give RUN_DIR, --compare RUN_A RUN_B or --history DIR")
     if args.as_ == "vllm-bench":
         return _cmd_vllm_bench(args)
+    return _cmd_report_run(args)
+
+
+def _cmd_report_run(args: argparse.Namespace) -> int:
+    """One run's summary: its faults, its verdict table and the definitions the verdicts used."""
+    from chaos.model.outcome import judged_nothing
+
     report = _read_report(args.run_dir)
-    print(f"{report['experiment']}: {report['status']} (exit {report['exit_code']}), {report['load']['streams']} streams")
+    if report.get("error"):
+        print(f"error: {report['error']}")
+    if judged_nothing(report):
+        _print_nothing_judged(report, Path(args.run_dir))
+        return int(report["exit_code"])
+    _print_run_summary(report)
+    return int(report["exit_code"])
+
+
+def _print_nothing_judged(report: dict[str, Any], run_dir: Path) -> None:
+    """A run that ended before any verdict: how it ended, what to check, where its page is."""
+    from chaos.model.outcome import ended, next_steps
+
+    print(f"{report['experiment']}: the run {ended(report.get('status'))} before any verdict: nothing was judged "
+          f"(exit {report['exit_code']})")
+    for step in next_steps(report.get("error"), str(report.get("status"))):
+        print(f"  check: {step}")
+    print(f"open: {run_dir / 'report.html'}")
+
+
+def _print_run_summary(report: dict[str, Any]) -> None:
+    from chaos.output.render import from_report, verdict_table
+
+    print(f"{report['experiment']}: {report['status']} (exit {report['exit_code']}), "
+          f"{report['load']['streams']} streams")
     for fault in report["faults"]:
-        print(f"  fault {fault['name']} ({fault['kind']}): injected {fault['injected_at']}s, reverted {fault['reverted_at']}s")
+        print(f"  fault {fault['name']} ({fault['kind']}): injected {fault['injected_at']}s, "
+              f"reverted {fault['reverted_at']}s")
     verdicts = from_report(report["verdicts"])
     for line in verdict_table(verdicts):
         print("  " + line)
-    definitions: list[str] = []
-    for v in verdicts:
-        for line in ([v.evidence["definition"]] if "definition" in v.evidence else []) + list(v.evidence.get("definitions", [])):
-            if line not in definitions:
-                definitions.append(line)
+    definitions = _definitions(verdicts)
     if definitions:
         print("definitions:")
         for line in definitions:
             print(f"  {line}")
-    return int(report["exit_code"])
+
+
+def _definitions(verdicts: list[Verdict]) -> list[str]:
+    """The verdicts' metric definitions, each once, in the order they first appear."""
+    definitions: list[str] = []
+    for v in verdicts:
+        own = [v.evidence["definition"]] if "definition" in v.evidence else []
+        for line in own + list(v.evidence.get("definitions", [])):
+            if line not in definitions:
+                definitions.append(line)
+    return definitions
 
 
 def _cmd_vllm_bench(args: argparse.Namespace) -> int:
-    from chaos.observations import Observations
-    from chaos.vllm_bench import render_vllm_bench, vllm_bench_figures
+    from chaos.model.observations import Observations
+    from chaos.output.vllm_bench import render_vllm_bench, vllm_bench_figures
 
-    run_dir = Path(args.run_dir)
-    journal = run_dir / "journal.jsonl"
-    if not journal.is_file():
-        raise UsageError(f"{journal} does not exist: give a run directory written by `streamchaos run --out`")
-    obs = Observations.load(journal)
+    run_dir = _run_dir(args.run_dir)
+    obs = Observations.load(run_dir / "journal.jsonl")
     if args.phase is not None and obs.phase(args.phase) is None and not any(s.phase == args.phase for s in obs.streams):
         known = ", ".join(p.name for p in obs.phases) or "none"
         raise UsageError(f"{run_dir}: no phase {args.phase!r} in this run; phases: {known}")
@@ -235,14 +353,24 @@ def _cmd_vllm_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_shard(args: argparse.Namespace) -> int:
-    from chaos.load.shard import shard_main
+    from chaos.load.shard_process import shard_main
 
     return shard_main(args)
 
 
+def _duration(text: str) -> float:
+    """``10ms`` or ``0.5s`` in seconds (a usage error, exit 2, otherwise)."""
+    from chaos.model.units import parse_duration
+
+    try:
+        return parse_duration(text)
+    except Exception as exc:  # noqa: BLE001 - whatever the parser raises is a usage error here
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _fraction(text: str) -> float:
     """``10%`` or ``0.1`` (argparse turns the ValueError into a usage error, exit 2)."""
-    from chaos.units import parse_fraction
+    from chaos.model.units import parse_fraction
 
     try:
         return parse_fraction(text)
@@ -251,14 +379,18 @@ def _fraction(text: str) -> float:
 
 
 def _cmd_budgets(args: argparse.Namespace) -> int:
-    from chaos.budgets import load_baselines, propose, render_proposals, write_budgets
-    from chaos.units import UnitError, parse_fraction
+    from chaos.execution.budgets import load_baselines, propose, render_proposals, write_budgets
+    from chaos.model.units import UnitError, parse_fraction
 
     try:
         false_fail = parse_fraction(args.false_fail)
     except UnitError as exc:
         raise UsageError(f"--false-fail: {exc}") from None
-    runs = load_baselines(args.run_dirs)
+    left_out: list[Path] = []
+    runs = load_baselines(args.run_dirs, left_out=left_out)
+    for path in left_out:
+        print(f"left out {path}: it ended before any verdict (failed or stopped during setup), so it says nothing "
+              "about a healthy run")
     proposals = propose(runs, false_fail)
     print(render_proposals(proposals, runs, false_fail), end="")
     if args.write:
@@ -268,90 +400,195 @@ def _cmd_budgets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    """The installed distribution's version; the source tree's own when it is run uninstalled."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("streamchaos")
+    except PackageNotFoundError:
+        import tomllib
+
+        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+        try:
+            return str(tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["version"]) + " (not installed)"
+        except (OSError, KeyError, ValueError):
+            return "unknown (not installed)"
+
+
+Commands = argparse._SubParsersAction  # the subcommands of the parser (argparse names no public type)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="streamchaos", description="Chaos experiments for LLM token-streaming stacks.")
+    parser = argparse.ArgumentParser(prog="streamchaos",
+                                     description="Chaos experiments for LLM token-streaming stacks.")
+    parser.add_argument("--version", action="version", version=f"streamchaos {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_run(sub)
+    _add_capacity(sub)
+    _add_validate(sub)
+    _add_list(sub)
+    _add_verify(sub)
+    _add_rollback(sub)
+    _add_manifests(sub)
+    _add_report(sub)
+    _add_budgets(sub)
+    _add_shard(sub)
+    sub.add_parser("stack", help="`stack serve ...`: the builtin streaming stack (see `stack serve --help`)")
+    sub.add_parser("toxiproxy", help="`toxiproxy serve ...`: the embedded Toxiproxy server")
+    return parser
+
+
+def _add_run(sub: Commands) -> None:
     p = sub.add_parser("run", help="run an experiment and judge its SLAs")
     p.add_argument("experiment", help="experiment YAML file")
     p.add_argument("--target-url", help="run against this OpenAI-compatible server instead of the experiment's target")
-    p.add_argument("--out", help="run directory (default: runs/<time>-<name>)")
+    p.add_argument("--out", help="run directory (default: runs/<time>-<name>-<pid>)")
     p.add_argument("--api-key-env", metavar="NAME", help="the environment variable holding the target's API key "
                    "(overrides target.api_key_env / api_key; the key is never written anywhere)")
     p.add_argument("--seed", type=int, help="override the experiment's seed")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.add_argument("--dry-run", action="store_true",
-                   help="validate, resolve the target (GET /v1/models only), say what each fault would change and how it "
-                        "is undone; start, change and write nothing")
+                   help="validate, resolve the target (GET /v1/models, then the load's request once), check the engine "
+                        "extra a builtin target needs, say what each fault would change and how it is undone; start, "
+                        "change and write nothing")
     p.add_argument("--metrics-port", type=int, metavar="PORT",
                    help="serve the run's QoS metrics on 127.0.0.1:PORT/metrics while it runs (0: any free port)")
     p.add_argument("--push-metrics", metavar="URL", help="push the run's QoS metrics to this Prometheus Pushgateway")
     p.set_defaults(fn=_cmd_run)
+
+
+def _add_capacity(sub: Commands) -> None:
+    p = sub.add_parser("capacity", help="the highest load meeting every SLA, in the baseline and with each fault")
+    p.add_argument("experiment", help="experiment YAML file with a capacity section")
+    p.add_argument("--target-url", help="search this OpenAI-compatible server instead of the experiment's target")
+    p.add_argument("--out", help="directory for capacity.json, capacity.html and every probe's run "
+                   "(default: runs/<time>-<name>-capacity-<pid>)")
+    p.add_argument("--budget", help="the whole search's time, e.g. 10m (default: capacity.budget)")
+    p.add_argument("--seed", type=int, help="override the experiment's seed (every probe runs with it)")
+    p.add_argument("--api-key-env", metavar="NAME", help="the environment variable holding the target's API key")
+    p.add_argument("--quiet", action="store_true", help="no line per probe")
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve each case's capacity so far on 127.0.0.1:PORT/metrics for the life of the search")
+    p.add_argument("--push-metrics", metavar="URL",
+                   help="push each case's capacity to this Pushgateway after every probe")
+    p.set_defaults(fn=_cmd_capacity)
+
+
+def _add_validate(sub: Commands) -> None:
     p = sub.add_parser("validate", help="check experiment files; exit 0 valid, 2 invalid")
     p.add_argument("files", nargs="+")
     p.set_defaults(fn=_cmd_validate)
-    p = sub.add_parser("list", help="the fault and SLA catalogues")
-    p.add_argument("what", nargs="?", default="all", choices=["faults", "slas", "all"])
+
+
+def _add_list(sub: Commands) -> None:
+    p = sub.add_parser("list", help="the fault and SLA catalogues, or the shipped experiments")
+    p.add_argument("what", nargs="?", default="all", choices=["faults", "slas", "experiments", "all"],
+                   help="faults, slas, all (both; the default), or experiments: the ones shipped in experiments/")
     p.set_defaults(fn=_cmd_list)
+
+
+def _add_verify(sub: Commands) -> None:
     p = sub.add_parser("verify", help="re-judge a finished run offline")
     p.add_argument("run_dir")
     p.add_argument("--sla", help="YAML with another `sla:` list to judge against")
     p.set_defaults(fn=_cmd_verify)
+
+
+def _add_rollback(sub: Commands) -> None:
     p = sub.add_parser("rollback", help="undo what a killed run left behind (idempotent)")
     p.add_argument("run_dir")
-    p.add_argument("--target-url", help="the run's target (its admin API may be contacted); the journal alone is not trusted")
-    p.add_argument("--toxiproxy-url", help="the run's Toxiproxy API (also TOXIPROXY_URL); the journal alone is not trusted")
+    p.add_argument("--target-url",
+                   help="the run's target (its admin API may be contacted); the journal alone is not trusted")
+    p.add_argument("--toxiproxy-url",
+                   help="the run's Toxiproxy API (also TOXIPROXY_URL); the journal alone is not trusted")
     p.add_argument("--kubeconfig", help="the run's cluster, for k8s.scale (also STREAMCHAOS_KUBECONFIG, KUBECONFIG)")
     p.add_argument("--kube-context", help="the kubeconfig context of the run's cluster (also STREAMCHAOS_KUBE_CONTEXT)")
     p.set_defaults(fn=_cmd_rollback)
-    p = sub.add_parser("manifests", help="`manifests rbac EXPERIMENT`: the ServiceAccount, Role and RoleBinding an experiment needs")
+
+
+def _add_manifests(sub: Commands) -> None:
+    p = sub.add_parser("manifests",
+                       help="`manifests rbac EXPERIMENT`: the ServiceAccount, Role and RoleBinding an experiment needs")
     p.add_argument("what", choices=["rbac"])
     p.add_argument("experiment", help="experiment YAML file")
-    p.add_argument("--service-account", default="streamchaos", help="the name of the ServiceAccount, Role and RoleBinding")
-    p.add_argument("--namespace", help="put them in this namespace (default: the target's, if the experiment names one)")
+    p.add_argument("--service-account", default="streamchaos",
+                   help="the name of the ServiceAccount, Role and RoleBinding")
+    p.add_argument("--namespace",
+                   help="put them in this namespace (default: the target's, if the experiment names one)")
     p.add_argument("--outside", action="store_true",
                    help="the runner runs outside the cluster (access: auto means port-forward, not the Service)")
     p.set_defaults(fn=_cmd_manifests)
+
+
+def _add_report(sub: Commands) -> None:
     p = sub.add_parser("report", help="print a finished run's report; compare two runs; a history page over many")
     p.add_argument("run_dir", nargs="?")
     p.add_argument("--as", dest="as_", choices=["verdicts", "vllm-bench"], default="verdicts",
                    help="verdicts (default), or the run's figures under vLLM bench serve's names")
     p.add_argument("--phase", help="with --as vllm-bench: only this phase's streams")
     p.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"),
-                   help="each SLA's figure in both runs, the change, and whether it is significant; exit 1 when flagged")
-    p.add_argument("--history", metavar="DIR", help="one page over the runs in DIR (one experiment): trends, streaks, regressions")
+                   help="each SLA's figure in both runs, the change, and whether it is significant; exit 1 when "
+                        "flagged")
+    p.add_argument("--history", metavar="DIR",
+                   help="one page over the runs in DIR (one experiment): trends, streaks, regressions")
     p.add_argument("--experiment", help="with --history: the experiment to show when DIR holds several")
     p.add_argument("--html", metavar="FILE", help="where the page goes (default: RUN_B/compare.html, DIR/history.html)")
     p.add_argument("--alpha", type=float, default=0.05, help="significance of Fisher's test on shares (default 0.05)")
     p.add_argument("--min-change", type=_fraction, default=0.10, metavar="FRACTION",
                    help="smallest relative change flagged as a regression (default 10%%)")
+    p.add_argument("--min-delay", type=_duration, default=0.010, metavar="DURATION",
+                   help="smallest latency change flagged as a regression, e.g. 5ms (default 10ms): milliseconds of "
+                        "host scheduling are not a regression")
     p.set_defaults(fn=_cmd_report)
+
+
+def _add_budgets(sub: Commands) -> None:
     p = sub.add_parser("budgets", help="propose SLA budgets from healthy runs of an experiment")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="finished runs of one experiment on a healthy stack")
-    p.add_argument("--false-fail", default="1%", help="the largest chance a healthy run fails or is undecided (default 1%%)")
+    p.add_argument("--false-fail", default="1%",
+                   help="the largest chance a healthy run fails or is undecided (default 1%%)")
     p.add_argument("--write", metavar="EXPERIMENT.yaml", help="write the proposed budgets into this experiment file")
     p.set_defaults(fn=_cmd_budgets)
-    p = sub.add_parser("shard", help="be one load shard of a run whose load.shards is above 1 (a pod of an Indexed Job)")
-    p.add_argument("--coordinator", required=True, metavar="HOST:PORT", help="where the run's coordinator listens (load.shard_listen)")
+
+
+def _add_shard(sub: Commands) -> None:
+    p = sub.add_parser("shard",
+                       help="be one load shard of a run whose load.shards is above 1 (a pod of an Indexed Job)")
+    p.add_argument("--coordinator", required=True, metavar="HOST:PORT",
+                   help="where the run's coordinator listens (load.shard_listen)")
     p.add_argument("--index", type=int, help="this shard's index (default: JOB_COMPLETION_INDEX)")
     p.add_argument("--count", type=int, required=True, help="how many shards the run has (load.shards)")
     p.add_argument("--journal-dir", default=".", help="where journal.shard-K.jsonl goes (default: here)")
-    p.add_argument("--target-url", help="send the load here instead of the URL the coordinator gives (e.g. an in-cluster Service)")
+    p.add_argument("--target-url",
+                   help="send the load here instead of the URL the coordinator gives (e.g. an in-cluster Service)")
     p.add_argument("--token-file", help="file holding the run's shard token (default: STREAMCHAOS_SHARD_TOKEN)")
     p.add_argument("--api-key-file", help="file holding the target's API key (default: STREAMCHAOS_API_KEY)")
     p.add_argument("--connect-timeout", type=float, default=300.0, metavar="SECONDS",
                    help="keep trying to reach the coordinator this long (default 300)")
     p.set_defaults(fn=_cmd_shard)
-    sub.add_parser("stack", help="`stack serve ...`: the builtin streaming stack (see `stack serve --help`)")
-    sub.add_parser("toxiproxy", help="`toxiproxy serve ...`: the embedded Toxiproxy server")
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from chaos.host.redact import RedactingStream
+
+    if list(sys.argv[1:] if argv is None else argv)[:2] in (["stack", "serve"], ["toxiproxy", "serve"]):
+        return _main(argv)  # servers, not a run's record: their streams are their own
+    # the console is a record too: no configured secret or URL userinfo reaches it (chaos.host.redact)
+    stdout, stderr = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = RedactingStream(stdout), RedactingStream(stderr)  # type: ignore[assignment]
+    try:
+        return _main(argv)
+    finally:
+        sys.stdout, sys.stderr = stdout, stderr
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         # `stack serve` and `toxiproxy serve` own their flags; hand the rest over untouched
         if argv[:2] == ["stack", "serve"]:
-            from chaos.targets import require_engine
+            from chaos.targets.base import require_engine
 
             if "-h" not in argv and "--help" not in argv:
                 require_engine("streamchaos stack serve")

@@ -1,10 +1,13 @@
-"""pytest plugin (entry point `pytest11`): fixtures, a marker, and YAML experiments as test items.
+"""pytest plugin (entry point `pytest11`): fixtures (chaos_run, chaos_capacity, chaos_stack), a marker,
+and YAML experiments as test items.
 
 - ``chaos_stack`` (session): a builtin stack started once, as a real child process; yields its URLs
   and its admin token (``admin_headers`` for a request to ``admin_url``).
 - ``chaos_run``: runs an experiment (a path, a dict or an ``Experiment``) and returns the ``Result``;
   with ``check=True`` a failed run raises an AssertionError listing the failing verdicts and their
   evidence. Runs in its own thread and event loop, so it works inside pytest-asyncio tests too.
+- ``chaos_capacity``: an experiment's ``capacity:`` search (``streamchaos capacity``); returns the
+  ``CapacityResult`` (each case's interval, ``exit_code``), capacity.json/.html in its directory.
 - ``@pytest.mark.chaos_experiment(path)``: the experiment ``chaos_run()`` runs when given none.
 - ini ``streamchaos_experiments``: folders whose ``*.yaml`` experiments are collected as tests.
 """
@@ -24,7 +27,8 @@ __all__ = ["RunLog", "StackHandle", "failure_message"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addini("streamchaos_experiments", "folders whose *.yaml experiments are collected as tests", type="paths", default=[])
+    parser.addini("streamchaos_experiments", "folders whose *.yaml experiments are collected as tests", type="paths",
+                  default=[])
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -33,7 +37,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def failure_message(result: Any) -> str:
     """Why a run is not OK: its status and every verdict that was not as expected, with evidence."""
-    from chaos.render import verdict_line
+    from chaos.output.render import verdict_line
 
     lines = [f"experiment {result.experiment.name!r}: {result.status}, exit {result.exit_code} ({result.out_dir})"]
     if result.error:
@@ -46,7 +50,7 @@ class RunLog:
     """Run listener: the run's progress lines, kept for the test report (shown when a test fails)."""
 
     def __init__(self) -> None:
-        from chaos.progress import describe
+        from chaos.output.progress import describe
 
         self._describe = describe
         self.lines: list[str] = []
@@ -90,11 +94,12 @@ def _run_blocking(experiment: Any, *, out_dir: Path, target_url: str | None = No
     """
     from dataclasses import replace
 
-    from chaos.runner import Runner
+    from chaos.api import runner as make_runner
 
     if seed is not None:
         experiment = replace(experiment, seed=seed)
-    runner = Runner(experiment, target_url=target_url, out_dir=out_dir, handle_signals=False, listeners=[log] if log else [])
+    runner = make_runner(experiment, target_url=target_url, out_dir=out_dir, handle_signals=False,
+                         listeners=[log] if log else [])
     box: dict[str, Any] = {}
 
     async def main() -> Any:
@@ -140,7 +145,7 @@ class StackHandle:
 def chaos_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackHandle]:
     """A builtin stack (tiny model, CPU unless CUDA is present) for the whole session."""
     from chaos.experiment import TargetSpec
-    from chaos.targets import BuiltinStack
+    from chaos.targets.base import BuiltinStack
 
     log = tmp_path_factory.mktemp("chaos-stack") / "stack.log"
     stack = BuiltinStack(TargetSpec(), log, seed=0)
@@ -170,10 +175,12 @@ def chaos_run(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., A
     marker = request.node.get_closest_marker("chaos_experiment")
     counter = iter(range(1_000_000))
 
-    def runner(experiment: Any = None, *, target_url: str | None = None, check: bool = False, seed: int | None = None) -> Any:
+    def runner(experiment: Any = None, *, target_url: str | None = None, check: bool = False,
+               seed: int | None = None) -> Any:
         if experiment is None:
             if marker is None:
-                raise TypeError("chaos_run() needs an experiment, or mark the test with @pytest.mark.chaos_experiment(path)")
+                raise TypeError("chaos_run() needs an experiment, or mark the test with "
+                                "@pytest.mark.chaos_experiment(path)")
             experiment = marker.args[0]
         exp = _resolve(experiment)
         out = tmp_path / f"run{next(counter)}-{exp.name}"
@@ -187,6 +194,31 @@ def chaos_run(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., A
         return result
 
     return runner
+
+
+@pytest.fixture
+def chaos_capacity(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., Any]:
+    """``chaos_capacity(experiment, *, target_url=None, budget_s=None) -> CapacityResult``: the
+    experiment's ``capacity:`` search (``streamchaos capacity``), capacity.json and capacity.html
+    written in its directory, one line per probe in the test's report."""
+    counter = iter(range(1_000_000))
+
+    def search(experiment: Any, *, target_url: str | None = None, budget_s: float | None = None) -> Any:
+        from chaos.capacity.report import write_capacity_report
+        from chaos.capacity.run import as_dict, search_capacity
+
+        exp = _resolve(experiment)
+        out = tmp_path / f"capacity{next(counter)}-{exp.name}"
+        lines: list[str] = []
+        try:
+            found = _in_thread(lambda: asyncio.run(search_capacity(
+                exp, out_dir=out, target_url=target_url, budget_s=budget_s, say=lines.append, handle_signals=False)))
+        finally:
+            request.node.add_report_section("call", f"streamchaos capacity {exp.name}", "\n".join(lines))
+        write_capacity_report(as_dict(found), out)
+        return found
+
+    return search
 
 
 def pytest_collect_file(parent: pytest.Collector, file_path: Path) -> pytest.Collector | None:

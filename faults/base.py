@@ -19,18 +19,19 @@ plan without a matching revert.
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
 
-from chaos.context import ClusterRef, FaultAccount, Reach, RunContext, Scene
-from chaos.errors import ExperimentInvalid
-from chaos.params import Schema
+from chaos.model.context import ClusterRef, FaultAccount, Reach, RunContext, Scene
+from chaos.model.errors import ExperimentInvalid
+from chaos.model.params import Schema
 
 if TYPE_CHECKING:
-    from chaos.experiment.model import Experiment
     from chaos.k8s.rbac import Rule
+    from chaos.model.experiment import Experiment
 
 __all__ = ["REGISTRY", "Fault", "Injection", "register"]
 
@@ -56,7 +57,8 @@ class Fault(ABC):
         """The spec from raw YAML values (``latency: 100ms``); ``ExperimentInvalid`` when they are wrong."""
         values, problems = cls.schema.parse(raw)
         if problems:
-            raise ExperimentInvalid("; ".join(f"{cls.kind}{'.' + key if key else ''}: {message}" for key, message in problems))
+            raise ExperimentInvalid("; ".join(f"{cls.kind}{'.' + key if key else ''}: {message}"
+                                              for key, message in problems))
         return cls.from_params(name, values)
 
     @property
@@ -67,6 +69,16 @@ class Fault(ABC):
     def problems(self, experiment: Experiment) -> list[tuple[str, str]]:
         """Cross-section checks at load time, as ``(key, message)``; ``experiment`` is the parsed one."""
         return []
+
+    def streams_opened(self) -> int:
+        """Streams the fault opens beside the load's own while in force (background streams): what
+        the run's open-file limit must allow for (``chaos.host.fd_limit``)."""
+        return 0
+
+    def rbac(self) -> tuple[Rule, ...]:
+        """The RBAC rules this fault, as configured, calls (its kind's ``rbac_rules``; a kind acting on one
+        named object limits them to it)."""
+        return self.rbac_rules
 
     def reach(self, experiment: Experiment) -> tuple[Reach, ...]:
         """What this fault acts on beyond the run's own target and proxy (a Kubernetes namespace and
@@ -89,7 +101,8 @@ class Fault(ABC):
 
     @abstractmethod
     def activate(self, ctx: RunContext) -> Injection:
-        """This fault for one run; raise ``FaultUnsupported``/``FaultPermissionDenied`` when it cannot act in ``ctx``."""
+        """This fault for one run; raise ``FaultUnsupported``/``FaultPermissionDenied`` when it cannot act
+        in ``ctx``."""
 
     @classmethod
     def rollback(cls, undo: Mapping[str, Any]) -> dict[str, Any]:
@@ -101,10 +114,12 @@ class Injection(ABC):
     """One fault acting in one run: owns that run's state and knows how to undo it.
 
     ``outlives_runner``: what it changes survives the runner's death (GPU clocks, a stopped
-    process), so the runner keeps a watchdog while it is active.
+    process), so the runner keeps a watchdog while it is active. ``step_timeout_s``: how long the
+    runner lets one inject or revert take before it gives up on it (a restart of vLLM takes longer).
     """
 
     outlives_runner: ClassVar[bool] = False
+    step_timeout_s: float = 20.0  # one inject or revert may not hold the run hostage
 
     def __init__(self, fault: Fault, ctx: RunContext) -> None:
         self.fault = fault
@@ -129,6 +144,11 @@ class Injection(ABC):
     @abstractmethod
     async def revert(self) -> dict[str, Any]:
         """Undo the fault; idempotent; return what was undone."""
+
+    def scheduled(self) -> asyncio.Future[Any] | None:
+        """What ``inject`` left to do later in the phase (an action at ``at``), if anything: the runner
+        reports its failure when it happens, as the fault's, and ends the run with it."""
+        return None
 
 
 REGISTRY: dict[str, type[Fault]] = {}

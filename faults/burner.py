@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from chaos.procs import exit_status, proc_state, start_time
+from chaos.host.procs import exit_status, proc_state, start_time
 
 __all__ = [
     "HARD_CAP_S",
@@ -77,7 +77,7 @@ def is_burner(pid: int, tag: str) -> bool:
         return False
     # A zombie has an empty cmdline: nothing left to kill.
     script = any(a.endswith(b"faults/burner.py") for a in argv[1:2]) or b"faults.burner" in argv
-    tagged = any(flag == b"--tag" and value == tag.encode() for flag, value in zip(argv, argv[1:]))
+    tagged = any(flag == b"--tag" and value == tag.encode() for flag, value in zip(argv, argv[1:], strict=False))
     return script and tagged and proc_state(pid) not in (None, "Z", "X")
 
 
@@ -93,7 +93,8 @@ def find_burners(tag: str) -> list[int]:
 # ---- the fault side ------------------------------------------------------------------------------
 
 
-def spawn(mode: str, args: Sequence[str], *, tag: str, max_seconds: float, log: Path | None = None) -> subprocess.Popen[bytes]:
+def spawn(mode: str, args: Sequence[str], *, tag: str, max_seconds: float,
+          log: Path | None = None) -> subprocess.Popen[bytes]:
     """Start one helper in its own session; call from the thread that will outlive it (PDEATHSIG)."""
     cmd = [
         sys.executable, SCRIPT, mode, *args,
@@ -102,8 +103,10 @@ def spawn(mode: str, args: Sequence[str], *, tag: str, max_seconds: float, log: 
     env = dict(os.environ)
     stderr: Any = subprocess.DEVNULL
     if log is not None:
+        from chaos.host.runfiles import open_append
+
         log.parent.mkdir(parents=True, exist_ok=True)
-        stderr = open(log, "ab")  # noqa: SIM115 - handed to the child, closed below
+        stderr = open_append(log)  # handed to the child, closed below
     try:
         return subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, env=env,
@@ -274,7 +277,8 @@ def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--tag", required=True, help="identifies this fault's helpers for a later rollback")
     common.add_argument("--parent-pid", type=int, required=True, help="exit when this process is no longer the parent")
-    common.add_argument("--max-seconds", type=float, required=True, help=f"exit after this long (capped at {HARD_CAP_S:g})")
+    common.add_argument("--max-seconds", type=float, required=True,
+                        help=f"exit after this long (capped at {HARD_CAP_S:g})")
     common.add_argument("--period", type=float, default=0.1, help="seconds per cycle")
     cpu = sub.add_parser("cpu", parents=[common])
     cpu.add_argument("--busy", type=float, required=True, help="busy share of each period, 0..1")

@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from chaos.context import ClientRule, FaultAccount, RunContext, Scene
 from chaos.load.rules import DisconnectRule, SlowReaderRule, TimeoutRule
-from chaos.params import Param, Schema
+from chaos.model.context import ClientRule, FaultAccount, RunContext, Scene
+from chaos.model.params import Param, Schema
 from faults.base import Fault, Injection, register
 
 if TYPE_CHECKING:
-    from chaos.experiment.model import Experiment
+    from chaos.model.experiment import Experiment
 
 __all__ = ["ClientDisconnect", "ClientSlowReader", "ClientTimeout"]
 
@@ -52,7 +52,8 @@ class _ClientFault(Fault):
 
     def describe(self, scene: Scene) -> FaultAccount:
         return FaultAccount(
-            changes=f"installs a rule in the load generator's clients ({self.schema.format(self.params)}): {self.summary}",
+            changes=(f"installs a rule in the load generator's clients ({self.schema.format(self.params)}): "
+                     f"{self.summary}"),
             undo="removes the rule when the phase ends; nothing outside the load generator changes",
         )
 
@@ -65,7 +66,8 @@ class ClientDisconnect(_ClientFault):
     schema = Schema(
         params=(
             _FRACTION,
-            Param("after_tokens", "int_or_range", min=0, doc="hang up after this many content events (or a seeded draw from [lo, hi])"),
+            Param("after_tokens", "int_or_range", min=0,
+                  doc="hang up after this many content events (or a seeded draw from [lo, hi])"),
             Param("after", "duration", doc="hang up this long after the request was sent"),
             Param("while_queued", "bool", doc="hang up before the first byte of the response body"),
         ),
@@ -108,7 +110,8 @@ class ClientSlowReader(_ClientFault):
     rate: float | None
 
     def rule(self) -> ClientRule:
-        return SlowReaderRule(fault=self.name, fraction=self.fraction, read_delay_s=self.read_delay or 0.0, read_rate_bps=self.rate)
+        return SlowReaderRule(fault=self.name, fraction=self.fraction, read_delay_s=self.read_delay or 0.0,
+                              read_rate_bps=self.rate)
 
 
 @register
@@ -119,7 +122,8 @@ class ClientTimeout(_ClientFault):
     schema = Schema(
         params=(
             _FRACTION,
-            Param("timeout", "duration", required=True, doc="read timeout per network read; shorter than the stream needs"),
+            Param("timeout", "duration", required=True,
+                  doc="read timeout per network read; shorter than the stream needs"),
         ),
     )
 

@@ -24,15 +24,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from chaos.containers import container_facts, docker_client, find_container, ownership_problem
-from chaos.context import RunContext
-from chaos.errors import FaultError, FaultUnsupported
-from chaos.params import Param, Schema
+from chaos.model.context import RunContext
+from chaos.model.errors import FaultError, FaultUnsupported
+from chaos.model.params import Param, Schema
+from chaos.targets.containers import container_facts, docker_client, find_container, ownership_problem
 from faults.base import Fault, Injection, register
 from faults.kill_schedule import KillSchedule
 
 if TYPE_CHECKING:
-    from chaos.experiment.model import Experiment
+    from chaos.model.experiment import Experiment
 
 __all__ = ["DockerCpuLimit", "DockerKill", "DockerPause", "quota_for"]
 
@@ -49,8 +49,9 @@ def _target_problem(kind: str, experiment: Experiment) -> list[tuple[str, str]]:
 
 def _container_id(kind: str, ctx: RunContext) -> str:
     if not ctx.target.container_id:
-        raise FaultUnsupported(f"{kind} needs the container the runner started (target.kind: docker); target {ctx.target.kind} "
-                               f"at {ctx.target.base_url} has none (--target-url makes any target remote)")
+        raise FaultUnsupported(f"{kind} needs the container the runner started (target.kind: docker); "
+                               f"target {ctx.target.kind} at {ctx.target.base_url} has none "
+                               "(--target-url makes any target remote)")
     return ctx.target.container_id
 
 
@@ -77,7 +78,8 @@ def _rollback_container(kind: str, undo: Mapping[str, Any]) -> tuple[Any, Any] |
     if container is None:
         client.close()
         return {"skipped": "the container is gone"}
-    why = ownership_problem(container.attrs, run_dir=str(undo.get("run_dir") or "/nonexistent"), run_id=str(undo.get("run_id") or ""))
+    why = ownership_problem(container.attrs, run_dir=str(undo.get("run_dir") or "/nonexistent"),
+                            run_id=str(undo.get("run_id") or ""))
     if why is not None:
         client.close()
         return {"skipped": f"{why}; left alone"}
@@ -124,7 +126,8 @@ class DockerPause(Fault):
     """Freeze the target container (cgroup freezer) for the phase."""
 
     kind = "docker.pause"
-    summary = "freeze the target container for the phase (cgroup freezer: every process stops at once); unpause on revert"
+    summary = ("freeze the target container for the phase (cgroup freezer: every process stops at once); "
+               "unpause on revert")
     schema = Schema()
 
     def problems(self, experiment: Experiment) -> list[tuple[str, str]]:
@@ -171,7 +174,8 @@ class _Pause(_ContainerInjection):
         container = self._container()
         state = container.attrs["State"]
         if state.get("Paused"):
-            raise FaultError(f"docker.pause: container {self.container_id[:12]} is paused already, not by this fault: left alone")
+            raise FaultError(f"docker.pause: container {self.container_id[:12]} is paused already, "
+                             "not by this fault: left alone")
         if state.get("Status") != "running":
             raise FaultError(f"docker.pause: container {self.container_id[:12]} is {state.get('Status')}, not running")
         container.pause()
@@ -179,7 +183,8 @@ class _Pause(_ContainerInjection):
         container.reload()
         evidence = _brief(container.attrs)
         if not evidence["paused"]:
-            raise FaultError(f"docker.pause: the daemon reports container {self.container_id[:12]} as {evidence['status']} after pause")
+            raise FaultError(f"docker.pause: the daemon reports container {self.container_id[:12]} "
+                             f"as {evidence['status']} after pause")
         self._cpu_ns = _cpu_used_ns(container)
         return evidence
 
@@ -199,7 +204,8 @@ class _Pause(_ContainerInjection):
             container.reload()
             frozen = round(time.monotonic() - (self._paused_at or time.monotonic()), 3)
             self._paused_at = None
-            return {"unpaused": True, "paused_for_s": frozen, "cpu_used_while_paused_ms": None if used is None else round(used / 1e6, 3),
+            return {"unpaused": True, "paused_for_s": frozen,
+                    "cpu_used_while_paused_ms": None if used is None else round(used / 1e6, 3),
                     **_brief(container.attrs)}
         finally:
             self._close()
@@ -219,7 +225,8 @@ class DockerKill(Fault):
         params=(
             Param("signal", "choice", "SIGKILL", choices=("SIGKILL", "SIGTERM", "SIGINT", "SIGQUIT", "SIGHUP")),
             Param("at", "duration", 0.0, doc="delay after the phase start"),
-            Param("restart", "bool", False, doc="start the same container again once it has exited, and wait until it answers"),
+            Param("restart", "bool", False,
+                  doc="start the same container again once it has exited, and wait until it answers"),
         ),
     )
 
@@ -232,7 +239,8 @@ class DockerKill(Fault):
 
     def activate(self, ctx: RunContext) -> Injection:
         if self.restart and ctx.restart_target is None:
-            raise FaultUnsupported("docker.kill with restart: true needs the runner to restart the target, which it cannot here")
+            raise FaultUnsupported("docker.kill with restart: true needs the runner to restart the target, "
+                                   "which it cannot here")
         _checked(self.kind, ctx)
         return _Kill(self, ctx)
 
@@ -250,7 +258,8 @@ class _Kill(_ContainerInjection):
         self._restarted = False
 
     def plan(self) -> dict[str, Any]:
-        return {"container_id": self.container_id, "signal": self.spec.signal, "note": "a kill cannot be undone"}
+        return {"container_id": self.container_id, "signal": self.spec.signal,
+                "restart": bool(getattr(self.spec, "restart", False)), "note": "a kill cannot be undone"}
 
     async def inject(self) -> dict[str, Any]:
         before = await asyncio.to_thread(lambda: container_facts(self._container().attrs))
@@ -288,15 +297,17 @@ class _Kill(_ContainerInjection):
         await self.ctx.restart_target()
         self._restarted = True
         facts = await asyncio.to_thread(lambda: container_facts(self._container().attrs))
-        self._outcome.update(restarted=True, restart_s=round(time.monotonic() - start, 3), started_at=facts["started_at"],
-                             status=facts["status"], restart_count=facts["restart_count"])
+        self._outcome.update(restarted=True, restart_s=round(time.monotonic() - start, 3),
+                             started_at=facts["started_at"], status=facts["status"],
+                             restart_count=facts["restart_count"])
 
     async def revert(self) -> dict[str, Any]:
         if (skipped := self._schedule.skip_revert()) is not None:
             return skipped
         try:
             settled = await self._schedule.settle(sent="sent_at_monotonic_ns" in self._outcome)
-            if not settled.get("cancelled") and self.spec.restart and self._outcome.get("exited") and not self._restarted:
+            if (not settled.get("cancelled") and self.spec.restart and self._outcome.get("exited")
+                    and not self._restarted):
                 self._schedule.stop()
                 await self._restart()  # a failure here is the revert's failure: the runner journals it
             return dict(self._outcome, **settled)
@@ -318,10 +329,12 @@ class DockerCpuLimit(Fault):
     """Lower the target container's CPU quota for the phase; restore the previous one on revert."""
 
     kind = "docker.cpu_limit"
-    summary = "cap the target container's CPU (CFS quota: cpus per period) for the phase; the previous limit restored on revert"
+    summary = ("cap the target container's CPU (CFS quota: cpus per period) for the phase; "
+               "the previous limit restored on revert")
     schema = Schema(
         params=(
-            Param("cpus", "float", required=True, min=0.01, max=1024, doc="CPUs the container may use, e.g. 0.2 (a fifth of one)"),
+            Param("cpus", "float", required=True, min=0.01, max=1024,
+                  doc="CPUs the container may use, e.g. 0.2 (a fifth of one)"),
             Param("period", "duration", 0.1, doc="the CFS period (1ms to 1s); the quota is cpus x period"),
         ),
     )
@@ -338,8 +351,8 @@ class DockerCpuLimit(Fault):
     def activate(self, ctx: RunContext) -> Injection:
         attrs = _checked(self.kind, ctx)
         if (attrs.get("HostConfig") or {}).get("NanoCpus"):
-            raise FaultUnsupported(f"docker.cpu_limit: container {str(attrs.get('Id', ''))[:12]} was started with --cpus "
-                                   "(NanoCpus), and Docker refuses a CFS quota beside it")
+            raise FaultUnsupported(f"docker.cpu_limit: container {str(attrs.get('Id', ''))[:12]} "
+                                   "was started with --cpus (NanoCpus), and Docker refuses a CFS quota beside it")
         return _CpuLimit(self, ctx)
 
     @classmethod
@@ -361,7 +374,8 @@ def _restore(container: Any, undo: Mapping[str, Any]) -> dict[str, Any]:
     if (quota, period) != (undo.get("set_quota_us"), undo.get("set_period_us")):
         return {"restored": False, "cpu_quota_us": quota, "cpu_period_us": period,
                 "why": f"the quota reads {quota}us per {period}us, not the {undo.get('set_quota_us')}us per "
-                       f"{undo.get('set_period_us')}us this run set: changed by someone else since (or never set); left alone"}
+                       f"{undo.get('set_period_us')}us this run set: changed by someone else since "
+                       "(or never set); left alone"}
     previous_quota = int(undo.get("previous_quota_us") or 0)
     previous_period = int(undo.get("previous_period_us") or 0)
     # 0 means "never set", which `docker update` reads as "unchanged": -1 is the kernel's "no quota"
@@ -417,8 +431,8 @@ class _CpuLimit(_ContainerInjection):
         container.reload()
         host = container.attrs["HostConfig"]
         if (host.get("CpuQuota"), host.get("CpuPeriod")) != (self.quota_us, self.period_us):
-            raise FaultError(f"docker.cpu_limit: the daemon reports a quota of {host.get('CpuQuota')}us per {host.get('CpuPeriod')}us "
-                             f"after setting {self.quota_us}us per {self.period_us}us")
+            raise FaultError(f"docker.cpu_limit: the daemon reports a quota of {host.get('CpuQuota')}us "
+                             f"per {host.get('CpuPeriod')}us after setting {self.quota_us}us per {self.period_us}us")
         return {"container": self.container_id[:12], "cpus": self.spec.cpus, "cpu_quota_us": host.get("CpuQuota"),
                 "cpu_period_us": host.get("CpuPeriod")}
 

@@ -33,16 +33,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from chaos.context import FaultAccount, RunContext, Scene
-from chaos.errors import FaultError, FaultPermissionDenied, FaultUnsupported
-from chaos.params import Param, Schema
-from chaos.procs import check_signalable, proc_state, start_time
+from chaos.host.procs import check_signalable, proc_state, start_time
+from chaos.model.context import FaultAccount, RunContext, Scene
+from chaos.model.errors import FaultError, FaultPermissionDenied, FaultUnsupported
+from chaos.model.params import Param, Schema
 from faults import burner
 from faults.base import Fault, Injection, register
 from faults.nvml import LIB_ENV, Nvml, nvml_available
 
 if TYPE_CHECKING:
-    from chaos.experiment.model import Experiment
+    from chaos.model.experiment import Experiment
 
 __all__ = [
     "GpuPowerCap",
@@ -91,7 +91,8 @@ def contention_shape(fraction: float) -> tuple[int, float]:
     return workers, busy
 
 
-def choose_backend(requested: str, *, device: str, nvml_ok: bool, allowed: bool, target_pid: int | None) -> tuple[str, str]:
+def choose_backend(requested: str, *, device: str, nvml_ok: bool, allowed: bool,
+                   target_pid: int | None) -> tuple[str, str]:
     """The backend that acts, and why (for the evidence)."""
     on_gpu = device.startswith("cuda")
     if requested != "auto":
@@ -176,19 +177,24 @@ class GpuThrottle(Fault):
     def problems(self, experiment: Experiment) -> list[tuple[str, str]]:
         found = []
         if self.backend == "nvml" and not experiment.safety.allow_gpu_clock_changes:
-            found.append(("backend", _refusal(self.kind, "with backend nvml locks SM clocks") + "; or use backend auto, contention or cpu_duty"))
+            found.append(("backend", _refusal(self.kind, "with backend nvml locks SM clocks")
+                          + "; or use backend auto, contention or cpu_duty"))
         if self.fraction_of_max is not None and self.fraction_of_max < MIN_FRACTION:
-            found.append(("fraction_of_max", f"must be at least {MIN_FRACTION:.0%}, found {self.fraction_of_max:.1%}; to stop the engine outright use process.kill"))
+            found.append(("fraction_of_max", f"must be at least {MIN_FRACTION:.0%}, found {self.fraction_of_max:.1%}; "
+                                             "to stop the engine outright use process.kill"))
         return found
 
     def activate(self, ctx: RunContext) -> Injection:
         """Pick the backend that can act here (and say why), check it can, and return it."""
         allowed = ctx.safety.allow_gpu_clock_changes
         if self.backend == "nvml" and not allowed:
-            raise FaultPermissionDenied(_refusal(self.kind, "with backend nvml locks SM clocks") + "; alternatives: backend contention or cpu_duty")
-        wants_nvml = self.backend == "nvml" or (self.backend == "auto" and allowed and ctx.target.device.startswith("cuda"))
+            raise FaultPermissionDenied(_refusal(self.kind, "with backend nvml locks SM clocks")
+                                        + "; alternatives: backend contention or cpu_duty")
+        wants_nvml = self.backend == "nvml" or (self.backend == "auto" and allowed
+                                                and ctx.target.device.startswith("cuda"))
         nvml_ok = nvml_available() if wants_nvml or self.sm_clock_mhz is not None else False
-        backend, why = choose_backend(self.backend, device=ctx.target.device, nvml_ok=nvml_ok, allowed=allowed, target_pid=ctx.target.pid)
+        backend, why = choose_backend(self.backend, device=ctx.target.device, nvml_ok=nvml_ok, allowed=allowed,
+                                      target_pid=ctx.target.pid)
         if backend == "nvml":
             self._check_nvml()
             return _ClockLock(self, ctx, why)
@@ -199,25 +205,31 @@ class GpuThrottle(Fault):
         return _Contention(self, ctx, why, fraction)
 
     def describe(self, scene: Scene) -> FaultAccount:
-        target = f"{self.sm_clock_mhz} MHz" if self.sm_clock_mhz is not None else f"{(self.fraction_of_max or 0.0):.0%} of its max"
+        target = (f"{self.sm_clock_mhz} MHz" if self.sm_clock_mhz is not None
+                  else f"{(self.fraction_of_max or 0.0):.0%} of its max")
         allowed = scene.safety.allow_gpu_clock_changes
         accounts = {
-            "nvml": (f"locks the SM clock of GPU {self.device} through NVML to {target} (device-global: every tenant of that "
-                     "GPU slows down while it holds)",
-                     "resets the SM clock when the phase ends if the lock is still ours; a watchdog in its own session resets "
-                     "it if the runner dies; `streamchaos rollback` does too"),
-            "contention": (f"starts co-tenant helper processes that keep the engine's device busy, so the engine keeps about {target}",
-                           "stops the helpers when the phase ends; they die with the runner and `streamchaos rollback` stops them"),
+            "nvml": (f"locks the SM clock of GPU {self.device} through NVML to {target} (device-global: "
+                     "every tenant of that GPU slows down while it holds)",
+                     "resets the SM clock when the phase ends if the lock is still ours; a watchdog in its own "
+                     "session resets it if the runner dies; `streamchaos rollback` does too"),
+            "contention": ("starts co-tenant helper processes that keep the engine's device busy, "
+                           f"so the engine keeps about {target}",
+                           "stops the helpers when the phase ends; they die with the runner and "
+                           "`streamchaos rollback` stops them"),
             "cpu_duty": (f"SIGSTOPs and SIGCONTs the engine process so that it runs {target} of each {self.period:g}s",
-                         "stops the duty cycle and SIGCONTs the engine when the phase ends; a watchdog and `streamchaos rollback` "
-                         "resume it if the runner dies"),
+                         "stops the duty cycle and SIGCONTs the engine when the phase ends; a watchdog and "
+                         "`streamchaos rollback` resume it if the runner dies"),
         }
         if self.backend != "auto":
             changes, undo = accounts[self.backend]
         else:
-            changes = ("picks its backend when the run starts: " + ("nvml (" + accounts["nvml"][0] + ") when NVML is present and the engine is on a GPU, else " if allowed else "")
+            changes = ("picks its backend when the run starts: "
+                       + ("nvml (" + accounts["nvml"][0] + ") when NVML is present and the engine is on a GPU, "
+                          "else " if allowed else "")
                        + "contention on the engine's GPU, or for a CPU engine "
-                       + ("a duty cycle of its process" if scene.target_spawned else "busy workers on this host's CPUs (the remote engine's pid is unknown)"))
+                       + ("a duty cycle of its process" if scene.target_spawned
+                          else "busy workers on this host's CPUs (the remote engine's pid is unknown)"))
             undo = "as its backend: " + "; ".join(f"{name}: {text}" for name, (_, text) in accounts.items())
         refused = None
         if self.backend == "nvml" and not allowed:
@@ -232,8 +244,8 @@ class GpuThrottle(Fault):
             arch = nv.architecture(self.device)
             if arch is not None and arch < VOLTA:
                 raise FaultUnsupported(
-                    f"GPU {self.device} ({nv.name(self.device)}) is older than Volta (NVML architecture {arch}): it cannot lock"
-                    " SM clocks; alternatives: backend contention or cpu_duty"
+                    f"GPU {self.device} ({nv.name(self.device)}) is older than Volta (NVML architecture {arch}): "
+                    "it cannot lock SM clocks; alternatives: backend contention or cpu_duty"
                 )
             nv.supported_sm_clocks_mhz(self.device)
 
@@ -261,14 +273,17 @@ class GpuThrottle(Fault):
                 locked = undo.get("locked_mhz")
                 current = nv.sm_clock_mhz(index)
                 if locked is None:
-                    return notes | {"reset": False, "device": index, "why": "the run never recorded a lock it took effect"}
+                    return notes | {"reset": False, "device": index,
+                                    "why": "the run never recorded a lock it took effect"}
                 if not clock_still_ours(current, int(locked)):
                     return notes | {
                         "reset": False, "device": index, "sm_clock_mhz": current,
-                        "why": f"the SM clock reads {current} MHz, above the {locked} MHz this run locked: someone else has changed it since; left alone",
+                        "why": f"the SM clock reads {current} MHz, above the {locked} MHz this run locked: "
+                               "someone else has changed it since; left alone",
                     }
                 nv.reset_sm_clocks(index)
-                return notes | {"reset": True, "device": index, "uuid": undo["uuid"], "sm_clock_mhz": nv.sm_clock_mhz(index)}
+                return notes | {"reset": True, "device": index, "uuid": undo["uuid"],
+                                "sm_clock_mhz": nv.sm_clock_mhz(index)}
         if backend in ("contention", "cpu_duty"):
             tag = str(undo.get("tag", ""))
             if not burner.valid_tag(tag):
@@ -293,7 +308,8 @@ class _ClockLock(Injection):
 
     def plan(self) -> dict[str, Any]:
         with Nvml() as nv:
-            return {"backend": "nvml", "device": self.spec.device, "uuid": nv.uuid(self.spec.device), "nvml_lib": os.environ.get(LIB_ENV)}
+            return {"backend": "nvml", "device": self.spec.device, "uuid": nv.uuid(self.spec.device),
+                    "nvml_lib": os.environ.get(LIB_ENV)}
 
     async def inject(self) -> dict[str, Any]:
         evidence = await asyncio.to_thread(self._lock)  # the read-back may wait: keep the loop free
@@ -341,9 +357,11 @@ class _ClockLock(Injection):
             self._locked_mhz = None
             if not clock_still_ours(current, locked):
                 return {"reset": False, "device": index, "sm_clock_mhz": current,
-                        "why": f"the SM clock reads {current} MHz, above our {locked} MHz lock: changed by someone else; left alone"}
+                        "why": f"the SM clock reads {current} MHz, above our {locked} MHz lock: "
+                               "changed by someone else; left alone"}
             nv.reset_sm_clocks(index)
-            return {"reset": True, "device": index, "sm_clock_mhz": nv.sm_clock_mhz(index), "clock_event_reasons": nv.clock_event_reasons(index)}
+            return {"reset": True, "device": index, "sm_clock_mhz": nv.sm_clock_mhz(index),
+                    "clock_event_reasons": nv.clock_event_reasons(index)}
 
 
 class _Helpers(Injection):
@@ -429,14 +447,16 @@ class _Contention(_Helpers):
         device = self.ctx.target.device
         if device.startswith("cuda"):
             cuda = _cuda_index(device, self.spec.device)
-            procs = [self._spawn("cuda", ["--device", str(cuda), "--busy", f"{busy:.4f}", "--period", period]) for _ in range(per_unit)]
+            procs = [self._spawn("cuda", ["--device", str(cuda), "--busy", f"{busy:.4f}", "--period", period])
+                     for _ in range(per_unit)]
             timeout, where = READY_TIMEOUT_CUDA_S, f"cuda:{cuda}"
             cpus: list[int] = []
         else:
             cpus = sorted(_affinity_of(self.ctx.target.pid))
             workers = min(MAX_CPU_WORKERS, per_unit * len(cpus))
             mask = ",".join(map(str, cpus))
-            procs = [self._spawn("cpu", ["--busy", f"{busy:.4f}", "--period", period, "--affinity", mask]) for _ in range(workers)]
+            procs = [self._spawn("cpu", ["--busy", f"{busy:.4f}", "--period", period, "--affinity", mask])
+                     for _ in range(workers)]
             timeout, where = READY_TIMEOUT_CPU_S, "cpu"
         for proc in procs:
             await self._await_ready(proc, timeout)
@@ -470,7 +490,8 @@ class _DutyCycle(_Helpers):
         proc = self._spawn("duty", args)
         await self._await_ready(proc, READY_TIMEOUT_CPU_S)
         observed = await _stopped_share(self.pid, seconds=min(0.5, max(0.2, 2 * period)))
-        return {"target_pid": self.pid, "fraction_of_max": self.fraction, "period_s": period, "cycler_pid": proc.pid, "observed_stopped_share": observed}
+        return {"target_pid": self.pid, "fraction_of_max": self.fraction, "period_s": period, "cycler_pid": proc.pid,
+                "observed_stopped_share": observed}
 
     def _stop_helpers(self) -> dict[str, Any]:
         """Stop the cycler, then make sure the engine runs again."""
@@ -493,7 +514,8 @@ def _resume(pid: int, starttime: int | None) -> dict[str, Any]:
     Without a recorded start time the pid proves nothing (pids are recycled): leave it alone.
     """
     if starttime is None:
-        return {"target_resumed": False, "target_state": None, "why": f"no start time recorded for pid {pid}: cannot tell it is still the engine"}
+        return {"target_resumed": False, "target_state": None,
+                "why": f"no start time recorded for pid {pid}: cannot tell it is still the engine"}
     if start_time(pid) != starttime:
         return {"target_resumed": False, "target_state": None, "why": f"pid {pid} is gone or reused"}
     try:
@@ -544,8 +566,8 @@ class GpuPowerCap(Fault):
     def describe(self, scene: Scene) -> FaultAccount:
         return FaultAccount(
             changes=f"lowers the power limit of GPU {self.device} through NVML to {self.watts:g} W (device-global)",
-            undo=("restores the previous limit when the phase ends if ours is still set; a watchdog restores it if the runner "
-                  "dies; `streamchaos rollback` does too"),
+            undo=("restores the previous limit when the phase ends if ours is still set; a watchdog restores it "
+                  "if the runner dies; `streamchaos rollback` does too"),
             refused=None if scene.safety.allow_gpu_clock_changes else _refusal(self.kind, "lowers the GPU power limit"),
         )
 
@@ -555,7 +577,8 @@ class GpuPowerCap(Fault):
         with Nvml() as nv:
             low, high = nv.power_limit_constraints_watts(self.device)
         if not low <= self.watts <= high:
-            raise FaultUnsupported(f"watts: {self.watts:g} is outside GPU {self.device}'s allowed power limit range {low:g}-{high:g} W")
+            raise FaultUnsupported(f"watts: {self.watts:g} is outside GPU {self.device}'s allowed power limit range "
+                                   f"{low:g}-{high:g} W")
         return _PowerLimit(self, ctx)
 
     @classmethod
@@ -568,10 +591,12 @@ class GpuPowerCap(Fault):
             if ours is None or abs(current - float(ours)) > POWER_TOLERANCE_W:
                 return notes | {
                     "restored": False, "device": index, "limit_watts": current,
-                    "why": f"the power limit reads {current:g} W, not the {ours} W this run set: changed by someone else since (or never set); left alone",
+                    "why": f"the power limit reads {current:g} W, not the {ours} W this run set: "
+                           "changed by someone else since (or never set); left alone",
                 }
             nv.set_power_limit_watts(index, float(undo["previous_watts"]))
-            return notes | {"device": index, "restored_watts": undo["previous_watts"], "limit_watts": nv.power_limit_watts(index)}
+            return notes | {"device": index, "restored_watts": undo["previous_watts"],
+                            "limit_watts": nv.power_limit_watts(index)}
 
 
 class _PowerLimit(Injection):
@@ -600,7 +625,8 @@ class _PowerLimit(Injection):
             readback = nv.power_limit_watts(index)
             if abs(readback - watts) > POWER_TOLERANCE_W:
                 nv.set_power_limit_watts(index, self._previous)
-                raise FaultError(f"GPU {index}: set the power limit to {watts:g} W but it reads {readback:g} W; restored {self._previous:g} W")
+                raise FaultError(f"GPU {index}: set the power limit to {watts:g} W but it reads {readback:g} W; "
+                                 f"restored {self._previous:g} W")
             self._set = readback
             return {
                 "device": index, "previous_watts": self._previous, "limit_watts": readback,
@@ -617,6 +643,7 @@ class _PowerLimit(Injection):
             self._previous = self._set = None
             if abs(current - ours) > POWER_TOLERANCE_W:
                 return {"restored": False, "device": index, "limit_watts": current,
-                        "why": f"the power limit reads {current:g} W, not our {ours:g} W: changed by someone else; left alone"}
+                        "why": f"the power limit reads {current:g} W, not our {ours:g} W: "
+                               "changed by someone else; left alone"}
             nv.set_power_limit_watts(index, previous)
             return {"device": index, "restored_watts": previous, "limit_watts": nv.power_limit_watts(index)}

@@ -18,22 +18,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from chaos.context import BackgroundLoad, FaultAccount, RunContext, Scene
-from chaos.errors import FaultUnsupported
-from chaos.params import Param, Schema
+from chaos.model.context import BackgroundLoad, FaultAccount, RunContext, Scene
+from chaos.model.errors import FaultUnsupported
+from chaos.model.params import Param, Schema
 from chaos.stack.admin_client import LEASE_RENEW_EVERY_S, LEASE_TTL_S, AdminClient, LeaseKeeper, admin_delete_sync
 from faults.base import Fault, Injection, register
 from faults.server import describe_no_admin, require_admin
 
 if TYPE_CHECKING:
-    from chaos.experiment.model import Experiment
+    from chaos.model.experiment import Experiment
 
 __all__ = ["KvPressure"]
 
 TOPUP_INTERVAL_S = 0.02  # how often a short reservation tries again to take freed blocks
 TOPUP_STOP_TIMEOUT_S = 2.0  # a reserve call answers in ms; a hung one is cancelled (the release count still tells)
 
-_STATE_KEYS = ("kv_blocks_used", "kv_blocks_total", "kv_blocks_reserved", "num_running", "num_waiting", "num_preemptions")
+_STATE_KEYS = ("kv_blocks_used", "kv_blocks_total", "kv_blocks_reserved", "num_running", "num_waiting",
+               "num_preemptions")
 _HOG_ALTERNATIVE = "kv.pressure with method: hog"
 
 
@@ -50,7 +51,8 @@ class KvPressure(Fault):
             Param("blocks", "int", min=1, doc="reserve: number of blocks to take"),
             Param("method", "choice", default="reserve", choices=("reserve", "hog")),
             Param("hog_streams", "int", default=4, min=1, max=512, doc="hog: background streams"),
-            Param("hog_prompt_chars", "int", default=2000, min=1, max=1_000_000, doc="hog: prompt length in characters"),
+            Param("hog_prompt_chars", "int", default=2000, min=1, max=1_000_000,
+                  doc="hog: prompt length in characters"),
             Param("hog_max_tokens", "int", default=512, min=1, doc="hog: max_tokens of each background stream"),
         ),
         at_most_one_of=(("fraction", "blocks"),),
@@ -66,30 +68,38 @@ class KvPressure(Fault):
     def problems(self, experiment: Experiment) -> list[tuple[str, str]]:
         if self.method == "reserve" and self.fraction is None and self.blocks is None:
             return [("", "method 'reserve' needs 'fraction' (e.g. 0.8) or 'blocks' (e.g. 400)")]
+        if self.method == "reserve" and getattr(getattr(experiment, "target", None), "kind", None) == "vllm":
+            return [("method", "'reserve' takes blocks out of the builtin engine's pool, and target kind vllm "
+                               "runs vLLM's own cache; use method: hog (background streams that fill vLLM's real "
+                               "KV cache)")]
         return []
+
+    def streams_opened(self) -> int:
+        return self.hog_streams if self.method == "hog" else 0
 
     def activate(self, ctx: RunContext) -> Injection:
         if self.method == "reserve":
             return _Reservation(self, ctx, require_admin(self.kind, ctx, _HOG_ALTERNATIVE))
         if ctx.background is None:
-            raise FaultUnsupported("kv.pressure method 'hog' needs the runner's background load, and none was given to this fault")
+            raise FaultUnsupported("kv.pressure method 'hog' needs the runner's background load, "
+                                   "and none was given to this fault")
         return _Hog(self, ctx, ctx.background)
 
     def describe(self, scene: Scene) -> FaultAccount:
         if self.method == "hog":
             return FaultAccount(
-                changes=(f"keeps {self.hog_streams} background streams of {self.hog_prompt_chars} prompt characters and up to "
-                         f"{self.hog_max_tokens} tokens open against the target, so their KV blocks are taken from the load "
-                         "(outside the SLA population)"),
+                changes=(f"keeps {self.hog_streams} background streams of {self.hog_prompt_chars} prompt characters "
+                         f"and up to {self.hog_max_tokens} tokens open against the target, so their KV blocks are "
+                         "taken from the load (outside the SLA population)"),
                 undo="hangs those streams up when the phase ends; they die with the runner, nothing outlives it",
             )
         share = f"{self.blocks}" if self.blocks is not None else f"{(self.fraction or 0.0):.0%} of the"
         admin = scene.target.admin_url
         return FaultAccount(
-            changes=(f"reserves {share} KV-cache blocks of the builtin stack through its admin API at {admin or '(none)'}, "
-                     "topping the reservation up while live requests hold the rest"),
-            undo=(f"releases the reservation when the phase ends; its lease lapses within {LEASE_TTL_S:g}s if the runner dies; "
-                  "`streamchaos rollback` releases it too"),
+            changes=(f"reserves {share} KV-cache blocks of the builtin stack through its admin API at "
+                     f"{admin or '(none)'}, topping the reservation up while live requests hold the rest"),
+            undo=(f"releases the reservation when the phase ends; its lease lapses within {LEASE_TTL_S:g}s "
+                  "if the runner dies; `streamchaos rollback` releases it too"),
             refused=None if admin else describe_no_admin(self.kind, scene, _HOG_ALTERNATIVE),
         )
 
@@ -123,13 +133,15 @@ class _Reservation(Injection):
         async with AdminClient(self.admin_url, self.ctx.target.admin_token) as admin:
             before = await admin.state()
             total = int(before["kv_blocks_total"])
-            wanted = self.spec.blocks if self.spec.blocks is not None else round(float(self.spec.fraction or 0.0) * total)
+            wanted = (self.spec.blocks if self.spec.blocks is not None
+                      else round(float(self.spec.fraction or 0.0) * total))
             self._held = await admin.reserve(wanted, ttl=LEASE_TTL_S)
             after = await admin.state()
-        self._keeper = LeaseKeeper(self.admin_url, self.ctx.target.admin_token, lambda admin: admin.renew_reserve(), LEASE_RENEW_EVERY_S)
+        self._keeper = LeaseKeeper(self.admin_url, self.ctx.target.admin_token, lambda admin: admin.renew_reserve(),
+                                   LEASE_RENEW_EVERY_S)
         self._keeper.start()
-        evidence: dict[str, Any] = {"method": "reserve", "requested": wanted, "reserved": self._held, "engine": _pick(after),
-                                    "lease_s": LEASE_TTL_S}
+        evidence: dict[str, Any] = {"method": "reserve", "requested": wanted, "reserved": self._held,
+                                    "engine": _pick(after), "lease_s": LEASE_TTL_S}
         if self._held < wanted:
             # Live requests hold the rest; take them as they come free, for as long as we are injected.
             evidence["note"] = f"only {self._held} of {wanted} blocks were free; topping up as blocks come free"
@@ -160,7 +172,8 @@ class _Reservation(Injection):
             released = await admin.release()
             after = await admin.state()
         held, self._held = self._held, 0
-        result: dict[str, Any] = {"method": "reserve", "reserved_at_revert": held, "released": released, "engine": _pick(after)}
+        result: dict[str, Any] = {"method": "reserve", "reserved_at_revert": held, "released": released,
+                                  "engine": _pick(after)}
         if released != held:
             result["note"] = f"the engine released {released} blocks; this fault had counted {held}"
         return result

@@ -15,14 +15,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from chaos.context import FaultAccount, ProxyInfo, RunContext, Scene
-from chaos.errors import FaultUnsupported
-from chaos.params import Param, Schema
+from chaos.model.context import FaultAccount, ProxyInfo, RunContext, Scene
+from chaos.model.errors import FaultUnsupported
+from chaos.model.params import Param, Schema
 from faults.base import Fault, Injection, register
 from faults.toxiproxy_client import ToxiproxyAPI
 
 if TYPE_CHECKING:
-    from chaos.experiment.model import Experiment
+    from chaos.model.experiment import Experiment
 
 __all__ = ["NetworkFault", "ToxicFault"]
 
@@ -41,13 +41,15 @@ class NetworkFault(Fault):
 
     def problems(self, experiment: Experiment) -> list[tuple[str, str]]:
         if not experiment.proxy.enabled:
-            return [("kind", f"{self.kind} needs a proxy between load and target: add a `proxy:` section (e.g. `proxy: {{server: auto}}`)")]
+            return [("kind", f"{self.kind} needs a proxy between load and target: add a `proxy:` section "
+                             "(e.g. `proxy: {server: auto}`)")]
         return []
 
     def describe(self, scene: Scene) -> FaultAccount:
         account = self.describe_on(scene.proxy or ProxyInfo("(none)", "(none)", "", "", "none"))
         if scene.proxy is None:
-            return FaultAccount(account.changes, account.undo, refused=f"{self.kind} needs the experiment's `proxy:` section")
+            return FaultAccount(account.changes, account.undo,
+                                refused=f"{self.kind} needs the experiment's `proxy:` section")
         return account
 
     def describe_on(self, proxy: ProxyInfo) -> FaultAccount:
@@ -83,10 +85,10 @@ class ToxicFault(NetworkFault):
     def describe_on(self, proxy: ProxyInfo) -> FaultAccount:
         names = ", ".join(self.toxic_names())
         return FaultAccount(
-            changes=(f"adds {self.toxic_type} toxic(s) {names} ({self.schema.format(self.params)}) to proxy {proxy.proxy_name!r} "
-                     f"on the Toxiproxy at {proxy.api_url}: {self.summary}"),
-            undo=(f"deletes toxic(s) {names} when the phase ends; after a crash `streamchaos rollback` deletes them by name; "
-                  "other toxics on that server are left alone"),
+            changes=(f"adds {self.toxic_type} toxic(s) {names} ({self.schema.format(self.params)}) "
+                     f"to proxy {proxy.proxy_name!r} on the Toxiproxy at {proxy.api_url}: {self.summary}"),
+            undo=(f"deletes toxic(s) {names} when the phase ends; after a crash `streamchaos rollback` deletes them "
+                  "by name; other toxics on that server are left alone"),
         )
 
     @classmethod
@@ -111,7 +113,7 @@ class _Toxics(Injection):
 
     async def inject(self) -> dict[str, Any]:
         listed = []
-        for stream, name in zip(self.toxic.streams(), self.toxic.toxic_names()):
+        for stream, name in zip(self.toxic.streams(), self.toxic.toxic_names(), strict=True):
             listed.append(await self.api.add_toxic(
                 self.proxy.proxy_name, name=name, type=self.toxic.toxic_type, stream=stream,
                 toxicity=self.toxic.toxicity, attributes=self.toxic.attributes(),
@@ -148,7 +150,8 @@ class Bandwidth(ToxicFault):
     kind = "network.bandwidth"
     summary = "cap throughput per connection (a slow link)"
     toxic_type = "bandwidth"
-    schema = Schema((Param("rate", "data_rate", required=True, min=1000, doc="at least 1KB/s; Toxiproxy counts 1 KB = 1000 B"), DIRECTION, TOXICITY))
+    schema = Schema((Param("rate", "data_rate", required=True, min=1000,
+                           doc="at least 1KB/s; Toxiproxy counts 1 KB = 1000 B"), DIRECTION, TOXICITY))
 
     rate: float
 
@@ -176,11 +179,13 @@ class Slicer(ToxicFault):
     def problems(self, experiment: Experiment) -> list[tuple[str, str]]:
         out = super().problems(experiment)
         if self.size_variation > self.average_size:
-            out.append(("size_variation", f"must be at most average_size ({self.average_size:g} B); larger values crash Toxiproxy"))
+            out.append(("size_variation", f"must be at most average_size ({self.average_size:g} B); "
+                                          "larger values crash Toxiproxy"))
         return out
 
     def attributes(self) -> dict[str, int]:
-        return {"average_size": int(self.average_size), "size_variation": int(self.size_variation), "delay": int(round(self.delay * 1e6))}
+        return {"average_size": int(self.average_size), "size_variation": int(self.size_variation),
+                "delay": int(round(self.delay * 1e6))}
 
 
 @register
@@ -189,7 +194,8 @@ class Reset(ToxicFault):
     kind = "network.reset"
     summary = "reset the connection (TCP RST for new connections) after the next data plus a delay"
     toxic_type = "reset_peer"
-    schema = Schema((Param("after", "duration", 0.0, doc="wait after the first chunk before the reset"), DIRECTION, TOXICITY))
+    schema = Schema((Param("after", "duration", 0.0, doc="wait after the first chunk before the reset"),
+                     DIRECTION, TOXICITY))
 
     after: float
 
@@ -258,13 +264,15 @@ class Buffer(ToxicFault):
     def problems(self, experiment: Experiment) -> list[tuple[str, str]]:
         out = super().problems(experiment)
         if experiment.proxy.server not in ("auto", "embedded"):
-            out.append(("kind", f"network.buffer is a non-standard toxic only the embedded Toxiproxy has; proxy.server is {experiment.proxy.server!r}: use server: embedded"))
+            out.append(("kind", "network.buffer is a non-standard toxic only the embedded Toxiproxy has; "
+                                f"proxy.server is {experiment.proxy.server!r}: use server: embedded"))
         return out
 
     def activate(self, ctx: RunContext) -> Injection:
         proxy = self.require_proxy(ctx)
         if not proxy.supports_buffer:
-            raise FaultUnsupported(f"network.buffer needs the embedded Toxiproxy; this run uses a {proxy.server} server. Set proxy.server: embedded")
+            raise FaultUnsupported(f"network.buffer needs the embedded Toxiproxy; this run uses a {proxy.server} "
+                                   "server. Set proxy.server: embedded")
         return super().activate(ctx)
 
     def attributes(self) -> dict[str, int]:
@@ -283,7 +291,8 @@ class Down(NetworkFault):
 
     def describe_on(self, proxy: ProxyInfo) -> FaultAccount:
         return FaultAccount(
-            changes=f"disables proxy {proxy.proxy_name!r} on the Toxiproxy at {proxy.api_url}: live connections through it close, new ones are refused",
+            changes=(f"disables proxy {proxy.proxy_name!r} on the Toxiproxy at {proxy.api_url}: "
+                     "live connections through it close, new ones are refused"),
             undo="enables the proxy again when the phase ends; after a crash `streamchaos rollback` enables it",
         )
 

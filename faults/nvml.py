@@ -24,7 +24,7 @@ from typing import Any, Self
 
 import pynvml
 
-from chaos.errors import FaultError, FaultPermissionDenied, FaultUnsupported
+from chaos.model.errors import FaultError, FaultPermissionDenied, FaultUnsupported
 
 __all__ = ["LIB_ENV", "Nvml", "nvml_available"]
 

@@ -2,8 +2,10 @@
 
 ``process.kill {target: engine|server, signal, at, restart}`` signals ``env.target.pid``. For the
 builtin stack the engine and the ASGI server are one process, so ``engine`` and ``server`` name the
-same pid; for a spawned vLLM they are the API server process the runner started. Remote targets
-(openai, docker, kubernetes) have no pid here and are refused at ``check`` (use ``k8s.*`` faults).
+same pid; for a vLLM the run built, ``server`` is its API server and ``engine`` its ``EngineCore``
+process (found at inject, in the API server's process group), and the evidence says what the API
+server did next (vLLM's own answer to a dead engine). Remote targets (openai, docker, kubernetes)
+have no pid here and are refused at ``check`` (use ``k8s.*`` faults).
 
 The kill is scheduled with asyncio inside ``inject`` (``at`` after the phase start); ``revert`` cancels
 a kill still pending. With ``restart`` the runner's ``env.restart_target()`` is awaited once the
@@ -20,16 +22,18 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from chaos.context import FaultAccount, RunContext, Scene
-from chaos.errors import FaultError, FaultUnsupported
-from chaos.params import Param, Schema
-from chaos.procs import check_signalable, exit_status, proc_state, start_time
+from chaos.host.procs import check_signalable, exit_status, proc_state, start_time
+from chaos.model.context import FaultAccount, RunContext, Scene
+from chaos.model.errors import FaultError, FaultUnsupported
+from chaos.model.params import Param, Schema
 from faults.base import Fault, Injection, register
 from faults.kill_schedule import KillSchedule
 
 __all__ = ["ProcessKill", "describe_status"]
 
 EXIT_WAIT_S = 30.0  # a SIGTERM'd server may drain its streams first
+SERVER_WATCH_S = 10.0  # how long the API server is watched after its engine was killed
+RESTART_BUDGET_S = 330.0  # a revert that restarts the target waits for its start-up (vLLM: up to 5 min)
 
 
 def describe_status(status: int | None) -> str | None:
@@ -53,7 +57,7 @@ class ProcessKill(Fault):
     schema = Schema(
         params=(
             Param("target", "choice", "server", choices=("engine", "server"),
-                  doc="which process; the same pid for the builtin stack"),
+                  doc="which process; the same pid for the builtin stack; vLLM's EngineCore or its API server"),
             Param("signal", "choice", "SIGKILL", choices=("SIGKILL", "SIGTERM", "SIGINT")),
             Param("at", "duration", 0.0, doc="delay after the phase start"),
             Param("restart", "bool", False, doc="restart the target once it has exited"),
@@ -68,12 +72,15 @@ class ProcessKill(Fault):
     def describe(self, scene: Scene) -> FaultAccount:
         who = f"pid {scene.target.pid}" if scene.target.pid else "the serving process the runner starts"
         return FaultAccount(
-            changes=f"sends {self.signal} to {who} {self.at:g}s after the phase starts" + (", then restarts the target" if self.restart else ""),
-            undo=("a kill cannot be undone: " + ("the runner restarts the target once it has exited, at the latest when the phase ends"
-                                                 if self.restart else "the target stays down for the rest of the run")
+            changes=(f"sends {self.signal} to {who} {self.at:g}s after the phase starts"
+                     + (", then restarts the target" if self.restart else "")),
+            undo=("a kill cannot be undone: "
+                  + ("the runner restarts the target once it has exited, at the latest when the phase ends"
+                     if self.restart else "the target stays down for the rest of the run")
                   + "; a kill still pending is cancelled when the phase ends"),
             refused=None if scene.target_spawned or scene.target.pid else
-            f"process.kill needs the pid of the serving process; target {scene.target.kind} at {scene.target.base_url} has none",
+            (f"process.kill needs the pid of the serving process; target {scene.target.kind} "
+             f"at {scene.target.base_url} has none"),
         )
 
     def activate(self, ctx: RunContext) -> Injection:
@@ -85,7 +92,8 @@ class ProcessKill(Fault):
                 " for a Kubernetes target use a k8s.* fault"
             )
         if self.restart and ctx.restart_target is None:
-            raise FaultUnsupported(f"process.kill with restart: true needs the runner to restart target {ctx.target.kind}, which it cannot")
+            raise FaultUnsupported("process.kill with restart: true needs the runner to restart target "
+                                   f"{ctx.target.kind}, which it cannot")
         check_signalable(pid, "process.kill: the target process")
         return _Kill(self, ctx)
 
@@ -96,21 +104,38 @@ class _Kill(Injection):
     def __init__(self, fault: ProcessKill, ctx: RunContext) -> None:
         super().__init__(fault, ctx)
         self.spec = fault
+        if fault.restart:  # the revert waits for the exit, the server's answer and the restart
+            self.step_timeout_s = EXIT_WAIT_S + SERVER_WATCH_S + RESTART_BUDGET_S
         self._schedule = KillSchedule(self.name)
         self._outcome: dict[str, Any] = {}
         self._restarted = False
         self._injected_ns = 0
 
     def plan(self) -> dict[str, Any]:
-        return {"pid": self.ctx.target.pid, "signal": self.spec.signal, "note": "a kill cannot be undone"}
+        # ``restart`` tells the halt watcher that the outage until the restart is planned
+        return {"pid": self.ctx.target.pid, "signal": self.spec.signal, "restart": self.spec.restart,
+                "note": "a kill cannot be undone"}
 
-    async def inject(self) -> dict[str, Any]:
+    def _victim(self) -> tuple[int, str]:
+        """The pid to signal and what it is; vLLM's engine core is looked up now (a restart moves it)."""
         pid = self.ctx.target.pid
         if pid is None:
             raise FaultUnsupported("process.kill: the target has no known pid any more")
+        if self.ctx.target.kind == "vllm" and self.spec.target == "engine":
+            from chaos.targets.vllm import engine_core_pid
+
+            core = engine_core_pid(pid)
+            if core is None:
+                raise FaultError("process.kill target engine: no VLLM::EngineCore process in the group of vLLM's "
+                                 f"API server (pid {pid})")
+            return core, "vLLM EngineCore"
+        return pid, "vLLM API server" if self.ctx.target.kind == "vllm" else "serving process"
+
+    async def inject(self) -> dict[str, Any]:
+        pid, what = self._victim()
         check_signalable(pid, "process.kill: the target process")
         self._injected_ns = time.monotonic_ns()
-        self._outcome = {"pid": pid, "signal": self.spec.signal, "at_s": self.spec.at}
+        self._outcome = {"pid": pid, "process": what, "signal": self.spec.signal, "at_s": self.spec.at}
         self._restarted = False
         identity = start_time(pid)
         scheduled = await self._schedule.start(self.spec.at, lambda: self._kill(pid, identity))
@@ -126,6 +151,9 @@ class _Kill(Injection):
         self._outcome.update(sent_at_monotonic_ns=sent, sent_after_s=round((sent - self._injected_ns) / 1e9, 4))
         os.kill(pid, sig)
         self._outcome.update(killed=True, **await _wait_exit(pid, identity, EXIT_WAIT_S))
+        server = self.ctx.target.pid
+        if server is not None and server != pid:  # the engine died: what its API server does about it
+            self._outcome["api_server_after"] = await _server_after(server, start_time(server), SERVER_WATCH_S)
         self._schedule.acted.set()
         if self.spec.restart:
             await self._restart()
@@ -148,6 +176,14 @@ class _Kill(Injection):
             self._schedule.stop()
             await self._restart()  # a failure here is the revert's failure: the runner journals it
         return dict(self._outcome, **settled)
+
+
+async def _server_after(pid: int, identity: int | None, watch_s: float) -> str:
+    """Whether a server whose engine was killed exits (and how soon) or keeps running."""
+    outcome = await _wait_exit(pid, identity, watch_s)
+    if outcome["exited"]:
+        return f"exited {outcome['exit_after_s']:g}s after its engine ({outcome['exit']})"
+    return f"still running {watch_s:g}s after its engine died"
 
 
 async def _wait_exit(pid: int, identity: int | None, timeout: float) -> dict[str, Any]:

@@ -1,10 +1,12 @@
-"""Server faults: asyncio timeouts, event-loop / engine stalls and Nagle on, inside the builtin stack.
+"""Server faults: asyncio timeouts, aborts, event-loop / engine stalls and Nagle on, inside the server.
 
-All act through the stack's admin API (``chaos.stack.admin_client``): inject installs a hook fault
+All act through the admin API of the builtin stack, or of the streamchaos middleware that a vllm
+target loads into vLLM's own server (``chaos.stack.vllm_middleware``): inject installs a hook fault
 named after the experiment's fault under a short lease that a task renews while it is injected;
 revert stops the renewals and deletes it, and a runner that dies leaves it for one lease at most.
-Only the builtin target has that API; on any other target activation says so and names the faults
-that work everywhere.
+Inside vLLM only the ASGI points act (``first_byte``, ``mid_stream``, ``request_body``, aborts, and
+event-loop stalls); the builtin engine's own points are refused at validation. Targets with no admin
+API are refused at activation, naming the faults that work everywhere.
 """
 
 from __future__ import annotations
@@ -15,32 +17,56 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from chaos.context import FaultAccount, RunContext, Scene
-from chaos.errors import FaultUnsupported
-from chaos.params import Param, Schema
+from chaos.model.context import FaultAccount, RunContext, Scene
+from chaos.model.errors import FaultUnsupported
+from chaos.model.params import Param, Schema
 from chaos.stack.admin_client import LEASE_RENEW_EVERY_S, LEASE_TTL_S, AdminClient, LeaseKeeper, admin_delete_sync
 from faults.base import Fault, Injection, register
 
 if TYPE_CHECKING:
-    from chaos.experiment.model import Experiment
+    from chaos.model.experiment import Experiment
 
-__all__ = ["ServerNagle", "ServerStall", "ServerTimeout", "describe_no_admin", "require_admin"]
+__all__ = ["ServerAbort", "ServerNagle", "ServerStall", "ServerTimeout", "describe_no_admin", "require_admin"]
+
+BUILTIN_ONLY_WHERE = ("engine_step", "detokenize", "send")  # points inside the builtin stack's request path
+ASGI_WHERE = ("first_byte", "mid_stream", "request_body")  # the middleware's, in any ASGI server (vLLM's too)
+
+
+# which requests a timeout or an abort hits: one of these, replayable from the run's seed
+_PICK_REQUESTS = (
+    Param("fraction", "fraction", doc="share of requests hit, drawn per request from the run's seed"),
+    Param("every_n", "int", min=1, doc="hit every n-th request"),
+)
+
+
+def _builtin_only(experiment: Experiment, key: str, what: str, instead: str) -> list[tuple[str, str]]:
+    """A validation problem when ``what`` needs the builtin stack and the experiment targets vLLM."""
+    if getattr(getattr(experiment, "target", None), "kind", None) != "vllm":
+        return []
+    return [(key, f"{what} is inside the builtin stack, and target kind vllm runs vLLM's own server "
+                  f"(the streamchaos middleware acts there at the ASGI points); use {instead}")]
 
 
 def require_admin(kind: str, ctx: RunContext, alternatives: str) -> str:
     """The target's admin URL, or ``FaultUnsupported`` naming why and what to use instead."""
     if not ctx.target.admin_url:
         raise FaultUnsupported(
-            f"{kind} acts through the builtin stack's admin API, and target {ctx.target.kind!r} "
-            f"({ctx.target.base_url}) has none; run it against target 'builtin', or use {alternatives}"
+            f"{kind} acts through the admin API of the builtin stack (or of the middleware a vllm target loads), and "
+            f"target {ctx.target.kind!r} ({ctx.target.base_url}) has none; run it against target 'builtin' or 'vllm', "
+            f"or use {alternatives}"
         )
     return ctx.target.admin_url
 
 
 def describe_no_admin(kind: str, scene: Scene, alternatives: str) -> str:
     """Why a dry run expects ``kind`` to be refused: the target shows no admin API."""
-    return (f"{kind} acts through the builtin stack's admin API, and target {scene.target.kind!r} ({scene.target.base_url}) "
-            f"shows none (a builtin stack started elsewhere needs its admin token); use {alternatives}")
+    return (f"{kind} acts through the admin API of the builtin stack or of a vllm target's middleware, and target "
+            f"{scene.target.kind!r} ({scene.target.base_url}) shows none (a builtin stack started elsewhere needs its "
+            f"admin token); use {alternatives}")
+
+
+def _server_words(kind: str) -> str:
+    return "vLLM's server (the streamchaos middleware)" if kind == "vllm" else "the builtin stack"
 
 
 class _HookInjection(Injection):
@@ -92,10 +118,11 @@ class _HookFault(Fault):
     def describe(self, scene: Scene) -> FaultAccount:
         admin = scene.target.admin_url
         return FaultAccount(
-            changes=(f"installs hook fault {self.name!r} in the builtin stack through its admin API at {admin or '(none)'} "
-                     f"({self.schema.format(self.params)}): {self.summary}; under a {LEASE_TTL_S:g}s lease the runner renews"),
-            undo=(f"deletes the hook fault when the phase ends; if the runner dies its lease lapses within {LEASE_TTL_S:g}s; "
-                  "`streamchaos rollback` deletes it too"),
+            changes=(f"installs hook fault {self.name!r} in {_server_words(scene.target.kind)} through its admin API "
+                     f"at {admin or '(none)'} ({self.schema.format(self.params)}): {self.summary}; "
+                     f"under a {LEASE_TTL_S:g}s lease the runner renews"),
+            undo=("deletes the hook fault when the phase ends; if the runner dies its lease lapses within "
+                  f"{LEASE_TTL_S:g}s; `streamchaos rollback` deletes it too"),
             refused=None if admin else describe_no_admin(self.kind, scene, self.alternatives),
         )
 
@@ -115,14 +142,17 @@ class ServerTimeout(_HookFault):
     """``asyncio.TimeoutError`` at an engine step, around detokenization or before a send."""
 
     kind = "server.timeout"
-    summary = "raise asyncio.TimeoutError inside the builtin stack for a share of requests"
+    summary = "raise asyncio.TimeoutError inside the server (builtin or vLLM) for a share of requests"
     schema = Schema(
         params=(
-            Param("where", "choice", required=True, choices=("engine_step", "detokenize", "send"),
-                  doc="the hook point where the timeout fires"),
-            Param("fraction", "fraction", doc="share of requests hit, drawn per request from the run's seed"),
-            Param("every_n", "int", min=1, doc="hit every n-th request"),
+            Param("where", "choice", required=True, choices=BUILTIN_ONLY_WHERE + ASGI_WHERE,
+                  doc="the hook point: first_byte (before the headers), mid_stream (after `after_events` events), "
+                      "request_body (reading the body): any server; engine_step, detokenize, send: "
+                      "the builtin stack's own"),
+            *_PICK_REQUESTS,
             Param("after", "duration", default=0.0, doc="fire once the request is this old"),
+            Param("after_events", "int", min=0,
+                  doc="mid_stream: fire once this many SSE events have gone out (default 1)"),
         ),
         one_of=(("fraction", "every_n"),),
     )
@@ -131,6 +161,15 @@ class ServerTimeout(_HookFault):
     fraction: float | None
     every_n: int | None
     after: float
+    after_events: int | None
+
+    def problems(self, experiment: Experiment) -> list[tuple[str, str]]:
+        if self.after_events is not None and self.where != "mid_stream":
+            return [("after_events", "counts events already sent, so it applies only with where: mid_stream, "
+                                     f"not {self.where}")]
+        if self.where in BUILTIN_ONLY_WHERE:
+            return _builtin_only(experiment, "where", f"where: {self.where}", f"where: {', '.join(ASGI_WHERE)}")
+        return []
 
     def hook_spec(self, ctx: RunContext) -> dict[str, Any]:
         spec: dict[str, Any] = {
@@ -139,11 +178,46 @@ class ServerTimeout(_HookFault):
             "after": self.after,
             "seed": ctx.rng(self.name).getrandbits(31),  # replayable from the run's seed
         }
-        if self.every_n is not None:
-            spec["every_n"] = self.every_n
-        else:
-            spec["fraction"] = self.fraction
-        return spec
+        if self.after_events is not None:
+            spec["after_events"] = self.after_events
+        return _pick_requests(spec, self.every_n, self.fraction)
+
+
+def _pick_requests(spec: dict[str, Any], every_n: int | None, fraction: float | None) -> dict[str, Any]:
+    if every_n is not None:
+        spec["every_n"] = every_n
+    else:
+        spec["fraction"] = fraction
+    return spec
+
+
+@register
+@dataclass(frozen=True, kw_only=True)
+class ServerAbort(_HookFault):
+    """End a share of streams mid-generation with an error event, as an engine that fails a request does."""
+
+    kind = "server.abort"
+    summary = ("end a share of streams after N events with an OpenAI error event and [DONE]; "
+               "the handler (and engine request) is aborted")
+    alternatives = "network.reset or client.disconnect"
+    schema = Schema(
+        params=(
+            *_PICK_REQUESTS,
+            Param("after_events", "int", default=1, min=0, doc="abort once this many SSE events have gone out"),
+            Param("after", "duration", default=0.0, doc="and once the request is this old"),
+        ),
+        one_of=(("fraction", "every_n"),),
+    )
+
+    fraction: float | None
+    every_n: int | None
+    after_events: int
+    after: float
+
+    def hook_spec(self, ctx: RunContext) -> dict[str, Any]:
+        spec: dict[str, Any] = {"type": "abort", "after_events": self.after_events, "after": self.after,
+                                "seed": ctx.rng(self.name).getrandbits(31)}
+        return _pick_requests(spec, self.every_n, self.fraction)
 
 
 @register
@@ -159,7 +233,8 @@ class ServerStall(_HookFault):
             Param("where", "choice", required=True, choices=("event_loop", "engine"),
                   doc="event_loop: CPU work on the loop thread; engine: pause the engine thread"),
             Param("duration", "duration", required=True, min=0.001, max=60.0, doc="how long each stall lasts"),
-            Param("every", "duration", required=True, min=0.002, doc="period between stall starts (the first starts at inject)"),
+            Param("every", "duration", required=True, min=0.002,
+                  doc="period between stall starts (the first starts at inject)"),
         ),
     )
 
@@ -169,7 +244,11 @@ class ServerStall(_HookFault):
 
     def problems(self, experiment: Experiment) -> list[tuple[str, str]]:
         if self.every <= self.duration:
-            return [("every", f"must be longer than duration ({self.duration:g}s), found {self.every:g}s; nothing would run between stalls")]
+            return [("every", f"must be longer than duration ({self.duration:g}s), found {self.every:g}s; "
+                              "nothing would run between stalls")]
+        if self.where == "engine":
+            return _builtin_only(experiment, "where", "where: engine (pausing the engine thread)",
+                                 "where: event_loop, or process-level pauses (docker.pause)")
         return []
 
     def hook_spec(self, ctx: RunContext) -> dict[str, Any]:
@@ -207,6 +286,10 @@ class ServerNagle(_HookFault):
     alternatives = "network.latency or network.slicer"
     schema = Schema(params=())
     injection = _NagleInjection
+
+    def problems(self, experiment: Experiment) -> list[tuple[str, str]]:
+        return _builtin_only(experiment, "", "server.nagle (the builtin stack's socket registry)",
+                             "network.latency or network.slicer")
 
     def hook_spec(self, ctx: RunContext) -> dict[str, Any]:
         return {"type": "nagle"}

@@ -21,7 +21,7 @@ from toxiproxy import Toxiproxy
 from toxiproxy.api import APIConsumer
 from toxiproxy.exceptions import InvalidToxic, NotFound, ProxyExists
 
-from chaos.errors import FaultError
+from chaos.model.errors import FaultError
 
 __all__ = ["ToxiproxyAPI"]
 
@@ -79,7 +79,8 @@ class ToxiproxyAPI:
         async with asyncio.timeout(CALL_TIMEOUT_S):
             return await asyncio.to_thread(self._call, fn)
 
-    async def add_toxic(self, proxy: str, *, name: str, type: str, stream: str, toxicity: float, attributes: dict[str, Any]) -> dict[str, Any]:
+    async def add_toxic(self, proxy: str, *, name: str, type: str, stream: str, toxicity: float,
+                        attributes: dict[str, Any]) -> dict[str, Any]:
         """Add a toxic and return it as the server lists it (the evidence that it is in force)."""
 
         def add(server: Toxiproxy) -> dict[str, Any]:
@@ -90,7 +91,8 @@ class ToxiproxyAPI:
             listed = handle.get_toxic(name)
             if listed is None:
                 raise FaultError(f"toxic {name!r} was accepted but is not listed on proxy {proxy!r}")
-            return {"name": listed.name, "type": listed.type, "stream": listed.stream, "toxicity": listed.toxicity, "attributes": listed.attributes}
+            return {"name": listed.name, "type": listed.type, "stream": listed.stream, "toxicity": listed.toxicity,
+                    "attributes": listed.attributes}
 
         return await self.call(add)
 
@@ -121,20 +123,21 @@ class ToxiproxyAPI:
     # short timeouts, where toxiproxy-python has no call (update a proxy, recreate after a crash).
     def answers(self, timeout: float = 2.0) -> bool:
         try:
-            return httpx.get(f"{self.api_url}/version", timeout=timeout).status_code == 200
+            return httpx.get(f"{self.api_url}/version", timeout=timeout, trust_env=False).status_code == 200
         except httpx.HTTPError:
             return False
 
     def create_proxy_sync(self, name: str, upstream: str, listen: str) -> str:
         """Create the proxy (replacing one a killed run left behind); return its resolved listen address."""
         body = {"name": name, "listen": listen, "upstream": upstream, "enabled": True}
-        with httpx.Client(base_url=self.api_url, timeout=10.0) as client:
+        with httpx.Client(base_url=self.api_url, timeout=10.0, trust_env=False) as client:
             response = client.post("/proxies", json=body)
             if response.status_code == 409:
                 client.delete(f"/proxies/{name}")
                 response = client.post("/proxies", json=body)
         if response.status_code != 201:
-            raise FaultError(f"Toxiproxy at {self.api_url} refused to create proxy {name!r}: HTTP {response.status_code} {response.text.strip()}")
+            raise FaultError(f"Toxiproxy at {self.api_url} refused to create proxy {name!r}: "
+                             f"HTTP {response.status_code} {response.text.strip()}")
         return str(response.json()["listen"])
 
     def delete_proxy_sync(self, name: str) -> str:
@@ -153,7 +156,8 @@ class ToxiproxyAPI:
 
     def enable_sync(self, proxy: str) -> str:
         try:
-            response = httpx.post(f"{self.api_url}/proxies/{proxy}", json={"enabled": True}, timeout=5.0)
+            response = httpx.post(f"{self.api_url}/proxies/{proxy}", json={"enabled": True}, timeout=5.0,
+                                  trust_env=False)
         except httpx.HTTPError:
             return "server gone"
         return "enabled" if response.status_code == 200 else f"HTTP {response.status_code}"

@@ -1,37 +1,115 @@
-"""Rewrite the generated sections of README.md: the catalogues (fault and SLA registries) and the
-engine profiles with the fault-support and SLA × metrics matrices (chaos.engines, chaos.support)."""
+"""Rewrite the generated sections of the documentation pages: the fault and SLA catalogues (the
+registries) in docs/faults.md and docs/slas.md, the engine profiles with the fault-support and
+SLA × metrics matrices (chaos.model.engines, chaos.output.support) in docs/support.md, and the
+rooms' "may import" table (pyproject.toml's import-linter contracts) in docs/architecture.md.
+
+    python scripts/update_readme.py            rewrite every generated block in place
+    python scripts/update_readme.py --check    exit 1, naming the pages, when a block is stale
+
+Each block sits between two HTML-comment markers (``<!-- faults:start -->`` ... ``<!-- faults:end -->``);
+what lies outside the markers is written by hand and left alone. The name is historical: these
+blocks lived in README.md until the reference moved to docs/.
+"""
 
 from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-START, END = "<!-- catalogue:start -->", "<!-- catalogue:end -->"
-SUPPORT_START, SUPPORT_END = "<!-- support:start -->", "<!-- support:end -->"
+SLA_HEADING = "## SLA catalogue"
 
 
-def _replace(readme: str, start: str, end: str, body: str) -> str:
+def _faults() -> str:
+    from chaos.output.catalogue import catalogue_markdown
+
+    md = catalogue_markdown()
+    return md[:md.index(SLA_HEADING)]
+
+
+def _slas() -> str:
+    from chaos.output.catalogue import catalogue_markdown
+
+    md = catalogue_markdown()
+    return md[md.index(SLA_HEADING):]
+
+
+def _support() -> str:
+    from chaos.output.catalogue import fault_kinds, sla_kinds
+    from chaos.output.support import render_markdown
+
+    return render_markdown([k.kind for k in fault_kinds()], [k.kind for k in sla_kinds()])
+
+
+def _rooms() -> str:
+    """The layers contract as a table, top to bottom, and the forbidden contracts as sentences."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
+    contracts = config["contracts"]
+    layers = next(c for c in contracts if c["type"] == "layers")["layers"]
+    rows = ["| layer | rooms | may import |", "| --- | --- | --- |"]
+    for i, layer in enumerate(layers):
+        rooms = [r.strip() for r in layer.replace(":", "|").split("|")]
+        below = [r.strip() for lower in layers[i + 1:] for r in lower.replace(":", "|").split("|")]
+        siblings = " (not each other)" if "|" in layer and len(rooms) > 1 else ""
+        may = ", ".join(f"`{r}`" for r in below) if below else "nothing of ours"
+        rows.append(f"| {i + 1} | {', '.join(f'`{r}`' for r in rooms)} | {may}{siblings} |")
+    notes = [f"- {c['name']}: {', '.join(f'`{m}`' for m in c['source_modules'])} may not import "
+             f"{', '.join(f'`{m}`' for m in c['forbidden_modules'])}." for c in contracts if c["type"] == "forbidden"]
+    return "\n".join(rows) + "\n\n" + "\n".join(notes)
+
+
+# page (relative to the repository root) -> its generated blocks: (marker name, body)
+BLOCKS: dict[str, list[tuple[str, Callable[[], str]]]] = {
+    "docs/faults.md": [("faults", _faults)],
+    "docs/slas.md": [("slas", _slas)],
+    "docs/support.md": [("support", _support)],
+    "docs/architecture.md": [("rooms", _rooms)],
+}
+
+
+def _replace(text: str, name: str, body: str, page: str) -> str:
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    pattern = re.escape(start) + r".*?" + re.escape(end)
+    if not re.search(pattern, text, flags=re.S):
+        raise SystemExit(f"scripts/update_readme.py: {page} has no {start} ... {end} block")
     block = f"{start}\n{body.strip()}\n{end}"
-    return re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: block, readme, flags=re.S)
+    return re.sub(pattern, lambda _: block, text, flags=re.S)
 
 
-def render(readme: str) -> str:
-    from chaos.catalogue import catalogue_markdown, fault_kinds, sla_kinds
-    from chaos.support import render_markdown
-
-    readme = _replace(readme, START, END, catalogue_markdown())
-    support = render_markdown([k.kind for k in fault_kinds()], [k.kind for k in sla_kinds()])
-    return _replace(readme, SUPPORT_START, SUPPORT_END, support)
+def render(text: str, page: str) -> str:
+    """``text`` (the page ``page``, e.g. ``docs/faults.md``) with its generated blocks brought up to date."""
+    for name, body in BLOCKS[page]:
+        text = _replace(text, name, body(), page)
+    return text
 
 
-def main() -> int:
-    path = ROOT / "README.md"
-    path.write_text(render(path.read_text(encoding="utf-8")), encoding="utf-8")
+def stale() -> list[str]:
+    """The pages whose generated blocks are not what the registries give now."""
+    out = []
+    for page in BLOCKS:
+        text = (ROOT / page).read_text(encoding="utf-8")
+        if render(text, page) != text:
+            out.append(page)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    if "--check" in argv:
+        pages = stale()
+        if pages:
+            print(f"scripts/update_readme.py: stale: {', '.join(pages)}: run python scripts/update_readme.py")
+            return 1
+        return 0
+    for page in BLOCKS:
+        path = ROOT / page
+        path.write_text(render(path.read_text(encoding="utf-8"), page), encoding="utf-8")
     return 0
 
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -1,4 +1,5 @@
-"""The SLA verifiers: pure functions from a run's observations to verdicts, one module per kind.
+"""The SLA verifiers: pure functions from a run's observations to verdicts, one module per kind
+(the kind ``errors`` in ``stream_errors``: the share of streams that failed, not an exception family).
 
 Importing ``sla`` registers every verifier in ``sla.REGISTRY``; ``judge`` runs one by kind.
 """
@@ -8,26 +9,41 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from chaos.errors import ExperimentInvalid
-from chaos.observations import Observations
-from chaos.params import suggest
+from chaos.model.errors import ExperimentInvalid
+from chaos.model.observations import Observations
+from chaos.model.params import suggest
 from sla import (  # noqa: F401  (registers)
+    abort_propagation,
     capacity,
     early_close,
-    errors,
     fluidity,
     goodput,
     integrity,
     itl,
     kv_cleanup,
     recovery,
+    stream_errors,
     streaming,
     throughput,
     ttft,
 )
-from sla.base import REGISTRY, Status, Verdict, VerifierSpec, verifier
+from sla.base import REGISTRY, SlaSpec, Status, Verdict, verifier
 
-__all__ = ["REGISTRY", "Status", "Verdict", "VerifierSpec", "judge", "verifier"]
+__all__ = ["REGISTRY", "SlaSpec", "Status", "Verdict", "judge", "spec_for", "verifier"]
+
+
+def spec_for(kind: str, params: Mapping[str, Any] | None = None, *, parsed: bool = False) -> SlaSpec:
+    """The typed spec of an SLA entry of ``kind``.
+
+    ``params`` are raw, as written in YAML (``budget: 500ms``), and go through the kind's schema
+    first; pass ``parsed=True`` for values the schema already parsed. Raises ``ExperimentInvalid``
+    for an unknown kind or parameters the schema rejects.
+    """
+    cls = REGISTRY.get(kind)
+    if cls is None:
+        known = ", ".join(sorted(REGISTRY))
+        raise ExperimentInvalid(f"unknown SLA kind {kind!r}{suggest(kind, REGISTRY)}; known kinds: {known}")
+    return cls.from_params(params or {}) if parsed else cls.parse(params or {})
 
 
 def judge(
@@ -38,22 +54,6 @@ def judge(
     *,
     parsed: bool = False,
 ) -> Verdict:
-    """Run the verifier ``kind`` on ``obs``.
-
-    ``params`` are raw, as written in YAML (``budget: 500ms``), and go through the kind's schema
-    first; pass ``parsed=True`` for values the schema already parsed (the runner's case). Raises
-    ``ExperimentInvalid`` for an unknown kind or parameters the schema rejects.
-    """
-    spec = REGISTRY.get(kind)
-    if spec is None:
-        known = ", ".join(sorted(REGISTRY))
-        raise ExperimentInvalid(f"unknown SLA kind {kind!r}{suggest(kind, REGISTRY)}; known kinds: {known}")
-    if parsed:
-        values = dict(params or {})
-    else:
-        values, problems = spec.schema.parse(params or {})
-        if problems:
-            raise ExperimentInvalid(
-                "; ".join(f"sla {kind}{'.' + key if key else ''}: {message}" for key, message in problems)
-            )
-    return spec.fn(obs, values, phase)
+    """Run the verifier ``kind`` on ``obs`` with ``params`` (see ``spec_for``): the raw verdict,
+    before an experiment entry's name, expectation and the run-wide rules (``judge_entry``)."""
+    return spec_for(kind, params, parsed=parsed).judge(obs, phase)

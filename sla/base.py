@@ -1,76 +1,75 @@
-"""What every SLA verifier is: a kind with a parameter schema and a pure function to a Verdict.
+"""What every SLA verifier is: a frozen spec whose fields are its kind's parameters, judging observations
+into a Verdict.
 
-A verifier module defines one function ``(observations, params, phase) -> Verdict`` and decorates
-it with ``@verifier(kind, schema, summary)``. It imports nothing of ours but the observation model
-and the leaf modules ``chaos.params`` / ``chaos.units``, so a finished run can be re-judged offline.
+A verifier module defines one ``SlaSpec`` subclass (a frozen, keyword-only dataclass, as a fault
+is), decorated with ``@verifier``: its ``kind``, ``summary`` and ``schema`` as class attributes, one
+field per schema parameter (parsed, in base units: ``budget: 500ms`` is ``budget=0.5``), and
+``judge(obs, phase)``, a pure function of the spec and the observations. A module imports nothing of
+ours but the observation model and the leaf modules ``chaos.model.params`` / ``chaos.model.units``,
+so a finished run can be re-judged offline. The experiment holds the spec (``SlaEntry.spec``);
+``chaos.execution.verify.judge_entry`` makes the entry's verdict from it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Self, TypeVar
 
-from chaos.observations import Observations
-from chaos.params import Schema
+from chaos.model.errors import ExperimentInvalid
+from chaos.model.observations import Observations
+from chaos.model.params import Schema
+from chaos.model.verdict import Status, Verdict  # the leaf; re-exported: ``sla.base.Verdict`` keeps working
 
-__all__ = ["REGISTRY", "Status", "Verdict", "VerifierSpec", "verifier"]
-
-Status = Literal["pass", "fail", "inconclusive"]
+__all__ = ["REGISTRY", "SlaSpec", "Status", "Verdict", "verifier"]
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """The judgement of one SLA on one phase (or the whole run when ``phase`` is None)."""
+@dataclass(frozen=True, kw_only=True)
+class SlaSpec(ABC):
+    """One SLA entry's budgets, typed: its fields are the kind's schema, nothing of any run."""
 
-    sla: str  # the kind, e.g. ttft
-    phase: str | None
-    status: Status
-    figure: float | None  # the measured value compared with the budget
-    budget: float | None
-    unit: str  # s, fraction, tokens/s, ...
-    samples: int
-    evidence: dict[str, Any] = field(default_factory=dict)
-    expect: Literal["pass", "fail"] = "pass"  # `expect: fail` asserts a known-bad stack is caught
-    name: str = ""  # the entry's name in the experiment, defaults to the kind
-
-    @property
-    def ok(self) -> bool:
-        """Whether the verdict is what the experiment expected."""
-        return self.status == self.expect
-
-    def to_dict(self) -> dict[str, Any]:
-        body = asdict(self)
-        body["ok"] = self.ok
-        return body
+    kind: ClassVar[str]
+    summary: ClassVar[str]
+    schema: ClassVar[Schema]
 
     @classmethod
-    def from_dict(cls, body: Mapping[str, Any]) -> Verdict:
-        data = {k: v for k, v in body.items() if k != "ok"}
-        return cls(**data)
+    def from_params(cls, params: Mapping[str, Any]) -> Self:
+        """The spec from values its schema already parsed (every parameter present, defaults filled)."""
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in params.items()})
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> Self:
+        """The spec from raw YAML values (``budget: 500ms``); ``ExperimentInvalid`` when they are wrong."""
+        values, problems = cls.schema.parse(raw)
+        if problems:
+            raise ExperimentInvalid("; ".join(f"sla {cls.kind}{'.' + key if key else ''}: {message}"
+                                              for key, message in problems))
+        return cls.from_params(values)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The parameters as a mapping (for reports, budget proposals and messages)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @abstractmethod
+    def judge(self, obs: Observations, phase: str | None) -> Verdict:
+        """The verdict of this entry on ``phase`` (None: the whole run). Pure."""
 
 
-VerifyFn = Callable[[Observations, Mapping[str, Any], "str | None"], Verdict]
+REGISTRY: dict[str, type[SlaSpec]] = {}
+_SpecType = TypeVar("_SpecType", bound=type[SlaSpec])
 
 
-@dataclass(frozen=True)
-class VerifierSpec:
-    kind: str
-    schema: Schema
-    summary: str
-    fn: VerifyFn
+def verifier(cls: _SpecType) -> _SpecType:
+    """Class decorator: make an SLA kind known to experiments, `streamchaos list slas` and `verify`.
+    Its fields must be its schema's parameters, one for one: the schema is what users write, the
+    fields what the verifier reads, and a parameter in one but not the other is a bug."""
+    if cls.kind in REGISTRY and REGISTRY[cls.kind] is not cls:
+        raise AssertionError(f"verifier kind {cls.kind!r} registered twice")
+    declared, schema = [f.name for f in fields(cls)], cls.schema.names()
+    if sorted(declared) != sorted(schema):
+        raise AssertionError(f"verifier {cls.kind!r}: fields {declared} are not its schema's parameters {schema}")
+    REGISTRY[cls.kind] = cls
+    return cls
 
-
-REGISTRY: dict[str, VerifierSpec] = {}
-
-
-def verifier(kind: str, schema: Schema, summary: str) -> Callable[[VerifyFn], VerifyFn]:
-    """Register a verifier function under ``kind``."""
-
-    def wrap(fn: VerifyFn) -> VerifyFn:
-        if kind in REGISTRY:
-            raise AssertionError(f"verifier kind {kind!r} registered twice")
-        REGISTRY[kind] = VerifierSpec(kind, schema, summary, fn)
-        return fn
-
-    return wrap

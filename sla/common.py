@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from chaos.observations import NS, Observations, StreamRecord
-from chaos.params import Param
+from chaos.model.observations import NS, Observations, StreamRecord
+from chaos.model.params import Param
 
 __all__ = [
     "CONFIDENCE",

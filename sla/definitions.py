@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from chaos.observations import StreamRecord
+from chaos.model.observations import StreamRecord
 
 __all__ = [
     "DEFINITIONS",
@@ -108,7 +108,8 @@ DEFINITIONS: dict[str, MetricDefinition] = {
             ),
         ),
         MetricDefinition(
-            "itl", "inter-token (inter-chunk) gap", "t_content[i+1] - t_content[i], every gap", "gap between content events",
+            "itl", "inter-token (inter-chunk) gap", "t_content[i+1] - t_content[i], every gap",
+            "gap between content events",
             (
                 Equivalent("vLLM bench serve", "ITL", "same", "it also times chunks with empty text"),
                 Equivalent("AIPerf", "Inter Chunk Latency (ICL)", "same"),

@@ -11,15 +11,15 @@ up on purpose are not judged and are counted separately.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from chaos.observations import STRICT_END, EndRule, Observations, StreamRecord
-from chaos.params import Param, Schema
-from sla.base import Status, Verdict, verifier
+from chaos.model.observations import STRICT_END, EndRule, Observations, StreamRecord
+from chaos.model.params import Param, Schema
+from sla.base import SlaSpec, Status, Verdict, verifier
 from sla.common import MAX_IDS
 
-__all__ = ["early_close", "why_incomplete"]
+__all__ = ["EarlyClose", "why_incomplete"]
 
 SCHEMA = Schema(
     (
@@ -45,30 +45,40 @@ def why_incomplete(stream: StreamRecord, rule: EndRule = STRICT_END) -> list[str
     return why
 
 
-@verifier("early_close", SCHEMA, "share of streams that ended without finish_reason and [DONE] (hang-ups excluded)")
-def early_close(obs: Observations, params: Mapping[str, Any], phase: str | None) -> Verdict:
-    budget: float = params["budget"]
-    min_samples: int = params["min_samples"]
-    population = obs.population(phase)
-    judged = [st for st in population if st.hangup is None]
-    hung_up = len(population) - len(judged)
-    rule = obs.end_rule
-    offenders = [(st, why_incomplete(st, rule)) for st in judged if not st.is_complete(rule)]
+@verifier
+@dataclass(frozen=True, kw_only=True)
+class EarlyClose(SlaSpec):
+    kind = "early_close"
+    summary = "share of streams that ended without finish_reason and [DONE] (hang-ups excluded)"
+    schema = SCHEMA
 
-    evidence: dict[str, Any] = {
-        "streams": len(judged),
-        "incomplete": len(offenders),
-        "hung_up_excluded": hung_up,
-        "end_rule": ("finish_reason" if rule.finish_reason else "") + (" and [DONE]" if rule.done else " ([DONE] not required)"),
-        "by_reason": dict(Counter(reason for _, why in offenders for reason in why)),
-        "offenders": [
-            {"id": st.id, "why": why, **({"error": st.error.message} if st.error else {})}
-            for st, why in offenders[:MAX_IDS]
-        ],
-    }
-    if len(judged) < min_samples:
-        evidence["reason"] = f"{len(judged)} judged streams (hang-ups excluded), at least {min_samples} needed"
-        return Verdict("early_close", phase, "inconclusive", None, budget, "fraction", len(judged), evidence)
-    share = len(offenders) / len(judged)
-    status: Status = "pass" if share <= budget else "fail"
-    return Verdict("early_close", phase, status, share, budget, "fraction", len(judged), evidence)
+    budget: float
+    min_samples: int
+
+    def judge(self, obs: Observations, phase: str | None) -> Verdict:
+        budget: float = self.budget
+        min_samples: int = self.min_samples
+        population = obs.population(phase)
+        judged = [st for st in population if st.hangup is None]
+        hung_up = len(population) - len(judged)
+        rule = obs.end_rule
+        offenders = [(st, why_incomplete(st, rule)) for st in judged if not st.is_complete(rule)]
+
+        evidence: dict[str, Any] = {
+            "streams": len(judged),
+            "incomplete": len(offenders),
+            "hung_up_excluded": hung_up,
+            "end_rule": (("finish_reason" if rule.finish_reason else "")
+                         + (" and [DONE]" if rule.done else " ([DONE] not required)")),
+            "by_reason": dict(Counter(reason for _, why in offenders for reason in why)),
+            "offenders": [
+                {"id": st.id, "why": why, **({"error": st.error.message} if st.error else {})}
+                for st, why in offenders[:MAX_IDS]
+            ],
+        }
+        if len(judged) < min_samples:
+            evidence["reason"] = f"{len(judged)} judged streams (hang-ups excluded), at least {min_samples} needed"
+            return Verdict("early_close", phase, "inconclusive", None, budget, "fraction", len(judged), evidence)
+        share = len(offenders) / len(judged)
+        status: Status = "pass" if share <= budget else "fail"
+        return Verdict("early_close", phase, status, share, budget, "fraction", len(judged), evidence)

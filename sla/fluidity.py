@@ -25,26 +25,26 @@ reader experiences as a stall.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
-from chaos.observations import NS, Observations, StreamRecord
-from chaos.params import Param, Schema
-from sla.base import Verdict, verifier
+from chaos.model.observations import NS, Observations, StreamRecord
+from chaos.model.params import Param, Schema
+from sla.base import SlaSpec, Verdict, verifier
 from sla.common import SHARE_CONFIDENCE, ended_waiting, rel_s
 from sla.stats import judge_share
 
-__all__ = ["StreamDeadlines", "deadlines", "fluidity"]
+__all__ = ["StreamDeadlines", "deadlines", "Fluidity"]
 
 SCHEMA = Schema(
     (
         Param("pace", "duration", required=True, min=1e-6, doc="the target time between tokens (content events)"),
-        Param("ttft", "duration", doc="the first token's deadline after sending; unset: deadlines start at the first token"),
+        Param("ttft", "duration",
+              doc="the first token's deadline after sending; unset: deadlines start at the first token"),
         Param("min_on_time", "fraction", default=0.95, doc="the smallest share of deadlines that must be met"),
-        Param("max_missed_run", "int", min=1, doc="the most deadlines one stream may miss in a row; unset: not checked"),
+        Param("max_missed_run", "int", min=1,
+              doc="the most deadlines one stream may miss in a row; unset: not checked"),
         SHARE_CONFIDENCE,
     )
 )
@@ -78,90 +78,110 @@ class StreamDeadlines:
 
 
 def deadlines(stream: StreamRecord, pace: float, ttft: float | None) -> StreamDeadlines:
-    """The deadline outcomes of one stream (pace and ttft in seconds)."""
+    """The deadline outcomes of one stream (pace and ttft in seconds). Slack earned by an early
+    token carries forward to the next deadline; a miss spends it all."""
     out = StreamDeadlines(stream.id)
-    d_pace, d_ttft = pace * NS, None if ttft is None else ttft * NS
-    stamps = stream.t_content
-    slack = 0.0
     if stream.t_sent is None:
         return out
-    if stamps:
-        if d_ttft is not None:
-            wait = stamps[0] - stream.t_sent
-            if wait <= d_ttft + slack:
-                slack += d_ttft - wait
-                out.add(True)
-            else:
-                out.add(False, 1 + math.floor((wait - slack - d_ttft) / d_pace), stamps[0], wait - slack - d_ttft)
-                slack = 0.0
-        for before, after in zip(stamps, stamps[1:]):
-            gap = after - before
-            if gap <= d_pace + slack:
-                slack += d_pace - gap
-                out.add(True)
-            else:
-                out.add(False, math.floor((gap - slack) / d_pace), after, gap - slack - d_pace)
-                slack = 0.0
-    # A stream that ended while waiting for its next token missed the deadlines that passed.
+    d_pace, d_ttft = pace * NS, None if ttft is None else ttft * NS
+    slack = 0.0
+    if stream.t_content and d_ttft is not None:
+        slack = _meet(out, stream.t_content[0] - stream.t_sent, d_ttft, slack, d_pace, stream.t_content[0], first=True)
+    for before, after in zip(stream.t_content, stream.t_content[1:], strict=False):  # consecutive pairs
+        slack = _meet(out, after - before, d_pace, slack, d_pace, after, first=False)
     if ended_waiting(stream) and stream.t_end is not None:
-        if stamps:
-            waited = stream.t_end - stamps[-1]
-            missed = math.floor((waited - slack) / d_pace) if waited > d_pace + slack else 0
-            late = waited - slack - d_pace
-        elif d_ttft is not None:
-            waited = stream.t_end - stream.t_sent
-            missed = 1 + math.floor((waited - d_ttft) / d_pace) if waited > d_ttft else 0
-            late = waited - d_ttft
-        else:
-            missed, late = 0, 0.0
+        # a stream that ended while waiting for its next token missed the deadlines that passed
+        missed, late = _missed_while_waiting(stream, d_pace, d_ttft, slack)
         if missed > 0:
             out.add(False, missed, stream.t_end, late)
     return out
 
 
-@verifier("fluidity", SCHEMA, "share of tokens on time against per-token deadlines at a pace, slack carried forward")
-def fluidity(obs: Observations, params: Mapping[str, Any], phase: str | None) -> Verdict:
-    pace: float = params["pace"]
-    ttft: float | None = params.get("ttft")
-    floor: float = params["min_on_time"]
-    max_run: int | None = params.get("max_missed_run")
-    confidence: float = params["confidence"]
-    population = sorted(obs.population(phase), key=lambda st: st.t_sent if st.t_sent is not None else 0)
-    per_stream = [deadlines(st, pace, ttft) for st in population]
-    per_stream = [d for d in per_stream if d.outcomes]
-    series = [v for d in per_stream for v in d.outcomes]
+def _meet(out: StreamDeadlines, wait: float, deadline: float, slack: float, d_pace: float, at: int, *,
+          first: bool) -> float:
+    """Record one wait against its deadline (plus the slack carried); the slack carried on."""
+    if wait <= deadline + slack:
+        out.add(True)
+        return slack + deadline - wait
+    late = wait - slack - deadline
+    # the first token's own deadline counts as one miss, then one per pace it ran past it
+    missed = 1 + math.floor(late / d_pace) if first else math.floor((wait - slack) / d_pace)
+    out.add(False, missed, at, late)
+    return 0.0
 
-    status, share, _, _, evidence = judge_share(series, floor, confidence)
-    worst = max(per_stream, key=lambda d: d.longest_run, default=None)
-    indices = [d.index for d in per_stream if d.index is not None]
-    evidence.update(
-        share=share,
-        pace_s=pace,
-        ttft_s=ttft,
-        deadlines=len(series),
-        missed=len(series) - int(sum(series)),
-        streams=len(per_stream),
-        stream_index_p10=float(np.quantile(indices, 0.1)) if indices else None,
-        streams_at_least_90pct=sum(1 for i in indices if i >= 0.9),  # Etalon's per-request criterion
-        longest_missed_run=worst.longest_run if worst else 0,
-        longest_missed_run_stream=worst.stream_id if worst and worst.longest_run else None,
-        longest_missed_run_at_s=rel_s(obs, worst.longest_run_at) if worst and worst.longest_run else None,
-        decided_by="share",
-        equivalents="Etalon fluidity-index (pooled as its service-level deadline miss rate)",
-    )
-    figure, budget, unit = share, floor, "fraction"
-    if max_run is not None:
-        evidence["max_missed_run"] = max_run
-        if worst is not None and worst.longest_run > max_run:
-            # one stall a reader sees decides, whatever the share; the table shows the run against its budget
-            status = "fail"
-            evidence["decided_by"] = "missed_run"
-            figure, budget, unit = float(worst.longest_run), float(max_run), "deadlines"
-    lateness = [late for d in per_stream for late in d.lateness_ns]
-    if status == "fail" and lateness:
-        # what a saturated load generator's lag would have to explain (chaos.verify): how late the
-        # typical late token was past its deadline
-        evidence["excess_s"] = float(np.median(lateness)) / NS
-    if not series:
-        evidence["reason"] = "no deadlines: no judged stream produced content or waited past its first deadline"
-    return Verdict("fluidity", phase, status, figure, budget, unit, len(series), evidence)
+
+def _missed_while_waiting(stream: StreamRecord, d_pace: float, d_ttft: float | None, slack: float) -> tuple[int, float]:
+    """(deadlines missed, how late) by a stream that ended waiting for its next (or first) token."""
+    assert stream.t_end is not None and stream.t_sent is not None
+    if stream.t_content:
+        waited = stream.t_end - stream.t_content[-1]
+        return (math.floor((waited - slack) / d_pace) if waited > d_pace + slack else 0), waited - slack - d_pace
+    if d_ttft is not None:
+        waited = stream.t_end - stream.t_sent
+        return (1 + math.floor((waited - d_ttft) / d_pace) if waited > d_ttft else 0), waited - d_ttft
+    return 0, 0.0
+
+
+@verifier
+@dataclass(frozen=True, kw_only=True)
+class Fluidity(SlaSpec):
+    kind = "fluidity"
+    summary = "share of tokens on time against per-token deadlines at a pace, slack carried forward"
+    schema = SCHEMA
+
+    pace: float
+    ttft: float | None
+    min_on_time: float
+    max_missed_run: int | None
+    confidence: float
+
+    def judge(self, obs: Observations, phase: str | None) -> Verdict:
+        pace: float = self.pace
+        ttft: float | None = self.ttft
+        floor: float = self.min_on_time
+        max_run: int | None = self.max_missed_run
+        confidence: float = self.confidence
+        population = sorted(obs.population(phase), key=lambda st: st.t_sent if st.t_sent is not None else 0)
+        per_stream = [deadlines(st, pace, ttft) for st in population]
+        per_stream = [d for d in per_stream if d.outcomes]
+        series = [v for d in per_stream for v in d.outcomes]
+
+        status, share, _, _, evidence = judge_share(series, floor, confidence)
+        worst = max(per_stream, key=lambda d: d.longest_run, default=None)
+        indices = [d.index for d in per_stream if d.index is not None]
+        evidence.update(
+            share=share,
+            pace_s=pace,
+            ttft_s=ttft,
+            deadlines=len(series),
+            missed=len(series) - int(sum(series)),
+            streams=len(per_stream),
+            stream_index_p10=float(np.quantile(indices, 0.1)) if indices else None,
+            streams_at_least_90pct=sum(1 for i in indices if i >= 0.9),  # Etalon's per-request criterion
+            longest_missed_run=worst.longest_run if worst else 0,
+            longest_missed_run_stream=worst.stream_id if worst and worst.longest_run else None,
+            longest_missed_run_at_s=rel_s(obs, worst.longest_run_at) if worst and worst.longest_run else None,
+            decided_by="share",
+            equivalents="Etalon fluidity-index (pooled as its service-level deadline miss rate)",
+        )
+        figure, budget, unit = share, floor, "fraction"
+        if max_run is not None:
+            evidence["max_missed_run"] = max_run
+            if worst is not None and worst.longest_run > max_run:
+                # one stall a reader sees decides, whatever the share; the table shows the run against its budget
+                status = "fail"
+                evidence["decided_by"] = "missed_run"
+                figure, budget, unit = float(worst.longest_run), float(max_run), "deadlines"
+        lateness = [late for d in per_stream for late in d.lateness_ns]
+        if evidence["decided_by"] == "missed_run" and worst is not None and max_run is not None:
+            # what a saturated load generator's lag would have to explain (chaos.execution.verify): the
+            # stall beyond the budget, in seconds. Not the median lateness: a frozen engine's one 2 s
+            # stall per stream sits among many tokens a busy box made a few ms late, and that median
+            # (a few ms) let a 20 ms client lag excuse a 40-deadline stall (a CI run of container-freeze)
+            evidence["excess_s"] = (worst.longest_run - max_run) * pace
+        elif status == "fail" and lateness:
+            # the same for a share verdict: how late the typical late token was past its deadline
+            evidence["excess_s"] = float(np.median(lateness)) / NS
+        if not series:
+            evidence["reason"] = "no deadlines: no judged stream produced content or waited past its first deadline"
+        return Verdict("fluidity", phase, status, figure, budget, unit, len(series), evidence)

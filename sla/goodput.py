@@ -24,27 +24,28 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from chaos.observations import NS, STRICT_END, EndRule, Observations, StreamRecord
-from chaos.params import Param, Schema
-from sla.base import Status, Verdict, verifier
+from chaos.model.observations import NS, STRICT_END, EndRule, Observations, StreamRecord
+from chaos.model.params import Param, Schema
+from sla.base import SlaSpec, Status, Verdict, verifier
 from sla.common import MAX_IDS, SHARE_CONFIDENCE
 from sla.definitions import definition_line, e2e_ns, output_tokens, tpot_ns
-from sla.errors import error_kinds
 from sla.stats import judge_share
+from sla.stream_errors import error_kinds
 from sla.throughput import window
 
-__all__ = ["Objectives", "goodput", "miss_excess_ns", "request_outcome"]
+__all__ = ["Objectives", "Goodput", "miss_excess_ns", "request_outcome"]
 
 SCHEMA = Schema(
     (
         Param("ttft", "duration", doc="time to first token objective (sla.definitions ttft); unset: not judged"),
-        Param("tpot", "duration", doc="time per output token objective, first token excluded (tpot); unset: not judged"),
+        Param("tpot", "duration",
+              doc="time per output token objective, first token excluded (tpot); unset: not judged"),
         Param("e2e", "duration", doc="end-to-end latency objective (e2e); unset: not judged"),
         Param("min_share", "fraction", doc="the smallest share of judged requests that must be good"),
         Param("min_rate", "rate", doc="the fewest good requests per second over the phase window"),
@@ -66,27 +67,11 @@ class Objectives:
         return {k: v for k, v in (("ttft", self.ttft), ("tpot", self.tpot), ("e2e", self.e2e)) if v is not None}
 
 
-def request_outcome(stream: StreamRecord, objectives: Objectives, rule: EndRule = STRICT_END) -> tuple[bool | None, list[str]]:
+def request_outcome(stream: StreamRecord, objectives: Objectives,
+                    rule: EndRule = STRICT_END) -> tuple[bool | None, list[str]]:
     """(good, misses): True/False, or None when a client fault's hang-up leaves it unknown;
     ``misses`` names each objective missed and each way the request failed."""
-    misses: list[str] = []
-    waited = (stream.t_end - stream.t_sent) if stream.t_sent is not None and stream.t_end is not None else None
-    ttft = stream.ttft_ns
-    if objectives.ttft is not None:
-        if ttft is not None and ttft > objectives.ttft * NS:
-            misses.append("ttft")
-        elif ttft is None and waited is not None and waited >= objectives.ttft * NS:
-            misses.append("ttft")  # no first token that long after sending, whatever came later
-    if objectives.e2e is not None:
-        e2e = e2e_ns(stream) if stream.is_complete(rule) else None
-        if e2e is not None and e2e > objectives.e2e * NS:
-            misses.append("e2e")
-        elif e2e is None and waited is not None and waited >= objectives.e2e * NS:
-            misses.append("e2e")  # still not complete that long after sending
-    if objectives.tpot is not None and stream.is_complete(rule):
-        tpot = tpot_ns(stream)
-        if tpot is not None and tpot > objectives.tpot * NS:
-            misses.append("tpot")
+    misses = _objectives_missed(stream, objectives, rule)
     if stream.hangup is not None:
         return (False, misses) if misses else (None, [])
     failures = error_kinds(stream)
@@ -95,6 +80,29 @@ def request_outcome(stream: StreamRecord, objectives: Objectives, rule: EndRule 
     elif not stream.is_complete(rule):
         misses.append("incomplete")
     return not misses, misses
+
+
+def _objectives_missed(stream: StreamRecord, objectives: Objectives, rule: EndRule) -> list[str]:
+    """The latency objectives a request missed: by its figure, or by waiting past the objective
+    for a first token (ttft) or a complete response (e2e) that never came."""
+    waited = (stream.t_end - stream.t_sent) if stream.t_sent is not None and stream.t_end is not None else None
+    complete = stream.is_complete(rule)
+    checks = (
+        ("ttft", objectives.ttft, stream.ttft_ns, True),
+        ("e2e", objectives.e2e, e2e_ns(stream) if complete else None, True),
+        ("tpot", objectives.tpot, tpot_ns(stream) if complete else None, False),  # only of a complete response
+    )
+    misses = []
+    for name, objective, figure_ns, waiting_counts in checks:
+        if objective is None:
+            continue
+        if figure_ns is not None:
+            missed = figure_ns > objective * NS
+        else:  # no figure: waited that long after sending without a first token / a complete response
+            missed = waiting_counts and waited is not None and waited >= objective * NS
+        if missed:
+            misses.append(name)
+    return misses
 
 
 def miss_excess_ns(stream: StreamRecord, objectives: Objectives, rule: EndRule = STRICT_END) -> float:
@@ -121,70 +129,97 @@ def miss_excess_ns(stream: StreamRecord, objectives: Objectives, rule: EndRule =
     return excess
 
 
-@verifier("goodput", SCHEMA, "share (or rate) of requests that completed and met every ttft/tpot/e2e objective")
-def goodput(obs: Observations, params: Mapping[str, Any], phase: str | None) -> Verdict:
-    objectives = Objectives(params.get("ttft"), params.get("tpot"), params.get("e2e"))
-    confidence: float = params["confidence"]
-    by_rate = params.get("min_rate") is not None
-    floor: float = params["min_rate"] if by_rate else params["min_share"]
-    unit = "requests/s" if by_rate else "fraction"
-    population = sorted(obs.population(phase), key=lambda st: st.t_sent if st.t_sent is not None else 0)
-    rule = obs.end_rule  # the engine's end-of-stream rule, as the run recorded it
+@dataclass
+class _Tally:
+    """Each judged request's outcome (1 good, 0 missed, in send order) and what the misses were."""
 
-    outcomes: list[float] = []
-    miss_reasons: Counter[str] = Counter()
-    missed_ids: list[str] = []
-    excesses: list[float] = []
-    unknown = 0
+    outcomes: list[float] = field(default_factory=list)
+    miss_reasons: Counter[str] = field(default_factory=Counter)
+    missed_ids: list[str] = field(default_factory=list)
+    excesses: list[float] = field(default_factory=list)  # seconds past the objectives, per miss
+    unknown: int = 0  # hung up by a client fault before any objective was missed
+
+
+def _tally(population: Sequence[StreamRecord], objectives: Objectives, rule: EndRule) -> _Tally:
+    tally = _Tally()
     for stream in population:
         good, misses = request_outcome(stream, objectives, rule)
         if good is None:
-            unknown += 1
+            tally.unknown += 1
             continue
-        outcomes.append(1.0 if good else 0.0)
-        miss_reasons.update(misses)
+        tally.outcomes.append(1.0 if good else 0.0)
+        tally.miss_reasons.update(misses)
         if misses:
-            excesses.append(miss_excess_ns(stream, objectives, rule) / NS)
-            if len(missed_ids) < MAX_IDS:
-                missed_ids.append(stream.id)
+            tally.excesses.append(miss_excess_ns(stream, objectives, rule) / NS)
+            if len(tally.missed_ids) < MAX_IDS:
+                tally.missed_ids.append(stream.id)
+    return tally
 
-    evidence: dict[str, Any] = {
-        "objectives_s": objectives.named(),
-        "definitions": [definition_line(name) for name in objectives.named()],
-        "judged": len(outcomes),
-        "good": int(sum(outcomes)),
-        "misses_by_reason": dict(miss_reasons),
-        "missed_ids": missed_ids,
-        "hung_up_unknown": unknown,  # hung up by a client fault before any objective was missed
-        "equivalents": "vLLM bench serve: request goodput (req/s); AIPerf: goodput, good_request_fraction",
-    }
-    floor_share = floor
-    scale = 1.0
-    if by_rate:
-        span = window(obs, phase)
-        if span is None or span[1] <= span[0]:
-            evidence["reason"] = "no closed phase window to divide by"
-            return Verdict("goodput", phase, "inconclusive", None, floor, unit, len(outcomes), evidence)
-        seconds = (span[1] - span[0]) / NS
-        scale = len(outcomes) / seconds  # judged requests per second: share x scale = good per second
-        evidence.update(window_s=seconds, judged_per_s=scale)
-        floor_share = floor / scale if scale > 0 else float("inf")
-    if floor_share > 1.0:
-        evidence["reason"] = f"only {scale:.4g} requests/s were judged; no share of them can reach {floor:g}/s"
-        status: Status = "fail" if outcomes else "inconclusive"
-        return Verdict("goodput", phase, status, sum(outcomes) / (len(outcomes) / scale) if outcomes else None,
-                       floor, unit, len(outcomes), evidence)
 
-    status, share, lower, upper, judged = judge_share(outcomes, floor_share, confidence)
-    evidence.update(judged)
-    evidence["share"] = share
-    if status == "fail" and excesses:
-        # what a saturated load generator's lag would have to explain (chaos.verify): the typical
-        # miss's distance past its objectives; failures and cut streams are infinitely far
-        evidence["excess_s"] = float(np.median(excesses))
-    figure = share
-    if by_rate and share is not None:
-        figure = share * scale
-        evidence["lower"] = None if lower is None else lower * scale
-        evidence["upper"] = None if upper is None else upper * scale
-    return Verdict("goodput", phase, status, figure, floor, unit, len(outcomes), evidence)
+@verifier
+@dataclass(frozen=True, kw_only=True)
+class Goodput(SlaSpec):
+    kind = "goodput"
+    summary = "share (or rate) of requests that completed and met every ttft/tpot/e2e objective"
+    schema = SCHEMA
+
+    ttft: float | None
+    tpot: float | None
+    e2e: float | None
+    min_share: float | None
+    min_rate: float | None
+    confidence: float
+
+    def judge(self, obs: Observations, phase: str | None) -> Verdict:
+        objectives = Objectives(self.ttft, self.tpot, self.e2e)
+        confidence: float = self.confidence
+        by_rate = self.min_rate is not None
+        floor = self.min_rate if by_rate else self.min_share
+        assert floor is not None  # the schema's one_of: exactly one is given
+        unit = "requests/s" if by_rate else "fraction"
+        population = sorted(obs.population(phase), key=lambda st: st.t_sent if st.t_sent is not None else 0)
+        rule = obs.end_rule  # the engine's end-of-stream rule, as the run recorded it
+
+        tally = _tally(population, objectives, rule)
+        outcomes, excesses = tally.outcomes, tally.excesses
+
+        evidence: dict[str, Any] = {
+            "objectives_s": objectives.named(),
+            "definitions": [definition_line(name) for name in objectives.named()],
+            "judged": len(outcomes),
+            "good": int(sum(outcomes)),
+            "misses_by_reason": dict(tally.miss_reasons),
+            "missed_ids": tally.missed_ids,
+            "hung_up_unknown": tally.unknown,  # hung up by a client fault before any objective was missed
+            "equivalents": "vLLM bench serve: request goodput (req/s); AIPerf: goodput, good_request_fraction",
+        }
+        floor_share = floor
+        scale = 1.0
+        if by_rate:
+            span = window(obs, phase)
+            if span is None or span[1] <= span[0]:
+                evidence["reason"] = "no closed phase window to divide by"
+                return Verdict("goodput", phase, "inconclusive", None, floor, unit, len(outcomes), evidence)
+            seconds = (span[1] - span[0]) / NS
+            scale = len(outcomes) / seconds  # judged requests per second: share x scale = good per second
+            evidence.update(window_s=seconds, judged_per_s=scale)
+            floor_share = floor / scale if scale > 0 else float("inf")
+        if floor_share > 1.0:
+            evidence["reason"] = f"only {scale:.4g} requests/s were judged; no share of them can reach {floor:g}/s"
+            status: Status = "fail" if outcomes else "inconclusive"
+            return Verdict("goodput", phase, status, sum(outcomes) / (len(outcomes) / scale) if outcomes else None,
+                           floor, unit, len(outcomes), evidence)
+
+        status, share, lower, upper, judged = judge_share(outcomes, floor_share, confidence)
+        evidence.update(judged)
+        evidence["share"] = share
+        if status == "fail" and excesses:
+            # what a saturated load generator's lag would have to explain (chaos.execution.verify): the typical
+            # miss's distance past its objectives; failures and cut streams are infinitely far
+            evidence["excess_s"] = float(np.median(excesses))
+        figure = share
+        if by_rate and share is not None:
+            figure = share * scale
+            evidence["lower"] = None if lower is None else lower * scale
+            evidence["upper"] = None if upper is None else upper * scale
+        return Verdict("goodput", phase, status, figure, floor, unit, len(outcomes), evidence)

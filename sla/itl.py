@@ -10,17 +10,16 @@ budget fails the verdict, which is what a blocked event loop or a coalescing pro
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
 
-from chaos.observations import Observations
-from chaos.params import Param, Schema
-from sla.base import Verdict, verifier
+from chaos.model.observations import Observations
+from chaos.model.params import Param, Schema
+from sla.base import SlaSpec, Verdict, verifier
 from sla.common import CONFIDENCE, QuantileParam, rel_s, s, summary_s
 from sla.definitions import definition_line
 from sla.stats import judge_quantile
 
-__all__ = ["gaps_in_send_order", "itl"]
+__all__ = ["gaps_in_send_order", "Itl"]
 
 SCHEMA = Schema(
     (
@@ -38,55 +37,66 @@ def gaps_in_send_order(obs: Observations, phase: str | None) -> list[int]:
     return [gap for stream in population for gap in stream.gaps_ns]
 
 
-@verifier("itl", SCHEMA, "gaps between content events: a quantile against a budget, and the longest stall")
-def itl(obs: Observations, params: Mapping[str, Any], phase: str | None) -> Verdict:
-    q: float = params["quantile"]
-    budget: float = params["budget"]
-    max_stall: float | None = params.get("max_stall")
-    confidence: float = params["confidence"]
+@verifier
+@dataclass(frozen=True, kw_only=True)
+class Itl(SlaSpec):
+    kind = "itl"
+    summary = "gaps between content events: a quantile against a budget, and the longest stall"
+    schema = SCHEMA
 
-    gaps_ns: list[int] = []
-    longest: tuple[int, str, int] | None = None  # (gap, stream id, when the gap ended)
-    streams_with_gaps = 0
-    population = sorted(obs.population(phase), key=lambda st: st.t_sent if st.t_sent is not None else 0)
-    for stream in population:
-        stream_gaps = stream.gaps_ns
-        if not stream_gaps:
-            continue
-        streams_with_gaps += 1
-        gaps_ns.extend(stream_gaps)
-        i = max(range(len(stream_gaps)), key=stream_gaps.__getitem__)
-        if longest is None or stream_gaps[i] > longest[0]:
-            longest = (stream_gaps[i], stream.id, stream.t_content[i + 1])
+    quantile: float
+    budget: float
+    max_stall: float | None
+    confidence: float
 
-    status, figure, _, _, evidence = judge_quantile([g / 1e9 for g in gaps_ns], q, budget, confidence)
-    evidence["definition"] = definition_line("itl")
-    evidence["gaps"] = summary_s(gaps_ns, sorted({0.5, 0.9, 0.99, q}))
-    evidence["streams"] = streams_with_gaps
-    evidence["longest_stall_s"] = s(longest[0]) if longest else None
-    evidence["longest_stall_stream"] = longest[1] if longest else None
-    evidence["longest_stall_ended_at_s"] = rel_s(obs, longest[2]) if longest else None
-    evidence["decided_by"] = "quantile"
-    shown_figure, shown_budget = figure, budget
+    def judge(self, obs: Observations, phase: str | None) -> Verdict:
+        q: float = self.quantile
+        budget: float = self.budget
+        max_stall: float | None = self.max_stall
+        confidence: float = self.confidence
 
-    if max_stall is not None:
-        over = [g for g in gaps_ns if g / 1e9 > max_stall]
-        evidence["max_stall_s"] = max_stall
-        evidence["gaps_over_max_stall"] = len(over)
-        if over and longest is not None:
-            # One stall over its budget decides, whatever the quantile says; the table then shows
-            # the stall against its own budget so that figure and budget explain the fail.
-            status = "fail"
-            evidence["decided_by"] = "max_stall"
-            shown_figure, shown_budget = longest[0] / 1e9, max_stall
+        gaps_ns: list[int] = []
+        longest: tuple[int, str, int] | None = None  # (gap, stream id, when the gap ended)
+        streams_with_gaps = 0
+        population = sorted(obs.population(phase), key=lambda st: st.t_sent if st.t_sent is not None else 0)
+        for stream in population:
+            stream_gaps = stream.gaps_ns
+            if not stream_gaps:
+                continue
+            streams_with_gaps += 1
+            gaps_ns.extend(stream_gaps)
+            i = max(range(len(stream_gaps)), key=stream_gaps.__getitem__)
+            if longest is None or stream_gaps[i] > longest[0]:
+                longest = (stream_gaps[i], stream.id, stream.t_content[i + 1])
 
-    return Verdict(
-        sla="itl",
-        phase=phase,
-        status=status,
-        figure=shown_figure,
-        budget=shown_budget,
-        unit="s",
-        samples=len(gaps_ns),
-        evidence=evidence,
-    )
+        status, figure, _, _, evidence = judge_quantile([g / 1e9 for g in gaps_ns], q, budget, confidence)
+        evidence["definition"] = definition_line("itl")
+        evidence["gaps"] = summary_s(gaps_ns, sorted({0.5, 0.9, 0.99, q}))
+        evidence["streams"] = streams_with_gaps
+        evidence["longest_stall_s"] = s(longest[0]) if longest else None
+        evidence["longest_stall_stream"] = longest[1] if longest else None
+        evidence["longest_stall_ended_at_s"] = rel_s(obs, longest[2]) if longest else None
+        evidence["decided_by"] = "quantile"
+        shown_figure, shown_budget = figure, budget
+
+        if max_stall is not None:
+            over = [g for g in gaps_ns if g / 1e9 > max_stall]
+            evidence["max_stall_s"] = max_stall
+            evidence["gaps_over_max_stall"] = len(over)
+            if over and longest is not None:
+                # One stall over its budget decides, whatever the quantile says; the table then shows
+                # the stall against its own budget so that figure and budget explain the fail.
+                status = "fail"
+                evidence["decided_by"] = "max_stall"
+                shown_figure, shown_budget = longest[0] / 1e9, max_stall
+
+        return Verdict(
+            sla="itl",
+            phase=phase,
+            status=status,
+            figure=shown_figure,
+            budget=shown_budget,
+            unit="s",
+            samples=len(gaps_ns),
+            evidence=evidence,
+        )

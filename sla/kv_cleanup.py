@@ -1,7 +1,7 @@
 """`kv_cleanup`: after aborts and at the end of load, KV usage and running requests return to baseline.
 
 Series (the first present wins; ``series`` / ``running_series`` override): the run's engine
-profile names them (``chaos.engines``, recorded in the journal's ``engine_profile`` note); without
+profile names them (``chaos.model.engines``, recorded in the journal's ``engine_profile`` note); without
 one, every known name in turn. KV usage from ``streamchaos_kv_blocks_used`` (the builtin engine's
 exact block count: must return to exactly its baseline), ``vllm:kv_cache_usage_perc``,
 ``vllm:gpu_cache_usage_perc``, ``sglang:token_usage`` (fractions: baseline + ``tolerance``), TGI's
@@ -32,13 +32,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from chaos.engines import RUNNING_SERIES, USAGE_SERIES
-from chaos.observations import END_RULE_TOPIC, NS, MetricSample, Observations, StreamRecord
-from chaos.params import Param, Schema
-from sla.base import Status, Verdict, verifier
+from chaos.model.engines import RUNNING_SERIES, USAGE_SERIES
+from chaos.model.observations import NS, MetricSample, Observations, StreamRecord
+from chaos.model.params import Param, Schema
+from sla.base import SlaSpec, Status, Verdict, verifier
 from sla.common import MAX_IDS, rel_s, stream_end
+from sla.engine_series import metrics_off, pick, profile_series, unjudged_reason
 
-__all__ = ["RUNNING_SERIES", "USAGE_SERIES", "kv_cleanup"]
+__all__ = ["RUNNING_SERIES", "USAGE_SERIES", "KvCleanup"]
 
 SCHEMA = Schema(
     (
@@ -114,34 +115,6 @@ def _worst(checks: list[_Check]) -> _Check:
     return min(checks, key=lambda c: (order[c.outcome], -(c.took_s or 0.0)))
 
 
-def _profile_series(obs: Observations) -> tuple[list[str], list[str], str, str]:
-    """(usage names, running names, engine, hint) from the run's engine profile note, else every known name."""
-    for note in reversed(obs.notes_on(END_RULE_TOPIC)):
-        prof = note.data.get("profile")
-        if isinstance(prof, dict) and isinstance(prof.get("usage_series"), list):
-            return ([str(n) for n in prof["usage_series"]], [str(n) for n in prof.get("running_series") or []],
-                    str(prof.get("name", "engine")), str(prof.get("metrics_hint") or ""))
-    return [n for n, _ in USAGE_SERIES], list(RUNNING_SERIES), "generic", ""
-
-
-def _scrape_failures(obs: Observations) -> list[str]:
-    """Why scrapes failed, one line per URL, in words: the status or the connection error."""
-    out: dict[str, str] = {}
-    for note in obs.notes_on("scrape_error"):
-        url = str(note.data.get("url", "?"))
-        status = note.data.get("status")
-        what = f"HTTP {status}" if status else str(note.data.get("error", "failed"))
-        hint = {401: " (unauthorised: set target.metrics_auth or the target's api key)", 403: " (forbidden)",
-                404: " (no metrics there: set target.metrics_url)"}.get(status if isinstance(status, int) else 0, "")
-        out[url] = f"scraping {url} failed: {what}{hint}, {note.data.get('failures', 1)} time(s)"
-    return list(out.values())
-
-
-def _pick(obs: Observations, names: Sequence[str]) -> str | None:
-    present = {m.name for m in obs.metrics}
-    return next((n for n in names if n in present), None)
-
-
 def _busy_periods(streams: Sequence[StreamRecord]) -> list[tuple[int, int]]:
     """Merged [start, end] intervals during which some stream (any phase, background too) was in flight."""
     spans = sorted((st.t_sent, end) for st in streams if st.t_sent is not None and (end := stream_end(st)) is not None)
@@ -180,92 +153,136 @@ def _leak_notes(obs: Observations) -> list[tuple[int, list[str]]]:
     return out
 
 
-@verifier("kv_cleanup", SCHEMA, "KV usage and running requests return to baseline after aborts and end of load")
-def kv_cleanup(obs: Observations, params: Mapping[str, Any], phase: str | None) -> Verdict:
-    within: float = params["within"]
-    tolerance: float = params["tolerance"]
-    population = obs.population(phase)
-    evidence: dict[str, Any] = {"within_s": within, "tolerance": tolerance}
+@verifier
+@dataclass(frozen=True, kw_only=True)
+class KvCleanup(SlaSpec):
+    kind = "kv_cleanup"
+    summary = "KV usage and running requests return to baseline after aborts and end of load"
+    schema = SCHEMA
 
-    def verdict(status: Status, figure: float | None, samples: int, reason: str = "") -> Verdict:
+    within: float
+    tolerance: float
+    series: str | None
+    running_series: str | None
+
+    def judge(self, obs: Observations, phase: str | None) -> Verdict:
+        population = obs.population(phase)
+        evidence: dict[str, Any] = {"within_s": self.within, "tolerance": self.tolerance}
+        read = self._series(obs, population, evidence)
+        if isinstance(read, _Undecided):
+            evidence["reason"] = read.reason
+            return Verdict("kv_cleanup", phase, "inconclusive", None, self.within, "s", read.samples, evidence)
+        status, figure, samples, reason = self._check(obs, population, read, evidence)
         if reason:
             evidence["reason"] = reason
-        return Verdict("kv_cleanup", phase, status, figure, within, "s", samples, evidence)
+        return Verdict("kv_cleanup", phase, status, figure, self.within, "s", samples, evidence)
 
-    if any(n.data.get("metrics") is False for n in obs.notes_on("target")):
-        return verdict("inconclusive", None, 0, "the target exposes no metrics (target note says metrics: false)")
-    usage_names, running_names, engine, hint = _profile_series(obs)
-    usage_name = params.get("series") or _pick(obs, usage_names)
-    running_name = params.get("running_series") or _pick(obs, running_names)
-    evidence.update(usage_series=usage_name, running_series=running_name)
-    problems = []
-    for what, name, fallbacks in (("KV usage", usage_name, usage_names), ("running requests", running_name, running_names)):
-        if name is None:
-            looked = f"looked for {', '.join(fallbacks)}" if fallbacks else f"the {engine} profile names none; set `series`"
-            problems.append(f"no {what} series was scraped ({looked})")
-        elif not obs.series(name):
-            problems.append(f"the {what} series {name!r} has no samples")
-    if problems:
-        why = _scrape_failures(obs)
-        if why:
-            evidence["scrape_errors"] = why
-        reason = "; ".join(problems) + "; a missing series is unknown, not zero" + (f" ({hint})" if hint else "")
-        return verdict("inconclusive", None, 0, (f"{'; '.join(why)}: " if why else "") + reason)
-    assert usage_name is not None and running_name is not None
-    sent = [st.t_sent for st in obs.streams if st.t_sent is not None]
-    if not population or not sent:
-        return verdict("inconclusive", None, 0, "no streams were sent")
-    first_sent = min(sent)
+    def _series(self, obs: Observations, population: list[StreamRecord],
+                evidence: dict[str, Any]) -> _Series | _Undecided:
+        """The KV usage and running series with their baselines before the first stream was sent
+        (evidence: which series, the usage slack, the baselines), or why they cannot be had."""
+        if (off := metrics_off(obs)) is not None:
+            return _Undecided(off)
+        usage_names, running_names, engine, hint = profile_series(obs)
+        usage_name = self.series or pick(obs, usage_names)
+        running_name = self.running_series or pick(obs, running_names)
+        evidence.update(usage_series=usage_name, running_series=running_name)
+        wanted = (("KV usage", usage_name, usage_names), ("running requests", running_name, running_names))
+        missing = _missing_series(obs, evidence, wanted, engine, hint)
+        if missing is not None:
+            return _Undecided(missing)
+        assert usage_name is not None and running_name is not None
+        sent = [st.t_sent for st in obs.streams if st.t_sent is not None]
+        if not population or not sent:
+            return _Undecided("no streams were sent")
+        slack = _slack(obs, dict(USAGE_SERIES).get(usage_name, "fraction"), self.tolerance)
+        evidence["usage_slack"] = slack
+        per_series = {usage_name: (obs.series(usage_name), slack), running_name: (obs.series(running_name), 0.0)}
+        baselines = {name: _baseline(samples, min(sent)) for name, (samples, _) in per_series.items()}
+        for name, baseline in baselines.items():
+            if not baseline:
+                reason = f"no {name} sample was scraped before the first stream was sent, so there is no baseline"
+                return _Undecided(reason, len(per_series[name][0]))
+        evidence["baseline"] = {name: _show(b) for name, b in baselines.items()}
+        return _Series(per_series, baselines)
 
-    usage_rule = dict(USAGE_SERIES).get(usage_name, "fraction")
-    slack = _slack(obs, usage_rule, tolerance)
-    evidence["usage_slack"] = slack
-    per_series = {usage_name: (obs.series(usage_name), slack), running_name: (obs.series(running_name), 0.0)}
-    baselines: dict[str, dict[Labels, float]] = {}
-    for name, (samples, _) in per_series.items():
-        baselines[name] = {
-            labels: min(m.value for m in before)
-            for labels, group in _by_labels(samples).items()
-            if (before := [m for m in group if m.t < first_sent])
-        }
-        if not baselines[name]:
-            reason = f"no {name} sample was scraped before the first stream was sent, so there is no baseline"
-            return verdict("inconclusive", None, len(samples), reason)
-    evidence["baseline"] = {name: _show(b) for name, b in baselines.items()}
+    def _check(self, obs: Observations, population: list[StreamRecord], read: _Series,
+               evidence: dict[str, Any]) -> tuple[Status, float | None, int, str]:
+        """(status, the longest return in seconds, samples used, why undecided) over the check points:
+        each abort and the end of load, judged on both series against their baselines."""
+        points = _check_points(obs, population)
+        leak_notes = _leak_notes(obs)
+        results = [_judge_point(obs, kind, t, next_start, self.within, read.per_series, read.baselines, leak_notes)
+                   for kind, t, next_start in points]
+        used = _samples_used(points, read.per_series)
+        figures = [r["figure_s"] for r in results if r["figure_s"] is not None]
+        worst_took = max(figures) if figures else None
+        evidence["check_points"] = results
+        evidence["leaked_request_ids"] = sorted({i for _, ids in leak_notes for i in ids})[:MAX_IDS]
+        if any(r["outcome"] in ("leaked", "late") for r in results):
+            return "fail", worst_took, used, ""
+        if any(r["kind"] == "end_of_load" and r["outcome"] == "returned" for r in results):
+            return "pass", worst_took, used, ""
+        if not points:
+            return "inconclusive", None, used, "no check point: the judged streams have no end stamps"
+        return "inconclusive", worst_took, used, UNDECIDED_END
 
-    points = _check_points(obs, population)
-    leak_notes = _leak_notes(obs)
-    results = [
-        _judge_point(obs, kind, t, next_start, within, per_series, baselines, leak_notes)
-        for kind, t, next_start in points
-    ]
-    used_samples = sum(
+
+@dataclass(frozen=True)
+class _Series:
+    """The series read, each with its slack above baseline, and their baselines."""
+
+    per_series: dict[str, tuple[list[MetricSample], float]]
+    baselines: dict[str, dict[Labels, float]]
+
+
+@dataclass(frozen=True)
+class _Undecided:
+    reason: str
+    samples: int = 0
+
+
+UNDECIDED_END = ("the end-of-load check point could not be decided: no sample at baseline within the deadline and none "
+                 "past it still above baseline (the scrapes stopped, were too sparse, or new load began)")
+
+
+def _samples_used(points: Sequence[tuple[str, int, int | None]],
+                  per_series: Mapping[str, tuple[list[MetricSample], float]]) -> int:
+    """How many samples fell inside the check points' windows: the verdict's sample count."""
+    return sum(
         1
         for _, t, next_start in points
         for samples, _ in per_series.values()
         for m in samples
         if m.t >= t and (next_start is None or m.t < next_start)
     )
-    figures = [r["figure_s"] for r in results if r["figure_s"] is not None]
-    worst_took = max(figures) if figures else None
-    failed = any(r["outcome"] in ("leaked", "late") for r in results)
-    end_returned = any(r["kind"] == "end_of_load" and r["outcome"] == "returned" for r in results)
-    evidence["check_points"] = results
-    evidence["leaked_request_ids"] = sorted({i for _, ids in leak_notes for i in ids})[:MAX_IDS]
 
-    if failed:
-        return verdict("fail", worst_took, used_samples)
-    if end_returned:
-        return verdict("pass", worst_took, used_samples)
-    if not points:
-        return verdict("inconclusive", None, used_samples, "no check point: the judged streams have no end stamps")
-    return verdict(
-        "inconclusive",
-        worst_took,
-        used_samples,
-        "the end-of-load check point could not be decided: no sample at baseline within the deadline and none "
-        "past it still above baseline (the scrapes stopped, were too sparse, or new load began)",
-    )
+
+def _missing_series(obs: Observations, evidence: dict[str, Any],
+                    wanted: Sequence[tuple[str, str | None, Sequence[str]]], engine: str, hint: str) -> str | None:
+    """Why the KV usage or running-requests series cannot be judged (absent, or without samples),
+    the truth first (an engine without metrics, a failing scrape); None when both are there."""
+    problems = []
+    for what, name, fallbacks in wanted:
+        if name is None:
+            looked = (f"looked for {', '.join(fallbacks)}" if fallbacks
+                      else f"the {engine} profile names none; set `series`")
+            problems.append(f"no {what} series was scraped ({looked})")
+        elif not obs.series(name):
+            problems.append(f"the {what} series {name!r} has no samples")
+    if not problems:
+        return None
+    missing = "; ".join(problems) + "; a missing series is unknown, not zero" + (f" ({hint})" if hint else "")
+    return unjudged_reason(obs, evidence, "KV cleanup", missing)
+
+
+def _baseline(samples: Sequence[MetricSample], first_sent: int) -> dict[Labels, float]:
+    """Per label set, the lowest value scraped before the first stream was sent."""
+    return {
+        labels: min(m.value for m in before)
+        for labels, group in _by_labels(samples).items()
+        if (before := [m for m in group if m.t < first_sent])
+    }
 
 
 def _judge_point(
@@ -289,7 +306,8 @@ def _judge_point(
         # A label set with no sample from the check point on, while others still have some, belongs to a
         # source that is gone (a deleted pod, whose blocks went with its process): it cannot leak, and
         # nothing can be observed of it. Without any sample left at all, the point stays unobserved.
-        observed = {labels for labels in judged if any(m.t >= t and (next_start is None or m.t < next_start) for m in groups[labels])}
+        observed = {labels for labels in judged
+                    if any(m.t >= t and (next_start is None or m.t < next_start) for m in groups[labels])}
         if observed:
             gone += [dict(labels) for labels in judged if labels not in observed and dict(labels) not in gone]
             judged = {labels: base for labels, base in judged.items() if labels in observed}

@@ -256,7 +256,6 @@ def judge_quantile(
     size = sample_size(values, q, independent=independent)
     bounds = quantile_bounds(values, q, confidence, n_eff=size.n_eff if size.n else None)
     figure = sample_quantile(values, q)
-    n = bounds.n
     evidence: dict[str, Any] = {
         "quantile": q,
         "confidence": confidence,
@@ -272,6 +271,16 @@ def judge_quantile(
         return "fail", figure, bounds.lower, bounds.upper, evidence
 
     # Undecided: say which bound is missing or too wide and how many samples would help.
+    evidence.update(_undecided(values, q, budget, confidence, size, bounds))
+    return "inconclusive", figure, bounds.lower, bounds.upper, evidence
+
+
+def _undecided(values: np.ndarray[Any, Any], q: float, budget: float, confidence: float, size: EffectiveSize,
+               bounds: QuantileBounds) -> dict[str, Any]:
+    """An undecided quantile verdict's evidence: the bound that would decide, how many samples would
+    bring it (``bound_needs``; ``samples_needed`` projects the share within budget forward), and why."""
+    n = bounds.n
+    evidence: dict[str, Any] = {}
     share = float(np.count_nonzero(values <= budget)) / n if n else None
     side: Side = "upper" if share is None or share >= q else "lower"  # the bound that would decide
     bound_needs_eff = samples_needed(q, confidence, side)
@@ -286,7 +295,8 @@ def judge_quantile(
     evidence["bound_needs"] = bound_needs  # where the missing bound starts to exist at all
     evidence["bound_needs_effective"] = bound_needs_eff  # the same, in independent samples
     evidence["samples_needed"] = needed  # None: the budget sits on the estimate; no n is enough
-    worth = "" if size.tau == 1.0 else f" (worth {size.n_eff:.0f} independent ones at lag-1 autocorrelation {size.rho_lag1:.2f})"
+    worth = ("" if size.tau == 1.0
+             else f" (worth {size.n_eff:.0f} independent ones at lag-1 autocorrelation {size.rho_lag1:.2f})")
     if n == 0:
         evidence["reason"] = "no samples"
     elif _effective_trials(n, size.n_eff) < bound_needs_eff:
@@ -300,7 +310,7 @@ def judge_quantile(
             f"contains the budget {_fmt(budget)}; "
             + (f"about {needed} samples would decide it" if needed else "the budget sits on the estimate")
         )
-    return "inconclusive", figure, bounds.lower, bounds.upper, evidence
+    return evidence
 
 
 @dataclass(frozen=True)

@@ -16,22 +16,29 @@ with fewer than ``min_events`` content events is not judged.
 
 The figure is the share of judged streams that were buffered, against ``budget`` (default 10%);
 the evidence gives TTFT / e2e, events per read and the inter-token gap medians of the judged
-streams, and, when it fails, says plainly that the responses are being buffered.
+streams, and, when it fails, says plainly that the responses are being buffered and names the
+hop's own fix from the buffered streams' Server, Via and Content-Encoding headers
+(``sla.proxy_fix``: nginx's gzip or proxy_buffering, HAProxy's ``option http-no-delay``, Caddy's
+``flush_interval -1``). A compressed stream is judged on its decoded events: the load client
+announces ``gzip, deflate`` as the OpenAI SDK does, and nginx's gzip filter holds a stream whole.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from chaos.observations import NS, Observations, StreamRecord
-from chaos.params import Param, Schema
-from sla.base import Status, Verdict, verifier
+from chaos.model.observations import NS, Observations, StreamRecord
+from chaos.model.params import Param, Schema
+from sla.base import SlaSpec, Status, Verdict, verifier
 from sla.common import MAX_IDS
+from sla.proxy_fix import buffering_fix
 
-__all__ = ["buffered", "stream_signs", "streaming"]
+__all__ = ["buffered", "stream_signs", "Streaming"]
 
 SCHEMA = Schema(
     (
@@ -59,51 +66,66 @@ def stream_signs(stream: StreamRecord) -> dict[str, float] | None:
             "content_reads": float(reads), "events_per_read": len(stamps) / reads}
 
 
-def buffered(signs: Mapping[str, float], params: Mapping[str, Any]) -> bool:
+def buffered(signs: Mapping[str, float], min_events_per_read: float) -> bool:
     """Whether a stream's signs say it was held and forwarded whole (or in a few big pieces). Pure."""
-    return bool(signs["events_per_read"] >= params["min_events_per_read"])
+    return bool(signs["events_per_read"] >= min_events_per_read)
 
 
 def _median(values: list[float]) -> float | None:
     return float(np.median(values)) if values else None
 
 
-@verifier("streaming", SCHEMA, "responses arrive as a stream, not buffered whole by a proxy or gateway in the path")
-def streaming(obs: Observations, params: Mapping[str, Any], phase: str | None) -> Verdict:
-    budget: float = params["budget"]
-    judged: list[tuple[StreamRecord, dict[str, float]]] = []
-    for stream in obs.population(phase):
-        if stream.hangup is not None or len(stream.t_content) < params["min_events"]:
-            continue
-        signs = stream_signs(stream)
-        if signs is not None:
-            judged.append((stream, signs))
-    held = [(st, sg) for st, sg in judged if buffered(sg, params)]
-    gaps = [g / NS for st, _ in judged for g in st.gaps_ns]
-    ttfts = [st.ttft_ns / NS for st, _ in judged if st.ttft_ns is not None]
-    evidence: dict[str, Any] = {
-        "judged": len(judged),
-        "buffered": len(held),
-        "first_read_share_p50": _median([sg["first_read_share"] for _, sg in judged]),
-        "first_share_p50": _median([sg["first_share"] for _, sg in judged]),
-        "events_per_read_p50": _median([sg["events_per_read"] for _, sg in judged]),
-        "content_reads_p50": _median([sg["content_reads"] for _, sg in judged]),
-        "ttft_p50_s": _median(ttfts),
-        "itl_p50_s": _median(gaps),
-        "buffered_ids": [st.id for st, _ in held[:MAX_IDS]],
-        "rule": f"buffered: {params['min_events_per_read']:g} or more content events per network read",
-    }
-    if len(judged) < params["min_samples"]:
-        evidence["reason"] = (f"{len(judged)} streams with at least {params['min_events']} content events, "
-                              f"{params['min_samples']} needed")
-        return Verdict("streaming", phase, "inconclusive", None, budget, "fraction", len(judged), evidence)
-    share = len(held) / len(judged)
-    status: Status = "pass" if share <= budget else "fail"
-    if status == "fail":
-        evidence["reason"] = (
-            f"your responses are being buffered by something in the path: {len(held)} of {len(judged)} streams got "
-            f"their first token together with {evidence['first_read_share_p50']:.0%} of their content (median), after "
-            f"{evidence['first_share_p50']:.0%} of the stream's time, {evidence['events_per_read_p50']:.1f} content "
-            "events per read; look for proxy_buffering (nginx: "
-            "proxy_buffering off, or X-Accel-Buffering: no with proxy_http_version 1.1) or a gateway that collects responses")
-    return Verdict("streaming", phase, status, share, budget, "fraction", len(judged), evidence)
+@verifier
+@dataclass(frozen=True, kw_only=True)
+class Streaming(SlaSpec):
+    kind = "streaming"
+    summary = "responses arrive as a stream, not buffered whole by a proxy or gateway in the path"
+    schema = SCHEMA
+
+    budget: float
+    min_events_per_read: float
+    min_events: int
+    min_samples: int
+
+    def judge(self, obs: Observations, phase: str | None) -> Verdict:
+        budget: float = self.budget
+        judged: list[tuple[StreamRecord, dict[str, float]]] = []
+        for stream in obs.population(phase):
+            if stream.hangup is not None or len(stream.t_content) < self.min_events:
+                continue
+            signs = stream_signs(stream)
+            if signs is not None:
+                judged.append((stream, signs))
+        held = [(st, sg) for st, sg in judged if buffered(sg, self.min_events_per_read)]
+        gaps = [g / NS for st, _ in judged for g in st.gaps_ns]
+        ttfts = [st.ttft_ns / NS for st, _ in judged if st.ttft_ns is not None]
+        evidence: dict[str, Any] = {
+            "judged": len(judged),
+            "buffered": len(held),
+            "first_read_share_p50": _median([sg["first_read_share"] for _, sg in judged]),
+            "first_share_p50": _median([sg["first_share"] for _, sg in judged]),
+            "events_per_read_p50": _median([sg["events_per_read"] for _, sg in judged]),
+            "content_reads_p50": _median([sg["content_reads"] for _, sg in judged]),
+            "ttft_p50_s": _median(ttfts),
+            "itl_p50_s": _median(gaps),
+            "buffered_ids": [st.id for st, _ in held[:MAX_IDS]],
+            "rule": f"buffered: {self.min_events_per_read:g} or more content events per network read",
+        }
+        if len(judged) < self.min_samples:
+            evidence["reason"] = (f"{len(judged)} streams with at least {self.min_events} content events, "
+                                  f"{self.min_samples} needed")
+            return Verdict("streaming", phase, "inconclusive", None, budget, "fraction", len(judged), evidence)
+        share = len(held) / len(judged)
+        status: Status = "pass" if share <= budget else "fail"
+        if status == "fail":
+            # the hop that holds the streams names itself (or not) in the headers most of them came with
+            (server, via, encoding), _ = Counter((st.server, st.via, st.content_encoding)
+                                                 for st, _ in held).most_common(1)[0]
+            evidence.update(server=server, via=via, content_encoding=encoding)
+            evidence["reason"] = (
+                f"your responses are being buffered by something in the path: {len(held)} of {len(judged)} "
+                f"streams got their first token together with {evidence['first_read_share_p50']:.0%} "
+                f"of their content (median), after {evidence['first_share_p50']:.0%} of the stream's time, "
+                f"{evidence['events_per_read_p50']:.1f} content events per read; "
+                f"{buffering_fix(server, via, encoding)}")
+        return Verdict("streaming", phase, status, share, budget, "fraction", len(judged), evidence)

@@ -9,15 +9,15 @@ closed window, or with no streams, there is nothing to divide by: inconclusive.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from chaos.observations import NS, Observations, StreamRecord
-from chaos.params import Param, Schema
-from sla.base import Status, Verdict, verifier
+from chaos.model.observations import NS, Observations, StreamRecord
+from chaos.model.params import Param, Schema
+from sla.base import SlaSpec, Status, Verdict, verifier
 from sla.common import rel_s
 
-__all__ = ["throughput", "window"]
+__all__ = ["Throughput", "window"]
 
 SCHEMA = Schema(
     (
@@ -51,36 +51,46 @@ def _tokens_in(stream: StreamRecord, t0: int, t1: int) -> tuple[float, bool]:
     return float(inside), False
 
 
-@verifier("throughput", SCHEMA, "generated tokens or completed requests per second over the phase window")
-def throughput(obs: Observations, params: Mapping[str, Any], phase: str | None) -> Verdict:
-    by_tokens = params.get("min_tokens_per_s") is not None
-    floor: float = params["min_tokens_per_s"] if by_tokens else params["min_requests_per_s"]
-    unit = "tokens/s" if by_tokens else "requests/s"
-    population = obs.population(phase)
-    span = window(obs, phase)
-    evidence: dict[str, Any] = {"streams": len(population)}
-    if span is None:
-        evidence["reason"] = (
-            f"phase {phase!r} has no closed window" if phase is not None else "the run has no closed phase windows"
-        )
-        return Verdict("throughput", phase, "inconclusive", None, floor, unit, len(population), evidence)
-    t0, t1 = span
-    seconds = (t1 - t0) / NS
-    evidence.update(window_start_s=rel_s(obs, t0), window_end_s=rel_s(obs, t1), window_s=seconds)
-    if not population or seconds <= 0:
-        evidence["reason"] = "no streams in the window" if not population else "the window is empty"
-        return Verdict("throughput", phase, "inconclusive", None, floor, unit, len(population), evidence)
+@verifier
+@dataclass(frozen=True, kw_only=True)
+class Throughput(SlaSpec):
+    kind = "throughput"
+    summary = "generated tokens or completed requests per second over the phase window"
+    schema = SCHEMA
 
-    counted = [_tokens_in(st, t0, t1) for st in population]
-    tokens = sum(n for n, _ in counted)
-    completed = sum(1 for st in population if obs.complete(st) and st.t_end is not None and t0 <= st.t_end <= t1)
-    evidence.update(
-        tokens=tokens,
-        token_source="usage" if any(used for _, used in counted) else "content_events",
-        completed_requests=completed,
-        tokens_per_s=tokens / seconds,
-        requests_per_s=completed / seconds,
-    )
-    figure = tokens / seconds if by_tokens else completed / seconds
-    status: Status = "pass" if figure >= floor else "fail"
-    return Verdict("throughput", phase, status, figure, floor, unit, len(population), evidence)
+    min_tokens_per_s: float | None
+    min_requests_per_s: float | None
+
+    def judge(self, obs: Observations, phase: str | None) -> Verdict:
+        by_tokens = self.min_tokens_per_s is not None
+        floor = self.min_tokens_per_s if by_tokens else self.min_requests_per_s
+        assert floor is not None  # the schema's one_of: exactly one is given
+        unit = "tokens/s" if by_tokens else "requests/s"
+        population = obs.population(phase)
+        span = window(obs, phase)
+        evidence: dict[str, Any] = {"streams": len(population)}
+        if span is None:
+            evidence["reason"] = (
+                f"phase {phase!r} has no closed window" if phase is not None else "the run has no closed phase windows"
+            )
+            return Verdict("throughput", phase, "inconclusive", None, floor, unit, len(population), evidence)
+        t0, t1 = span
+        seconds = (t1 - t0) / NS
+        evidence.update(window_start_s=rel_s(obs, t0), window_end_s=rel_s(obs, t1), window_s=seconds)
+        if not population or seconds <= 0:
+            evidence["reason"] = "no streams in the window" if not population else "the window is empty"
+            return Verdict("throughput", phase, "inconclusive", None, floor, unit, len(population), evidence)
+
+        counted = [_tokens_in(st, t0, t1) for st in population]
+        tokens = sum(n for n, _ in counted)
+        completed = sum(1 for st in population if obs.complete(st) and st.t_end is not None and t0 <= st.t_end <= t1)
+        evidence.update(
+            tokens=tokens,
+            token_source="usage" if any(used for _, used in counted) else "content_events",
+            completed_requests=completed,
+            tokens_per_s=tokens / seconds,
+            requests_per_s=completed / seconds,
+        )
+        figure = tokens / seconds if by_tokens else completed / seconds
+        status: Status = "pass" if figure >= floor else "fail"
+        return Verdict("throughput", phase, status, figure, floor, unit, len(population), evidence)

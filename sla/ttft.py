@@ -20,14 +20,14 @@ figure: a user who arrived on schedule waited that long, whatever the client's q
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from chaos.observations import Observations, StreamRecord
-from chaos.params import Param, Schema
-from sla.base import Verdict, verifier
+from chaos.model.observations import Observations, StreamRecord
+from chaos.model.params import Param, Schema
+from sla.base import SlaSpec, Verdict, verifier
 from sla.common import (
     CONFIDENCE,
     MAX_IDS,
@@ -41,7 +41,7 @@ from sla.common import (
 from sla.definitions import definition_line
 from sla.stats import judge_quantile
 
-__all__ = ["judged_in_send_order", "ttft", "ttft_samples"]
+__all__ = ["judged_in_send_order", "Ttft", "ttft_samples"]
 
 SCHEMA = Schema(
     (
@@ -84,23 +84,37 @@ def ttft_samples(streams: list[StreamRecord]) -> tuple[list[int], list[StreamRec
     return values, hung_up, no_content
 
 
-@verifier("ttft", SCHEMA, "time to first non-empty content token, a quantile against a budget")
-def ttft(obs: Observations, params: Mapping[str, Any], phase: str | None) -> Verdict:
-    q: float = params["quantile"]
-    budget: float = params["budget"]
-    confidence: float = params["confidence"]
-    population = obs.population(phase)
+@verifier
+@dataclass(frozen=True, kw_only=True)
+class Ttft(SlaSpec):
+    kind = "ttft"
+    summary = "time to first non-empty content token, a quantile against a budget"
+    schema = SCHEMA
+
+    quantile: float
+    budget: float
+    confidence: float
+
+    def judge(self, obs: Observations, phase: str | None) -> Verdict:
+        population = obs.population(phase)
+        values_ns = judged_in_send_order(population, self.budget)
+        status, figure, _, _, evidence = judge_quantile([v / 1e9 for v in values_ns], self.quantile, self.budget,
+                                                        self.confidence)
+        evidence.update(_evidence(population, values_ns, self.budget, self.quantile))
+        return Verdict("ttft", phase, status, figure, self.budget, "s", len(values_ns), evidence)
+
+
+def _evidence(population: list[StreamRecord], values_ns: list[int], budget: float, q: float) -> dict[str, Any]:
+    """What a TTFT verdict shows beside its figure: the distribution, first byte beside first content,
+    the streams censored or left out and why, the open-loop schedule, the slowest streams. Pure."""
     _, hung_up, no_content = ttft_samples(population)
     with_content = [st for st in population if st.ttft_ns is not None]
     waited = [w for w in (_censored_wait_ns(st) for st in hung_up + no_content) if w is not None]
     over_budget = [w for w in waited if w >= budget * 1e9]
-    values_ns = judged_in_send_order(population, budget)
-
-    status, figure, _, _, evidence = judge_quantile([v / 1e9 for v in values_ns], q, budget, confidence)
-    evidence["definition"] = definition_line("ttft")
     label = quantile_label(q)
     ttfb_ns = [st.ttfb_ns for st in with_content if st.ttfb_ns is not None]
     shown = sorted({0.5, 0.9, 0.99, q})
+    evidence: dict[str, Any] = {"definition": definition_line("ttft")}
     evidence["ttft"] = summary_s(values_ns, shown)
     evidence["ttfb"] = summary_s(ttfb_ns, shown)  # first byte, beside first content
     evidence[f"ttfb_{label}"] = evidence["ttfb"][label]
@@ -113,22 +127,14 @@ def ttft(obs: Observations, params: Mapping[str, Any], phase: str | None) -> Ver
     evidence["no_content_ids"] = [st.id for st in no_content[:MAX_IDS]]
     scheduled = [st for st in population if st.t_scheduled is not None and st.t_sent is not None]
     if scheduled:  # open loop: what the arrival schedule saw, beside what the wire saw
-        evidence["schedule_delay"] = summary_s([max(0, st.t_sent - st.t_scheduled) for st in scheduled], shown)  # type: ignore[operator]
+        evidence["schedule_delay"] = summary_s(
+            [max(0, st.t_sent - st.t_scheduled) for st in scheduled], shown)  # type: ignore[operator]
         evidence["ttft_from_scheduled"] = summary_s(
-            [st.t_first_content - st.t_scheduled for st in scheduled if st.t_first_content is not None], shown  # type: ignore[operator]
-        )
+            [st.t_first_content - st.t_scheduled for st in scheduled if st.t_first_content is not None],  # type: ignore[operator]
+            shown)
     slowest = sorted(with_content, key=lambda st: st.ttft_ns or 0, reverse=True)[:3]
     evidence["slowest"] = [{"id": st.id, "ttft_s": s(st.ttft_ns)} for st in slowest]
-    return Verdict(
-        sla="ttft",
-        phase=phase,
-        status=status,
-        figure=figure,
-        budget=budget,
-        unit="s",
-        samples=len(values_ns),
-        evidence=evidence,
-    )
+    return evidence
 
 
 def _censored_wait_ns(stream: StreamRecord) -> int | None:

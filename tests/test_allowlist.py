@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from chaos.allowlist import (
+from chaos.api import runner as make_runner
+from chaos.experiment import experiment_from_dict
+from chaos.load.mock import ThreadedMockServer
+from chaos.model.allowlist import (
     enforce,
     experiment_reach,
     host_allowed,
@@ -18,12 +21,9 @@ from chaos.allowlist import (
     parse_selector,
     refusals,
 )
-from chaos.context import AllowedTargets, Reach
-from chaos.errors import TargetNotAllowed
-from chaos.experiment import experiment_from_dict
-from chaos.load.mock import ThreadedMockServer
-from chaos.observations import Observations
-from chaos.runner import Runner
+from chaos.model.context import AllowedTargets, Reach
+from chaos.model.errors import TargetNotAllowed
+from chaos.model.observations import Observations
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -72,7 +72,8 @@ def test_loopback_needs_no_entry() -> None:
     assert not host_allowed("http://192.0.2.2:1234/v1", [])
 
 
-@pytest.mark.parametrize("bad", ["", "bad host", "10.0.0.0/33", "ftp://x", "http://gw:99999", "a:b", "x.*.com", "vllm:0"])
+@pytest.mark.parametrize("bad", ["", "bad host", "10.0.0.0/33", "ftp://x", "http://gw:99999", "a:b", "x.*.com",
+                                 "vllm:0"])
 def test_malformed_host_entries_say_what_is_allowed(bad: str) -> None:
     with pytest.raises(ValueError, match=r"host|CIDR|URL|port"):
         parse_host_entry(bad)
@@ -119,16 +120,20 @@ def test_refusals_name_what_and_what_would_allow_it() -> None:
     ]
     none = refusals(reaches, None)
     assert len(none) == 2
-    assert "target http://vllm:8000/v1" in none[0] and "add 'vllm'" in none[0] and "no safety.allowed_targets" in none[0]
+    assert "target http://vllm:8000/v1" in none[0] and "add 'vllm'" in none[0] \
+        and "no safety.allowed_targets" in none[0]
     assert "namespace 'staging'" in none[1]
     assert refusals(reaches, AllowedTargets(hosts=("vllm",), namespaces=("stag*",))) == []
-    narrow = refusals(reaches, AllowedTargets(hosts=("vllm",), namespaces=("staging",), selectors=("app=vllm,tier=gpu",)))
+    narrow = refusals(reaches, AllowedTargets(hosts=("vllm",), namespaces=("staging",),
+                                              selectors=("app=vllm,tier=gpu",)))
     assert len(narrow) == 1 and "selector 'app=vllm'" in narrow[0] and "app=vllm,tier=gpu" in narrow[0]
-    whole = refusals([Reach("fault f", namespace="staging")], AllowedTargets(namespaces=("staging",), selectors=("app=vllm",)))
+    whole = refusals([Reach("fault f", namespace="staging")],
+                     AllowedTargets(namespaces=("staging",), selectors=("app=vllm",)))
     assert len(whole) == 1 and "every pod of the namespace" in whole[0]
 
 
-def _experiment(url: str | None, allowed: dict[str, list[str]] | None = None, proxy: dict[str, str] | None = None) -> object:
+def _experiment(url: str | None, allowed: dict[str, list[str]] | None = None,
+                proxy: dict[str, str] | None = None) -> object:
     data: dict[str, object] = {
         "name": "allow", "load": {"concurrency": 1, "max_tokens": 2},
         "phases": [{"name": "p", "duration": "500ms"}],
@@ -147,11 +152,13 @@ def test_the_reach_of_an_experiment_counts_target_override_and_external_proxy() 
     exp = _experiment("http://vllm:8000/v1", proxy={"server": "auto", "url": "http://toxi:8474"})
     assert [(r.what, r.url) for r in experiment_reach(exp, environ={})] == [  # type: ignore[arg-type]
         ("target", "http://vllm:8000/v1"), ("Toxiproxy API", "http://toxi:8474")]
-    assert experiment_reach(exp, "http://other:1/v1", environ={})[0].url == "http://other:1/v1"  # type: ignore[arg-type]
+    assert experiment_reach(exp, "http://other:1/v1",  # type: ignore[arg-type]
+                            environ={})[0].url == "http://other:1/v1"
     local = _experiment(None, proxy={"server": "embedded"})
     assert experiment_reach(local, environ={"TOXIPROXY_URL": "http://toxi:8474"}) == []  # type: ignore[arg-type]
     auto = _experiment(None, proxy={"server": "auto"})
-    assert experiment_reach(auto, environ={"TOXIPROXY_URL": "http://toxi:8474"})[0].what == "Toxiproxy API"  # type: ignore[arg-type]
+    assert experiment_reach(auto,  # type: ignore[arg-type]
+                            environ={"TOXIPROXY_URL": "http://toxi:8474"})[0].what == "Toxiproxy API"
     with pytest.raises(TargetNotAllowed) as info:
         enforce(exp, environ={})  # type: ignore[arg-type]
     assert info.value.exit_code == 2 and "vllm" in str(info.value) and "toxi" in str(info.value)
@@ -176,7 +183,8 @@ def _outward_address() -> str:
 def test_a_remote_target_without_an_allow_list_is_refused_before_any_contact(tmp_path: Path) -> None:
     address = _outward_address()
     with ThreadedMockServer(host=address, tick_s=0.001) as server:
-        runner = Runner(_experiment(server.base_url), out_dir=tmp_path / "run", handle_signals=False)  # type: ignore[arg-type]
+        runner = make_runner(_experiment(server.base_url),  # type: ignore[arg-type]
+                             out_dir=tmp_path / "run", handle_signals=False)
         result = asyncio.run(runner.run())
         assert server.server.connections_opened == 0  # not even a GET /v1/models
     assert result.status == "failed" and result.exit_code == 2
@@ -190,7 +198,8 @@ def test_an_allowed_remote_target_is_run(tmp_path: Path) -> None:
     address = _outward_address()
     with ThreadedMockServer(host=address, tick_s=0.001) as server:
         experiment = _experiment(server.base_url, {"hosts": [f"{address}/32"]})
-        result = asyncio.run(Runner(experiment, out_dir=tmp_path / "run", handle_signals=False).run())  # type: ignore[arg-type]
+        result = asyncio.run(make_runner(experiment,  # type: ignore[arg-type]
+                                         out_dir=tmp_path / "run", handle_signals=False).run())
         assert server.server.connections_opened > 0
     assert result.status == "completed", result.error
     assert result.observations.streams

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 import sla
-from chaos.budgets import Proposal, load_baselines, propose, write_budgets
 from chaos.cli import main
-from chaos.errors import UsageError
+from chaos.execution.budgets import Proposal, load_baselines, propose, write_budgets
 from chaos.experiment import parse_experiment
-from chaos.observations import NS, Observations, PhaseWindow, StreamRecord
+from chaos.model.errors import UsageError
+from chaos.model.observations import NS, Observations, PhaseWindow, StreamRecord
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -73,12 +73,14 @@ def test_fresh_runs_of_the_same_process_pass_the_proposed_budgets(tmp_path: Path
     for name, p in (("ttft", ttft), ("goodput", goodput), ("throughput", throughput)):
         assert p.key is not None and p.proposed is not None
         params = dict(entries[name].params, **{p.key: p.proposed})
-        passed = sum(sla.judge(obs, entries[name].kind, params, "steady", parsed=True).status == "pass" for obs in fresh)
+        passed = sum(sla.judge(obs, entries[name].kind, params, "steady", parsed=True).status == "pass"
+                     for obs in fresh)
         print(f"{name}: proposed {p.text}, fresh runs passing {passed}/100")
         assert passed >= 97, (name, p.text, passed)
 
 
-def test_budgets_are_written_in_place_and_the_file_still_validates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_budgets_are_written_in_place_and_the_file_still_validates(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     dirs = [write_run(tmp_path, f"run{s}", synthetic_run(s)) for s in range(2)]
     target = tmp_path / "synth.yaml"
     target.write_text(EXPERIMENT, encoding="utf-8")
@@ -119,7 +121,8 @@ def test_short_runs_are_told_how_many_samples_they_need(tmp_path: Path) -> None:
     assert "lengthen the phase" in " ".join(ttft.notes)
 
 
-def test_runs_of_different_experiments_and_non_run_dirs_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_runs_of_different_experiments_and_non_run_dirs_are_refused(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     a = write_run(tmp_path, "a", synthetic_run(0))
     b = write_run(tmp_path, "b", synthetic_run(1), EXPERIMENT.replace("name: synth", "name: other"))
     with pytest.raises(UsageError, match="give runs of one experiment"):
@@ -138,7 +141,8 @@ def test_runs_of_different_experiments_and_non_run_dirs_are_refused(tmp_path: Pa
 def test_an_entry_over_several_phases_takes_the_loosest_and_says_each(tmp_path: Path) -> None:
     two_phases = EXPERIMENT.replace("  - {name: steady, duration: 20s}\n",
                                     "  - {name: steady, duration: 20s}\n  - {name: later, duration: 20s}\n").replace(
-        "  - {kind: ttft, quantile: p90, budget: 1s}", "  - {kind: ttft, phases: [steady, later], quantile: p90, budget: 1s}")
+        "  - {kind: ttft, quantile: p90, budget: 1s}",
+        "  - {kind: ttft, phases: [steady, later], quantile: p90, budget: 1s}")
 
     def run_with_later(seed: int) -> Observations:
         obs = synthetic_run(seed)
@@ -161,3 +165,13 @@ def test_an_entry_over_several_phases_takes_the_loosest_and_says_each(tmp_path: 
     later = next(n for n in ttft.notes if n.startswith("phase later:"))
     assert ttft.text == later.split(": ")[1].split(" ")[0]  # the budget must hold in the slower phase
     assert steady != later
+
+
+def test_the_table_says_in_plain_words_what_needed_and_n_eff_mean(tmp_path: Path) -> None:
+    from chaos.execution.budgets import render_proposals
+
+    runs = load_baselines([write_run(tmp_path, f"run{s}", synthetic_run(s, n=120)) for s in range(2)])
+    text = render_proposals(propose(runs, false_fail=0.01), runs, 0.01)
+    assert "NEEDED: how many samples, counted like SAMPLES/RUN (not like n_eff), a run needs" in text
+    assert "(n_eff N): successive samples are alike, so they carry as much information as N independent ones" in text
+    assert "ttft, how it was found: " in text

@@ -15,7 +15,9 @@ SHORT = {
     "name": "cli-short",
     "target": {"kind": "builtin", "model": "tiny"},
     "load": {"concurrency": 2, "max_tokens": 8},
-    "phases": [{"name": "steady", "duration": "1500ms"}],
+    # 3 s, not 1.5: two streams of 8 tokens share batches, so their TTFTs are correlated in send order;
+    # under the soak's two hogs 1.5 s gave 63 of them, too few independent ones to bound a p50 (exit 3)
+    "phases": [{"name": "steady", "duration": "3s"}],
     "sla": [{"kind": "ttft", "quantile": "p50", "budget": "2s"}, {"kind": "errors", "budget": "0%"}],
     "safety": {"cleanup_window": "300ms"},
 }
@@ -29,7 +31,8 @@ def test_validate_reports_file_line_and_key_path(tmp_path: Path, capsys: pytest.
     assert f"{bad}:4:15: phases[0].duration:" in out and "250ms" in out
 
 
-def test_run_with_an_invalid_experiment_exits_2_without_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_with_an_invalid_experiment_exits_2_without_traceback(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nphases: [{name: p, duration: 1s, faults: [{kind: network.latencyy}]}]\n", encoding="utf-8")
     assert main(["run", str(bad), "--quiet"]) == 2
@@ -43,7 +46,8 @@ def test_unreachable_target_exits_4(tmp_path: Path, capsys: pytest.CaptureFixtur
         port = s.getsockname()[1]
     exp = tmp_path / "exp.yaml"
     exp.write_text(yaml.safe_dump(SHORT), encoding="utf-8")
-    assert main(["run", str(exp), "--target-url", f"http://127.0.0.1:{port}/v1", "--out", str(tmp_path / "run"), "--quiet"]) == 4
+    assert main(["run", str(exp), "--target-url", f"http://127.0.0.1:{port}/v1", "--out", str(tmp_path / "run"),
+                 "--quiet"]) == 4
     assert "did not answer" in capsys.readouterr().out + (tmp_path / "run" / "report.json").read_text()
 
 
@@ -54,7 +58,8 @@ def test_list_prints_both_catalogues(capsys: pytest.CaptureFixture[str]) -> None
 
 
 @pytest.mark.timeout(120)
-def test_verify_rejudges_a_finished_run_against_other_budgets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_verify_rejudges_a_finished_run_against_other_budgets(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
     exp, run_dir = tmp_path / "exp.yaml", tmp_path / "run"
     exp.write_text(yaml.safe_dump(SHORT), encoding="utf-8")
     code = main(["run", str(exp), "--out", str(run_dir), "--quiet"])
@@ -64,11 +69,33 @@ def test_verify_rejudges_a_finished_run_against_other_budgets(tmp_path: Path, ca
     assert main(["verify", str(run_dir)]) == 0  # same budgets: same outcome, from the journal alone
     strict = tmp_path / "strict.yaml"
     strict.write_text("sla:\n  - {kind: ttft, quantile: p50, budget: 1us}\n", encoding="utf-8")
-    assert main(["verify", str(run_dir), "--sla", str(strict)]) == 1
-    rejudged = json.loads((run_dir / "verify.json").read_text())
-    assert [v["status"] for v in rejudged["verdicts"]] == ["fail"]
+    code = main(["verify", str(run_dir), "--sla", str(strict)])
+    (rejudged,) = json.loads((run_dir / "verify.json").read_text())["verdicts"]
+    # a fail, unless the run's own load generator was late enough to explain the whole ~20 ms: then the
+    # tool says so (the soak's two hogs beside this test made its loop 31 ms late at p99)
+    saturated = rejudged["evidence"].get("inconclusive_cause") == "load generator saturated"
+    assert (code, rejudged["status"]) == ((3, "inconclusive") if saturated else (1, "fail")), rejudged["evidence"]
     assert main(["report", str(run_dir)]) == 0
     assert "cli-short" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(120)
+def test_a_run_of_an_experiment_built_from_a_dict_is_verified_and_budgeted(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """`chaos_run({...})` and tests build experiments from dicts: their runs keep an experiment.yaml
+    too, so `verify` re-judges them (to the same verdicts) and `budgets` reads them."""
+    from chaos.api import run
+    from chaos.experiment import experiment_from_dict
+
+    run_dir = tmp_path / "run"
+    result = run(experiment_from_dict(dict(SHORT, name="cli-dict")), out_dir=run_dir, handle_signals=False)
+    assert result.status == "completed", result.error
+    assert main(["verify", str(run_dir)]) == result.exit_code
+    rejudged = json.loads((run_dir / "verify.json").read_text())["verdicts"]
+    assert [(v["sla"], v["phase"], v["status"], v["figure"]) for v in rejudged] == [
+        (v.sla, v.phase, v.status, v.figure) for v in result.verdicts]
+    assert main(["budgets", str(run_dir)]) == 0
+    assert "ttft" in capsys.readouterr().out
 
 
 def test_a_used_run_directory_is_refused_and_left_as_it_was(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,11 +10,19 @@ from typing import Any
 
 import pytest
 
-from chaos.containers import LABEL_RUN_DIR, LABEL_RUN_ID, ownership_problem, parse_gpus, parse_volume, run_labels
-from chaos.docker_target import container_config, published_port
+from chaos.execution.rollback import outstanding_resources
 from chaos.experiment import experiment_from_dict
-from chaos.host_image import host_mounts, skeleton_tar
-from chaos.rollback import outstanding_resources
+from chaos.model.errors import ExperimentInvalid
+from chaos.targets.containers import (
+    LABEL_RUN_DIR,
+    LABEL_RUN_ID,
+    ownership_problem,
+    parse_gpus,
+    parse_volume,
+    run_labels,
+)
+from chaos.targets.docker import container_config, published_port
+from chaos.targets.host_image import host_mounts, skeleton_tar
 from faults.docker import quota_for
 
 
@@ -38,6 +46,24 @@ def test_container_config_from_the_spec() -> None:
     assert everything["read_only"] and everything["cap_drop"] == ["ALL"] and everything["user"] == "1000:1000"
 
 
+def test_an_image_target_runs_without_what_no_inference_server_needs_unless_asked() -> None:
+    """A user's image keeps what its entrypoint may need (chown, setuid down, a low port), loses raw
+    sockets, device nodes, chroot and file capabilities, never gains privileges through a setuid
+    binary, and mounts host paths read-only unless a volume says :rw; `hardening: none` is Docker's."""
+    hardened = container_config(spec(image="i", volumes=["/models:/models", "/cache:/cache:rw"]), image="i", port=1,
+                                labels={}, name="n")
+    assert hardened["security_opt"] == ["no-new-privileges"]
+    assert {"NET_RAW", "MKNOD", "SYS_CHROOT", "SETFCAP"} <= set(hardened["cap_drop"])
+    assert not {"CHOWN", "SETUID", "SETGID", "NET_BIND_SERVICE", "DAC_OVERRIDE"} & set(hardened["cap_drop"])
+    assert hardened["volumes"] == {"/models": {"bind": "/models", "mode": "ro"},
+                                   "/cache": {"bind": "/cache", "mode": "rw"}}
+    plain = container_config(spec(image="i", hardening="none"), image="i", port=1, labels={}, name="n")
+    assert "cap_drop" not in plain and "security_opt" not in plain
+    with pytest.raises(ExperimentInvalid, match="only a docker target takes 'hardening'"):
+        experiment_from_dict({"name": "t", "target": {"kind": "builtin", "hardening": "none"},
+                              "phases": [{"name": "p", "duration": "1s"}]})
+
+
 def test_published_port_is_read_from_the_inspect_data() -> None:
     attrs = json.loads('{"NetworkSettings": {"Ports": {"8000/tcp": [{"HostIp": "127.0.0.1", "HostPort": "49153"}]}}}')
     assert published_port(attrs, 8000) == 49153
@@ -50,12 +76,14 @@ def test_ownership_is_decided_by_both_labels() -> None:
     assert ownership_problem(attrs, run_dir="/runs/one", run_id="abc") is None
     assert ownership_problem(attrs, run_dir="/runs/one") is None
     assert "not this run's" in str(ownership_problem(attrs, run_dir="/runs/two", run_id="abc"))
-    assert f"its {LABEL_RUN_ID} label is 'abc', not 'abd'" in str(ownership_problem(attrs, run_dir="/runs/one", run_id="abd"))
-    assert f"carries no {LABEL_RUN_DIR} label" in str(ownership_problem({"Id": "x", "Config": {"Labels": None}}, run_dir="/r"))
+    assert f"its {LABEL_RUN_ID} label is 'abc', not 'abd'" in str(ownership_problem(attrs, run_dir="/runs/one",
+                                                                                    run_id="abd"))
+    assert f"carries no {LABEL_RUN_DIR} label" in str(ownership_problem({"Id": "x", "Config": {"Labels": None}},
+                                                                        run_dir="/r"))
 
 
 def test_volumes_and_gpus_parse_as_docker_run_takes_them() -> None:
-    assert parse_volume("/a:/b") == ("/a", "/b", "rw") and parse_volume("/a:/b:ro") == ("/a", "/b", "ro")
+    assert parse_volume("/a:/b") == ("/a", "/b", "ro") and parse_volume("/a:/b:rw") == ("/a", "/b", "rw")
     for bad in ("a:/b", "/a", "/a:/b:rx", "/a:/b:ro:x", ":/b"):
         with pytest.raises(ValueError):
             parse_volume(bad)
@@ -100,11 +128,12 @@ def test_outstanding_resources_merge_plans_and_close_on_release_or_rollback() ->
 
 
 def test_docker_faults_need_a_docker_target_at_load_time() -> None:
-    from chaos.errors import ExperimentInvalid
+    from chaos.model.errors import ExperimentInvalid
 
     with pytest.raises(ExperimentInvalid) as caught:
         experiment_from_dict({"name": "x", "phases": [{"name": "p", "duration": "1s", "faults": [
             {"kind": "docker.pause"}, {"kind": "docker.cpu_limit", "cpus": 0.5, "period": "2s"}]}]})
     messages = [p.message for p in caught.value.problems]
-    assert sum("acts on the container of a docker target; this experiment's target is builtin" in m for m in messages) == 2
+    assert sum("acts on the container of a docker target; this experiment's target is builtin" in m
+               for m in messages) == 2
     assert any("the CFS period must lie between 1ms and 1s" in m for m in messages)

@@ -1,4 +1,5 @@
-"""``streamchaos run --dry-run`` changes nothing: no process, no toxic, no request beyond reading, no file.
+"""``streamchaos run --dry-run`` changes nothing: no process, no toxic, no file, and no request beyond
+reading and the load's own request sent once (as the run's preflight sends it).
 
 What the dry run does is watched from outside its code: a CPython audit hook records every process
 it would start (``subprocess.Popen``), every socket it connects and every file it opens for writing;
@@ -21,8 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
-from chaos.children import first_line
 from chaos.cli import main
+from chaos.host.children import first_line
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -39,7 +40,8 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
         _recording.append((event, repr(args[1])))
     elif event == "open":
         path, mode, flags = (list(args) + [None, None])[:3]
-        writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (isinstance(flags, int) and flags & _WRITE_FLAGS)
+        writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) \
+            or (isinstance(flags, int) and flags & _WRITE_FLAGS)
         if writes and not str(path).endswith(".pyc") and "__pycache__" not in str(path):  # imports may cache bytecode
             _recording.append((event, str(path)))
 
@@ -115,13 +117,15 @@ CHAOS_PHASE = """\
 
 def _write(tmp_path: Path, head: str, extra_faults: str = "") -> Path:
     path = tmp_path / "exp.yaml"
-    path.write_text(f"name: dry\n{head}load: {{concurrency: 2, max_tokens: 8}}\nphases:\n  - {{name: base, duration: 1s}}\n"
+    path.write_text(f"name: dry\n{head}load: {{concurrency: 2, max_tokens: 8}}\n"
+                    f"phases:\n  - {{name: base, duration: 1s}}\n"
                     f"{CHAOS_PHASE}{extra_faults}sla:\n  - {{kind: errors, budget: 0%}}\n", encoding="utf-8")
     return path
 
 
 def test_a_builtin_dry_run_starts_connects_and_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                              capsys: pytest.CaptureFixture[str], recorded: list[tuple[str, str]]) -> None:
+                                                              capsys: pytest.CaptureFixture[str],
+                                                              recorded: list[tuple[str, str]]) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("TOXIPROXY_URL", raising=False)
     path = _write(tmp_path, "proxy: {server: embedded}\n", """\
@@ -138,13 +142,17 @@ def test_a_builtin_dry_run_starts_connects_and_writes_nothing(tmp_path: Path, mo
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exp.yaml"]  # no run directory
     assert "the builtin stack, started as a child process" in out and "not started now" in out
     for name, changes, undone in (
-        ("lag", "adds latency toxic(s) lag-downstream, lag-upstream (latency=100ms, jitter=10ms", "deletes toxic(s) lag-downstream, lag-upstream"),
+        ("lag", "adds latency toxic(s) lag-downstream, lag-upstream (latency=100ms, jitter=10ms",
+         "deletes toxic(s) lag-downstream, lag-upstream"),
         ("cut", "disables proxy 'streamchaos'", "enables the proxy again"),
-        ("hangups", "installs a rule in the load generator's clients (fraction=30%, after_tokens=[1, 4])", "removes the rule"),
+        ("hangups", "installs a rule in the load generator's clients (fraction=30%, after_tokens=[1, 4])",
+         "removes the rule"),
         ("stall", "installs hook fault 'stall' in the builtin stack", "lease lapses within"),
         ("squeeze", "reserves 50% of the KV-cache blocks", "releases the reservation"),
-        ("crash", "sends SIGKILL to the serving process the runner starts 1s after the phase starts", "a kill cannot be undone"),
-        ("slow", "picks its backend when the run starts: contention on the engine's GPU, or for a CPU engine a duty cycle",
+        ("crash", "sends SIGKILL to the serving process the runner starts 1s after the phase starts",
+         "a kill cannot be undone"),
+        ("slow", "picks its backend when the run starts: contention on the engine's GPU, "
+         "or for a CPU engine a duty cycle",
          "cpu_duty: stops the duty cycle and SIGCONTs the engine"),
     ):
         block = out.split(f"fault {name!r}", 1)[1]
@@ -153,29 +161,35 @@ def test_a_builtin_dry_run_starts_connects_and_writes_nothing(tmp_path: Path, mo
     assert "contacted: nothing" in out and "WOULD BE REFUSED" not in out
 
 
-def test_a_remote_dry_run_only_reads(tmp_path: Path, capsys: pytest.CaptureFixture[str], recorded: list[tuple[str, str]],
-                                     remote: tuple[str, list[tuple[str, str]]], toxiproxy: str) -> None:
+def test_a_remote_dry_run_reads_and_sends_the_loads_request_once(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                 recorded: list[tuple[str, str]],
+                                                                 remote: tuple[str, list[tuple[str, str]]],
+                                                                 toxiproxy: str) -> None:
     url, log = remote
     before = httpx.get(toxiproxy + "/proxies").json()
-    path = _write(tmp_path, f"target: {{kind: openai, url: '{url}'}}\nproxy: {{server: external, url: '{toxiproxy}'}}\n",
+    path = _write(tmp_path, f"target: {{kind: openai, url: '{url}'}}\n"
+                  f"proxy: {{server: external, url: '{toxiproxy}'}}\n",
                   "      - {kind: server.stall, name: stall, where: engine, duration: 200ms, every: 1s}\n")
     recorded.clear()
     code = main(["run", str(path), "--dry-run"])
     events = list(recorded)
     out = capsys.readouterr().out
-    assert log == [("GET", "/v1/models")]  # the target was asked one read, nothing else
+    # one read, then the load's own request once (the real run's preflight; this server answers it 404)
+    assert log == [("GET", "/v1/models"), ("POST", "/v1/completions")]
     assert httpx.get(toxiproxy + "/proxies").json() == before == {}  # no proxy, no toxic
     ports = {url.rsplit(":", 1)[1].split("/")[0], toxiproxy.rsplit(":", 1)[1]}
     assert events and all(e == "socket.connect" for e, _ in events), events  # no process, no file
     assert {detail.split(",")[1].strip(" )") for _, detail in events} <= ports, events
     assert "answers GET /v1/models: serves served-model" in out and "answers GET /version" in out
     assert f"GET {url}/models -> 200" in out and f"GET {toxiproxy}/version -> 200" in out
+    assert "REFUSES THE LOAD'S REQUEST" in out and "set `load.endpoint: chat`" in out
     # the target shows no admin API (no token configured), so the in-process fault would be refused
-    assert "WOULD BE REFUSED: server.stall acts through the builtin stack's admin API" in out
+    assert "WOULD BE REFUSED: server.stall acts through the admin API of the builtin stack" in out
     assert code == 4
 
 
-def test_a_refused_target_is_not_even_read(tmp_path: Path, capsys: pytest.CaptureFixture[str], recorded: list[tuple[str, str]],
+def test_a_refused_target_is_not_even_read(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                           recorded: list[tuple[str, str]],
                                            remote: tuple[str, list[tuple[str, str]]]) -> None:
     url, log = remote
     outward = url.replace("127.0.0.1", "example.invalid")  # not loopback, not allowed; nothing may even resolve it

@@ -24,8 +24,8 @@ except ImportError as exc:  # a collection error that says what to do, not a bar
 
 import faults  # registers the fault kinds the embedded experiments use
 import sla  # registers the SLA kinds
-from chaos.errors import ExperimentInvalid
 from chaos.experiment import Experiment, parse_experiment
+from chaos.model.errors import ExperimentInvalid
 
 if getattr(faults, "__file__", None) is None or getattr(sla, "__file__", None) is None:
     # tests/faults and tests/sla have no __init__.py: with tests/ first on sys.path (the bare `pytest`
@@ -113,8 +113,8 @@ def _parse(key: str) -> Experiment:
 
 def test_the_manifests_are_there() -> None:
     names = {p.name for p in MANIFESTS.glob("*.yaml")}
-    assert {"rbac.yaml", "toxiproxy.yaml", "gameday-configmap.yaml", "cronjob.yaml", "gpu-throttle-job.yaml", "load-shards.yaml",
-            "demo-stack.yaml", "pod-kill-job.yaml"} <= names
+    assert {"rbac.yaml", "toxiproxy.yaml", "gameday-configmap.yaml", "cronjob.yaml", "gpu-throttle-job.yaml",
+            "load-shards.yaml", "demo-stack.yaml", "pod-kill-job.yaml"} <= names
     assert (MANIFESTS / "README.md").is_file()
 
 
@@ -126,7 +126,8 @@ def test_object_validates_strictly(item: tuple[str, int, dict[str, Any]], versio
         used = kubernetes_validate.validate(doc, version, strict=True)
     except kubernetes_validate.ValidationError as exc:
         where = ".".join(str(p) for p in exc.path) or "(top level)"
-        pytest.fail(f"{name} document {index} ({doc['kind']}) is invalid for Kubernetes {version} at {where}: {exc.message}")
+        pytest.fail(f"{name} document {index} ({doc['kind']}) is invalid for Kubernetes {version} at {where}: "
+                    f"{exc.message}")
     assert used.startswith(version), f"validated against schema {used}, not {version}"
 
 
@@ -151,14 +152,16 @@ def test_everything_is_namespace_scoped_and_unpinned() -> None:
     for name, _, doc in OBJECTS:
         assert not doc["kind"].startswith("Cluster"), f"{name}: {doc['kind']} is cluster-wide"
         assert doc["kind"] not in ("Namespace", "PersistentVolume", "StorageClass"), f"{name}: {doc['kind']}"
-        assert "namespace" not in doc["metadata"], f"{name}: {doc['kind']} pins a namespace; kubectl -n / kustomize sets it"
+        assert "namespace" not in doc["metadata"], (f"{name}: {doc['kind']} pins a namespace; "
+                                                    "kubectl -n / kustomize sets it")
 
 
 # -- the experiments in the ConfigMaps ------------------------------------------------------------------------
 
 
 def test_every_embedded_experiment_parses() -> None:
-    assert set(_experiments()) == {"streamchaos-experiments/gameday.yaml", "streamchaos-gpu-experiment/gpu-throttle.yaml",
+    assert set(_experiments()) == {"streamchaos-experiments/gameday.yaml",
+                                   "streamchaos-gpu-experiment/gpu-throttle.yaml",
                                    "streamchaos-sharded-experiment/sharded-gameday.yaml",
                                    "streamchaos-pod-kill/pod-kill.yaml"}
     for key in _experiments():
@@ -201,7 +204,8 @@ def test_the_pods_run_the_experiments_their_configmaps_hold() -> None:
         (container,) = pod["containers"]
         command = " ".join(container.get("command", []) + container.get("args", []))
         assert f"streamchaos run /experiments/{key} --out {out}" in command or (
-            container["command"] == ["streamchaos"] and container["args"] == ["run", f"/experiments/{key}", "--out", out]
+            container["command"] == ["streamchaos"]
+            and container["args"] == ["run", f"/experiments/{key}", "--out", out]
         ), f"{name}: {command}"
         volumes = {v["name"]: v for v in pod["volumes"]}
         mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
@@ -216,7 +220,7 @@ def test_the_pods_run_the_experiments_their_configmaps_hold() -> None:
 
 def test_every_embedded_experiment_is_allowed_exactly_the_services_it_names() -> None:
     """Without safety.allowed_targets a remote target is refused; with it, only what the file names."""
-    from chaos.allowlist import experiment_reach, refusals
+    from chaos.model.allowlist import experiment_reach, refusals
 
     for key in _experiments():
         e = _parse(key)
@@ -245,7 +249,8 @@ def test_the_sharded_game_day_wiring() -> None:
     service = _one("Service", "streamchaos-coordinator")
     host, port = args[args.index("--coordinator") + 1].split(":")
     (service_port,) = service["spec"]["ports"]
-    assert host == service["metadata"]["name"] and int(port) == service_port["port"] == int(e.load.shard_listen.split(":")[1])
+    assert host == service["metadata"]["name"] \
+        and int(port) == service_port["port"] == int(e.load.shard_listen.split(":")[1])
     pod = _pod_template(coordinator)
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
     (runner,) = pod["spec"]["containers"]
@@ -257,13 +262,15 @@ def test_the_sharded_game_day_wiring() -> None:
         return dict(env["valueFrom"]["secretKeyRef"])
 
     assert token(runner) == token(shard) == {"name": "streamchaos-shard-token", "key": "token"}
-    assert "streamchaos-shard-token" not in {d["metadata"]["name"] for _, _, d in OBJECTS}  # created by hand, never shipped
+    # created by hand, never shipped
+    assert "streamchaos-shard-token" not in {d["metadata"]["name"] for _, _, d in OBJECTS}
 
     policy = _one("NetworkPolicy", "streamchaos-coordinator")
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     (rule,) = policy["spec"]["ingress"]
     shard_labels = _pod_template(shards)["metadata"]["labels"]
-    assert rule["from"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": shard_labels["app.kubernetes.io/name"]}}}]
+    assert rule["from"] == [{"podSelector": {"matchLabels": {
+        "app.kubernetes.io/name": shard_labels["app.kubernetes.io/name"]}}}]
     assert [p["port"] for p in rule["ports"]] == [service_port["port"]]
     assert shard_labels["app.kubernetes.io/name"] != "streamchaos"  # shards are not admitted to the Toxiproxy API
 
@@ -294,7 +301,8 @@ def test_cronjob_schedule_and_job_bounds() -> None:
 def test_the_wiring_between_objects_holds() -> None:
     """Names and labels that must agree across files: a typo here fails only in the cluster."""
     pod = _pod_template(_one("CronJob", "streamchaos-gameday"))
-    assert pod["spec"]["serviceAccountName"] == "streamchaos" == _one("ServiceAccount", "streamchaos")["metadata"]["name"]
+    assert pod["spec"]["serviceAccountName"] == "streamchaos" \
+        == _one("ServiceAccount", "streamchaos")["metadata"]["name"]
 
     deployment = _one("Deployment", "toxiproxy")
     toxi_labels = deployment["spec"]["template"]["metadata"]["labels"]
@@ -334,17 +342,23 @@ def test_the_pod_kill_game_day_targets_the_demo_stack() -> None:
     embedded = _parse("streamchaos-pod-kill/pod-kill.yaml")
     assert embedded.target.kubernetes.namespace is None and shipped.target.kubernetes.namespace == "streamchaos-demo"
     for e in (shipped, embedded):
-        assert (e.target.kind, e.target.kubernetes.service, e.target.kubernetes.port) == ("kubernetes", "streamchaos-demo", "http")
-        assert [f.kind for f in e.phase("kill").faults] == ["k8s.pod_kill"] and e.phase("kill").faults[0].params["grace_period"] == 0
+        assert (e.target.kind, e.target.kubernetes.service, e.target.kubernetes.port) \
+            == ("kubernetes", "streamchaos-demo", "http")
+        assert [f.kind for f in e.phase("kill").faults] == ["k8s.pod_kill"] \
+            and e.phase("kill").faults[0].params["grace_period"] == 0
     # the in-cluster copy is the shipped experiment but for the namespace
-    assert [(p.name, p.duration, p.faults) for p in embedded.phases] == [(p.name, p.duration, p.faults) for p in shipped.phases]
+    assert [(p.name, p.duration, p.faults) for p in embedded.phases] \
+        == [(p.name, p.duration, p.faults) for p in shipped.phases]
     assert embedded.sla == shipped.sla and embedded.load == shipped.load
-    assert _parse("streamchaos-pod-kill/pod-kill.yaml").safety.max_duration < _one("Job", POD_KILL_JOB)["spec"]["activeDeadlineSeconds"]
+    assert _parse("streamchaos-pod-kill/pod-kill.yaml").safety.max_duration \
+        < _one("Job", POD_KILL_JOB)["spec"]["activeDeadlineSeconds"]
 
-    deployment, service, budget = (_one(kind, "streamchaos-demo") for kind in ("Deployment", "Service", "PodDisruptionBudget"))
+    deployment, service, budget = (_one(kind, "streamchaos-demo")
+                                   for kind in ("Deployment", "Service", "PodDisruptionBudget"))
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    assert service["spec"]["selector"].items() <= labels.items() and budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert service["spec"]["selector"].items() <= labels.items() \
+        and budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
     (port,) = service["spec"]["ports"]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert port["name"] == "http" and port["targetPort"] in {p["name"] for p in container["ports"]}
@@ -359,7 +373,7 @@ _PACKAGES = ("chaos", "faults", "sla")
 _KUBERNETES_CLIENTS = ("import kubernetes", "from kubernetes", "kubectl", "import kr8s", "from kr8s", "lightkube")
 # The rooms whose Kubernetes API calls are declared as rules (chaos.k8s.rbac.target_rules, Fault.rbac_rules),
 # from which `streamchaos manifests rbac` generates every Role. A caller elsewhere would be undeclared.
-DECLARED_CALLERS = ("chaos/k8s/", "faults/k8s.py")
+DECLARED_CALLERS = ("chaos/k8s/", "chaos/targets/kubernetes", "faults/k8s.py")  # the Kubernetes target and its dry run
 
 
 def test_only_modules_whose_calls_are_declared_use_a_kubernetes_client() -> None:
@@ -374,7 +388,8 @@ def test_only_modules_whose_calls_are_declared_use_a_kubernetes_client() -> None
 
 
 def _runner_experiments() -> dict[str, tuple[str, Experiment]]:
-    """The ServiceAccount each experiment-running pod uses ("default" when none) and its experiment, by workload name."""
+    """The ServiceAccount each experiment-running pod uses ("default" when none) and its experiment,
+    by workload name."""
     out = {}
     for kind, name, configmap, key, _ in RUNNERS:
         spec = _pod_template(_one(kind, name))["spec"]
@@ -382,8 +397,9 @@ def _runner_experiments() -> dict[str, tuple[str, Experiment]]:
     return out
 
 
-def _rules(role: dict[str, Any]) -> list[tuple[str, str, tuple[str, ...]]]:
-    return [(g, r, tuple(rule["verbs"])) for rule in role.get("rules") or [] for g in rule["apiGroups"] for r in rule["resources"]]
+def _rules(role: dict[str, Any]) -> list[tuple[str, str, tuple[str, ...], tuple[str, ...]]]:
+    return [(g, r, tuple(rule["verbs"]), tuple(rule.get("resourceNames") or ())) for rule in role.get("rules") or []
+            for g in rule["apiGroups"] for r in rule["resources"]]
 
 
 def test_each_role_is_what_the_generator_makes_for_the_experiment_its_account_runs() -> None:
@@ -400,10 +416,12 @@ def test_each_role_is_what_the_generator_makes_for_the_experiment_its_account_ru
     for workload, (account, experiment) in _runner_experiments().items():
         generated = {d["kind"]: d for d in rbac_documents(experiment, name=account, in_cluster=True)}
         if "Role" not in generated:
-            assert account not in roles, f"{workload}: its experiment calls no Kubernetes API, yet Role {account} grants {roles[account]}"
+            assert account not in roles, (f"{workload}: its experiment calls no Kubernetes API, "
+                                          f"yet Role {account} grants {roles[account]}")
             continue
         assert account in accounts, f"{workload} runs as {account}, which these files do not create"
-        assert _rules(roles[account]) == _rules(generated["Role"]), f"{workload}: Role {account} differs from the generated one"
+        assert _rules(roles[account]) == _rules(generated["Role"]), (f"{workload}: Role {account} differs from "
+                                                                     "the generated one")
         binding = bindings[account]
         assert binding["roleRef"] == generated["RoleBinding"]["roleRef"]
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account}]
@@ -414,7 +432,7 @@ def test_each_role_is_what_the_generator_makes_for_the_experiment_its_account_ru
     assert not {"ClusterRole", "ClusterRoleBinding"} & kinds, "nothing here is cluster-wide"
     for _, _, doc in OBJECTS:
         for rule in doc.get("rules") or []:
-            assert set(rule) <= {"apiGroups", "resources", "verbs"}, f"unexpected rule keys: {rule}"
+            assert set(rule) <= {"apiGroups", "resources", "resourceNames", "verbs"}, f"unexpected rule keys: {rule}"
             for field in ("apiGroups", "resources", "verbs"):
                 assert all("*" not in value for value in rule[field]), f"wildcard in {field}: {rule}"
             assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
@@ -424,7 +442,7 @@ def test_each_role_is_what_the_generator_makes_for_the_experiment_its_account_ru
 def test_the_pod_kill_role_grants_a_delete_and_the_game_day_account_nothing() -> None:
     """Guards the comparison above against a generator that returned nothing for everyone."""
     roles = {d["metadata"]["name"]: d for _, _, d in OBJECTS if d["kind"] == "Role"}
-    assert ("", "pods", ("delete", "get", "list", "watch")) in _rules(roles["streamchaos-pod-kill"])
+    assert ("", "pods", ("delete", "list", "watch"), ()) in _rules(roles["streamchaos-pod-kill"])
     assert "streamchaos" not in roles
 
 

@@ -5,7 +5,7 @@ import io
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chaos.observations import (
+from chaos.model.observations import (
     ErrorInfo,
     FaultEvent,
     Hangup,
@@ -37,12 +37,15 @@ streams = st.builds(
     text=text,
     usage=st.none() | st.dictionaries(text, st.integers(), max_size=3),
 )
-metrics = st.builds(MetricSample, name=text, labels=st.dictionaries(text, text, max_size=3), value=st.floats(allow_nan=False), t=ns)
+metrics = st.builds(MetricSample, name=text, labels=st.dictionaries(text, text, max_size=3),
+                    value=st.floats(allow_nan=False), t=ns)
 faults = st.builds(
     FaultEvent, fault=text, kind=text, action=st.sampled_from(["plan", "inject", "revert", "error", "rollback"]), t=ns,
-    phase=text, evidence=st.dictionaries(text, st.integers() | text, max_size=3), undo=st.dictionaries(text, text, max_size=2), message=text,
+    phase=text, evidence=st.dictionaries(text, st.integers() | text, max_size=3),
+    undo=st.dictionaries(text, text, max_size=2), message=text,
 )
-records = st.one_of(streams, metrics, faults, st.builds(PhaseWindow, name=text, t_start=ns, t_end=st.none() | ns), st.builds(Note, topic=text, t=ns, data=st.dictionaries(text, text, max_size=3)))
+records = st.one_of(streams, metrics, faults, st.builds(PhaseWindow, name=text, t_start=ns, t_end=st.none() | ns),
+                    st.builds(Note, topic=text, t=ns, data=st.dictionaries(text, text, max_size=3)))
 
 
 @settings(max_examples=150, deadline=None)
@@ -57,7 +60,8 @@ def test_observations_dump_and_load(tmp_path) -> None:
     obs = Observations(experiment="x", t0=5, wall_t0=1.5)
     obs.add(PhaseWindow("baseline", 10))
     obs.add(PhaseWindow("baseline", 10, 20))  # the end replaces the start
-    obs.add(StreamRecord(id="r1", phase="baseline", t_sent=11, t_first_content=13, t_content=[13, 15], finish_reason="stop", done_seen=True))
+    obs.add(StreamRecord(id="r1", phase="baseline", t_sent=11, t_first_content=13, t_content=[13, 15],
+                         finish_reason="stop", done_seen=True))
     obs.add(StreamRecord(id="bg", phase="baseline", background=True))
     obs.add(MetricSample("vllm:num_requests_running", {"engine": "0"}, 1.0, 12))
     path = tmp_path / "journal.jsonl"
@@ -91,3 +95,20 @@ def test_a_journal_cut_short_by_a_kill_still_loads(tmp_path) -> None:
     with open(path, "a", encoding="utf-8") as f:
         f.write('{"type":"stream","id":"cut-mid-wri')  # the runner was SIGKILLed mid-write
     assert Observations.load(path).phases == [PhaseWindow("a", 1)]
+
+
+def test_a_stream_record_is_written_as_asdict_would_write_it() -> None:
+    """The journal's fast path for stream records (no deep copies) writes exactly what ``asdict`` did."""
+    import dataclasses
+    import json
+
+    full = StreamRecord(id="s1", phase="p", endpoint="chat", prompt_chars=12, max_tokens=64, expected_text="ab",
+                        background=True, t_scheduled=1, t_sent=2, t_headers=3, t_first_byte=4, t_first_event=5,
+                        t_first_content=6, t_content=[6, 7, 8], t_end=9, status=200, server="nginx", via="1.1 caddy",
+                        content_encoding="gzip", finish_reason="length", done_seen=True, in_band_error="x",
+                        error=ErrorInfo("read", "reset", 502), hangup=Hangup("f", "after_tokens", 8), bytes_received=10,
+                        events=3, text="a\u2028b", usage={"completion_tokens": 3, "nested": {"k": [1, 2]}})
+    for record in (full, StreamRecord(id="s2", phase="p")):
+        expected = dict(dataclasses.asdict(record), type="stream")
+        assert json.loads(to_json(record)) == expected
+        assert from_json(to_json(record)) == record

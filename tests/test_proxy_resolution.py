@@ -9,10 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from chaos.errors import SetupFailed
+from chaos.execution.proxy import resolve_server, start_proxy
 from chaos.experiment import experiment_from_dict
-from chaos.proxy import resolve_server, start_proxy
-from chaos.context import TargetInfo
+from chaos.model.context import TargetInfo
+from chaos.model.errors import SetupFailed
 from faults.toxiproxy_server import ToxiproxyThread
 
 

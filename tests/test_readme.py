@@ -1,27 +1,41 @@
-"""The README's catalogues are generated from the registries and cannot drift."""
+"""The documentation's catalogues and support matrices are generated from the registries and cannot
+drift (scripts/update_readme.py writes them into docs/faults.md, docs/slas.md and docs/support.md);
+the README names the two commands that exist."""
 
 import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
 
 
-def test_readme_catalogue_matches_the_registries() -> None:
+def _update_readme() -> ModuleType:
     spec = importlib.util.spec_from_file_location("update_readme", ROOT / "scripts" / "update_readme.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert module.render(readme) == readme, "README catalogue is stale: run python scripts/update_readme.py"
-    assert "### `network.latency`" in readme and "### `kv_cleanup`" in readme
-    assert "### `goodput`" in readme and "### `fluidity`" in readme
+    return module
 
 
-def test_readme_sla_section_has_the_definitions_table_side_by_side_with_other_tools() -> None:
+def test_the_generated_blocks_match_the_registries() -> None:
+    module = _update_readme()
+    assert set(module.BLOCKS) == {"docs/faults.md", "docs/slas.md", "docs/support.md", "docs/architecture.md"}
+    for page in module.BLOCKS:
+        text = (ROOT / page).read_text(encoding="utf-8")
+        assert module.render(text, page) == text, f"{page} is stale: run python scripts/update_readme.py"
+    assert module.stale() == []
+    faults = (DOCS / "faults.md").read_text(encoding="utf-8")
+    slas = (DOCS / "slas.md").read_text(encoding="utf-8")
+    assert "### `network.latency`" in faults and "### `kv_cleanup`" in slas
+    assert "### `goodput`" in slas and "### `fluidity`" in slas
+
+
+def test_the_sla_page_has_the_definitions_table_side_by_side_with_other_tools() -> None:
     from sla.definitions import DEFINITIONS, definitions_markdown
 
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    sla_section = readme[readme.index("## SLA catalogue"):]
+    slas = (DOCS / "slas.md").read_text(encoding="utf-8")
+    sla_section = slas[slas.index("## SLA catalogue"):]
     assert definitions_markdown() in sla_section
     header = sla_section[sla_section.index("| ours |"):].splitlines()[0]
     assert "vLLM bench serve" in header and "AIPerf" in header
@@ -39,17 +53,30 @@ def test_readme_names_the_two_commands_that_exist() -> None:
         assert (ROOT / script).is_file()
 
 
-def test_readme_has_the_profiles_the_support_matrix_and_how_to_point_it_at_a_stack() -> None:
-    from chaos.catalogue import fault_kinds
-    from chaos.engines import PROFILES
-    from chaos.support import fault_support
+def test_the_docs_have_the_profiles_the_support_matrix_and_how_to_point_it_at_a_stack() -> None:
+    from chaos.model.engines import PROFILES
+    from chaos.output.catalogue import fault_kinds
+    from chaos.output.support import fault_support
 
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    for heading in ("### Pointing it at your stack", "## Engine profiles", "## Fault support", "## What each SLA needs"):
-        assert heading in readme
+    targets = (DOCS / "targets.md").read_text(encoding="utf-8")
+    support = (DOCS / "support.md").read_text(encoding="utf-8")
+    assert "# Pointing it at your stack" in targets.splitlines()
+    for heading in ("## Engine profiles", "## Fault support", "## What each SLA needs"):
+        assert heading in support
     for name in PROFILES:
-        assert f"| `{name}` |" in readme
+        assert f"| `{name}` |" in support
     for kind in fault_kinds():
-        assert f"| `{kind.kind}` |" in readme
-        assert "?" not in fault_support(kind.kind).values(), f"{kind.kind}: no entry in chaos/support.py NEEDS"
+        assert f"| `{kind.kind}` |" in support
+        assert "?" not in fault_support(kind.kind).values(), f"{kind.kind}: no entry in chaos/output/support.py NEEDS"
     assert fault_support("server.stall")["remote"] == "no" and fault_support("network.latency")["remote"] == "yes"
+
+
+def test_the_readme_is_a_front_door() -> None:
+    """What it is, the two commands, a first experiment, the command line, exit codes, links: the
+    reference lives in docs/ (tests/test_docs_site.py builds it)."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines: move reference text into docs/"
+    for heading in ("## Two commands for a fresh clone", "## Using it", "## The experiment format", "## Documentation"):
+        assert heading in lines, heading
+    text = "\n".join(lines)
+    assert "Exit codes: **0**" in text

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from chaos.cli import main
-from chaos.observations import NS, ErrorInfo, Hangup, Observations, PhaseWindow, StreamRecord
-from chaos.vllm_bench import vllm_bench_figures
+from chaos.model.observations import NS, ErrorInfo, Hangup, Observations, PhaseWindow, StreamRecord
+from chaos.output.vllm_bench import vllm_bench_figures
 
 pytestmark = pytest.mark.timeout(30)
 

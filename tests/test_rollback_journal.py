@@ -1,6 +1,6 @@
 """Which faults a killed run left outstanding, read from its journal (pure)."""
 
-from chaos.rollback import outstanding
+from chaos.execution.rollback import outstanding
 
 
 def fault(name: str, action: str, **extra: object) -> dict:
@@ -16,7 +16,8 @@ def test_plan_without_revert_is_outstanding_with_merged_undo() -> None:
         fault("b", "inject"),
         fault("b", "revert"),
     ]
-    assert outstanding(lines) == [{"fault": "a", "kind": "gpu.throttle", "phase": "p", "undo": {"device": 0, "pids": [12]}}]
+    assert outstanding(lines) == [{"fault": "a", "kind": "gpu.throttle", "phase": "p",
+                                   "undo": {"device": 0, "pids": [12]}}]
 
 
 def test_rolled_back_faults_are_done_and_replan_reopens() -> None:

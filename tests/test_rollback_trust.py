@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "nvml"))
 from fakenvml import build_fake_nvml, gcc, read_state
 
-from chaos.procs import proc_state
+from chaos.host.procs import proc_state
 from faults import burner
 
 pytestmark = pytest.mark.timeout(120)
@@ -70,8 +70,8 @@ def test_a_journal_naming_a_library_cannot_make_rollback_load_it(tmp_path: Path)
     subprocess.run([str(gcc()), "-shared", "-fPIC", "-o", str(evil), str(source)], check=True, timeout=60)
     marker = tmp_path / "constructor-ran"
     run_dir = tmp_path / "run"
-    write_journal(run_dir, {"kind": "gpu.throttle", "undo": {"backend": "nvml", "device": 0, "uuid": "GPU-x", "nvml_lib": str(evil),
-                                                             "locked_mhz": 990}})
+    write_journal(run_dir, {"kind": "gpu.throttle", "undo": {"backend": "nvml", "device": 0, "uuid": "GPU-x",
+                                                             "nvml_lib": str(evil), "locked_mhz": 990}})
     done = rollback(run_dir, env={"PWNED_MARKER": str(marker)})
     assert not marker.exists(), "rollback loaded the library the journal named"
     assert done.returncode == 4 and "FAILED f0" in done.stdout  # no NVML configured here: it says so and stops
@@ -145,12 +145,16 @@ def test_a_stale_rollback_leaves_someone_elses_clock_lock_alone(tmp_path: Path) 
     lib, state = build_fake_nvml(tmp_path), tmp_path / "nvml.state"
     env = {"STREAMCHAOS_NVML_LIB": str(lib), "FAKE_NVML_STATE": str(state)}
     lock = ("import sys; sys.path.insert(0, %r); from faults.nvml import Nvml\n"
-            "with Nvml() as nv: nv.lock_sm_clocks(0, int(sys.argv[1]), int(sys.argv[1])); print(nv.uuid(0))") % str(ROOT)
+            "with Nvml() as nv: nv.lock_sm_clocks(0, int(sys.argv[1]), int(sys.argv[1])); "
+            "print(nv.uuid(0))") % str(ROOT)
     environment = {**os.environ, **env}
-    uuid = subprocess.run([sys.executable, "-c", lock, "990"], env=environment, capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    uuid = subprocess.run([sys.executable, "-c", lock, "990"], env=environment, capture_output=True, text=True,
+                          check=True, timeout=60).stdout.strip()
     run_dir = tmp_path / "run"
-    write_journal(run_dir, {"kind": "gpu.throttle", "undo": {"backend": "nvml", "device": 0, "uuid": uuid, "locked_mhz": 990}},
-                  {"kind": "gpu.power_cap", "undo": {"device": 0, "uuid": uuid, "previous_watts": 700.0, "limit_watts": 300.0}})
+    write_journal(run_dir, {"kind": "gpu.throttle",
+                            "undo": {"backend": "nvml", "device": 0, "uuid": uuid, "locked_mhz": 990}},
+                  {"kind": "gpu.power_cap",
+                   "undo": {"device": 0, "uuid": uuid, "previous_watts": 700.0, "limit_watts": 300.0}})
     # the run died; since then an operator locked the clock at 1500 MHz (the power limit is untouched at 700 W)
     subprocess.run([sys.executable, "-c", lock, "1500"], env=environment, check=True, timeout=60)
     done = rollback(run_dir, env=env)
@@ -168,8 +172,10 @@ def test_a_crafted_tag_cannot_make_rollback_kill_other_runs_helpers(tmp_path: Pa
     try:
         assert helper.stdout is not None and helper.stdout.readline().startswith(b"ready")
         run_dir = tmp_path / "run"
-        write_journal(run_dir, {"kind": "gpu.throttle", "undo": {"backend": "contention", "tag": "--tag", "helpers": []}},
-                      {"kind": "gpu.throttle", "undo": {"backend": "contention", "tag": "streamchaos", "helpers": []}})
+        write_journal(run_dir, {"kind": "gpu.throttle",
+                                "undo": {"backend": "contention", "tag": "--tag", "helpers": []}},
+                      {"kind": "gpu.throttle",
+                       "undo": {"backend": "contention", "tag": "streamchaos", "helpers": []}})
         rollback(run_dir)
         time.sleep(0.2)
         assert helper.poll() is None and burner.find_burners(tag) == [helper.pid], "another run's helper was killed"
@@ -187,11 +193,25 @@ def test_sigcont_needs_the_recorded_start_time(tmp_path: Path) -> None:
             time.sleep(0.01)
         run_dir = tmp_path / "run"
         # a plan naming any pid without its start time: nothing proves the pid is still the engine
-        write_journal(run_dir, {"kind": "gpu.throttle", "undo": {"backend": "cpu_duty", "tag": burner.new_tag(), "helpers": [],
-                                                                 "target_pid": sleeper.pid}})
+        write_journal(run_dir, {"kind": "gpu.throttle", "undo": {"backend": "cpu_duty", "tag": burner.new_tag(),
+                                                                 "helpers": [], "target_pid": sleeper.pid}})
         done = rollback(run_dir)
         assert done.returncode == 0, done.stdout + done.stderr
         assert proc_state(sleeper.pid) == "T", "rollback resumed a process it could not identify"
     finally:
         sleeper.kill()
         sleeper.wait(timeout=10)
+
+
+# ---- 6. a malformed journal entry fails alone (issue 23.6) -----------------------------------------
+
+
+def test_a_malformed_port_in_a_journal_fails_that_entry_and_the_rest_is_rolled_back(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    write_journal(run_dir, {"kind": "client.disconnect", "undo": {}},
+                  {"kind": "server.timeout",
+                   "undo": {"admin_url": "http://127.0.0.1:99999999/admin", "fault_name": "x"}})
+    done = rollback(run_dir)
+    assert "Traceback" not in done.stderr and done.returncode == 4, done.stdout + done.stderr
+    assert "FAILED f1 (server.timeout)" in done.stdout and "not a valid URL" in done.stdout
+    assert "rolled back f0 (client.disconnect)" in done.stdout  # handled after the bad one

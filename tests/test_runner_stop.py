@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from chaos.api import runner as make_runner
 from chaos.experiment import experiment_from_dict
-from chaos.runner import Runner
 
 EXPERIMENT = experiment_from_dict({
     "name": "stop", "target": {"kind": "builtin"},
@@ -30,7 +30,7 @@ async def _work_that_loses_one_cancellation(swallowed: list[int]) -> str:
 @pytest.mark.timeout(20)
 @pytest.mark.parametrize("stop", ["interrupt", "halt"])
 def test_a_stop_is_delivered_again_until_the_work_ends(stop: str) -> None:
-    runner = Runner(EXPERIMENT, handle_signals=False)
+    runner = make_runner(EXPERIMENT, handle_signals=False)
 
     async def main() -> tuple[bool, float]:
         swallowed: list[int] = []
@@ -50,7 +50,7 @@ def test_a_stop_is_delivered_again_until_the_work_ends(stop: str) -> None:
 
 
 def test_no_repeat_once_teardown_has_begun() -> None:
-    runner = Runner(EXPERIMENT, handle_signals=False)
+    runner = make_runner(EXPERIMENT, handle_signals=False)
 
     async def main() -> int:
         task = runner._main_task = asyncio.create_task(asyncio.sleep(3))

@@ -1,6 +1,6 @@
 """Prometheus exposition parsing keeps the series verifiers read, under their full names."""
 
-from chaos.scraper import parse_exposition
+from chaos.targets.scraper import parse_exposition
 
 TEXT = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -18,6 +18,7 @@ sglang:token_usage 0.25
 
 def test_kept_series_and_labels() -> None:
     samples = {(s.name, s.value) for s in parse_exposition(TEXT, t=5)}
-    assert samples == {("vllm:num_requests_running", 3.0), ("vllm:num_preemptions_total", 7.0), ("sglang:token_usage", 0.25)}
+    assert samples == {("vllm:num_requests_running", 3.0), ("vllm:num_preemptions_total", 7.0),
+                       ("sglang:token_usage", 0.25)}
     running = next(s for s in parse_exposition(TEXT, t=5) if s.name == "vllm:num_requests_running")
     assert running.labels == {"engine": "0", "model_name": "tiny"} and running.t == 5

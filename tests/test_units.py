@@ -2,7 +2,15 @@
 
 import pytest
 
-from chaos.units import UnitError, format_duration, parse_data_rate, parse_duration, parse_fraction, parse_rate, parse_size
+from chaos.model.units import (
+    UnitError,
+    format_duration,
+    parse_data_rate,
+    parse_duration,
+    parse_fraction,
+    parse_rate,
+    parse_size,
+)
 
 
 @pytest.mark.parametrize(
@@ -37,7 +45,8 @@ def test_rates_sizes_fractions() -> None:
 
 @pytest.mark.parametrize(
     ("fn", "raw"),
-    [(parse_fraction, 1.5), (parse_fraction, "150%"), (parse_data_rate, "10KB"), (parse_data_rate, 100), (parse_size, "12 parsecs"), (parse_rate, "5/fortnight")],
+    [(parse_fraction, 1.5), (parse_fraction, "150%"), (parse_data_rate, "10KB"), (parse_data_rate, 100),
+     (parse_size, "12 parsecs"), (parse_rate, "5/fortnight")],
 )
 def test_bad_values(fn: object, raw: object) -> None:
     with pytest.raises(UnitError):

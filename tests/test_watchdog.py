@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos.watchdog import _run_ended
+from chaos.execution.watchdog import _run_ended
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,10 +33,11 @@ def test_a_dead_runner_is_rolled_back_even_after_an_older_end_record(tmp_path: P
         tmp_path / "journal.jsonl",
         {"type": "run", "run_id": "old"}, {"type": "end", "status": "completed", "run_id": "old"},
         {"type": "run", "run_id": "new"},
-        {"type": "fault", "fault": "hangups", "kind": "client.disconnect", "action": "plan", "t": 1, "phase": "p", "undo": {}},
+        {"type": "fault", "fault": "hangups", "kind": "client.disconnect", "action": "plan", "t": 1, "phase": "p",
+         "undo": {}},
     )
-    done = subprocess.run([sys.executable, "-m", "chaos.watchdog", str(tmp_path), "--pid", str(dead.pid), "--run-id", "new",
-                           "--poll", "0.05"], cwd=ROOT, capture_output=True, text=True, timeout=50)
+    done = subprocess.run([sys.executable, "-m", "chaos.execution.watchdog", str(tmp_path), "--pid", str(dead.pid),
+                           "--run-id", "new", "--poll", "0.05"], cwd=ROOT, capture_output=True, text=True, timeout=50)
     assert done.returncode == 0, done.stderr
     actions = [json.loads(line).get("action") for line in path.read_text().splitlines()]
     assert actions[-1] == "rollback", done.stderr

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import TextIO
 
-from .loader import experiment_from_dict, load_experiment, parse_experiment, validate_file
-from .model import (
+from chaos.model.experiment import (
     PROMPT_CLASSES,
     Experiment,
     FrozenMap,
@@ -17,6 +16,8 @@ from .model import (
     SlaEntry,
     TargetSpec,
 )
+
+from .loader import experiment_from_dict, load_experiment, parse_experiment, validate_file
 
 __all__ = [
     "PROMPT_CLASSES",

@@ -11,30 +11,31 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard
 
-from chaos.context import HaltSpec
-from chaos.errors import ChaosError, ExperimentInvalid, Problem
-from chaos.params import Schema, suggest
-from chaos.units import format_duration
-
-from . import sections
-from .model import (
+from chaos.k8s.labels import key_problem, value_problem
+from chaos.model.capacity import BASELINE_CASE, CapacitySpec
+from chaos.model.context import HaltSpec
+from chaos.model.errors import ChaosError, ExperimentInvalid, Problem
+from chaos.model.experiment import (
     PROMPT_CLASSES,
+    AllowedTargets,
     Experiment,
-    FrozenMap,
     KubernetesSpec,
     LoadSpec,
     PhaseSpec,
-    AllowedTargets,
     PromptSpec,
     ProxySpec,
     SafetySpec,
     SlaEntry,
     TargetSpec,
 )
+from chaos.model.params import Schema, suggest
+from chaos.model.units import format_duration
+
+from . import sections
 from .yamlpos import DEFAULT_BUDGET, KeyPath, Mark, YamlSyntaxError, load_located, render_path, too_large
 
 if TYPE_CHECKING:
@@ -54,8 +55,6 @@ _METRICS_AUTH = re.compile(r"api_key|none|env:[A-Za-z_][A-Za-z0-9_]*|file:.+")
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 _PORT_NAME = re.compile(r"(?=.{1,15}$)(?=.*[a-z])[a-z0-9]+(-[a-z0-9]+)*")
-_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
-_LABEL_PREFIX = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 def load_experiment(path: str | os.PathLike[str]) -> Experiment:
@@ -74,12 +73,38 @@ def parse_experiment(text: str, filename: str = "<string>") -> Experiment:
     ctx = _Context(filename, located.keys, located.values, located.unreadable)
     for path, mark, message in located.problems:
         ctx.found.append(_Found(path, message, mark))
-    return _assemble(ctx, located.data)
+    return replace(_assemble(ctx, located.data), text=text)
 
 
 def experiment_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Experiment:
     """Validate already-loaded data (no positions: problems carry key paths only)."""
-    return _assemble(_Context(source, {}, {}, set()), data)
+    experiment = _assemble(_Context(source, {}, {}, set()), data)
+    return replace(experiment, text=_yaml_copy(data, source))
+
+
+def _yaml_copy(data: Mapping[str, Any], source: str) -> str:
+    """The dict as YAML, as given (a literal api_key stays, as a file's copy keeps it; a variable stays
+    a name), taken now: the caller's dict may change after it was validated."""
+    import yaml
+
+    try:
+        return yaml.safe_dump(_plain(data), sort_keys=False, allow_unicode=True)
+    except yaml.YAMLError as exc:  # a value YAML cannot write: the run could keep no copy for `verify`
+        raise ExperimentInvalid([Problem(source, 0, 0, "",
+                                         f"the experiment is not plain data YAML can write: {exc}")]) from None
+
+
+def _plain(value: object) -> object:
+    """``value`` in the types YAML writes (dict, list, str, int, float, bool, None): a mapping type, a
+    tuple or a str/int subclass the checks accept is rebuilt, containers fresh so none is written as an alias."""
+    if isinstance(value, Mapping):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    for kind in (bool, int, float, str):
+        if isinstance(value, kind):
+            return kind(value)
+    return value
 
 
 def validate_file(path: str | os.PathLike[str]) -> list[Problem]:
@@ -103,9 +128,11 @@ def read_text_bounded(path: str) -> str:
             raise ExperimentInvalid([Problem(path, exc.mark.line, exc.mark.column, "", exc.message)])
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ExperimentInvalid([Problem(path, 0, 0, "", f"not UTF-8 text: {exc.reason} at byte {exc.start}")]) from None
+        raise ExperimentInvalid([Problem(path, 0, 0, "",
+                                         f"not UTF-8 text: {exc.reason} at byte {exc.start}")]) from None
     except OSError as exc:
-        raise ExperimentInvalid([Problem(path, 0, 0, "", f"cannot read the experiment file: {exc.strerror or exc}")]) from None
+        raise ExperimentInvalid([Problem(path, 0, 0, "",
+                                         f"cannot read the experiment file: {exc.strerror or exc}")]) from None
 
 
 @dataclass
@@ -183,7 +210,8 @@ def _mapping(ctx: _Context, raw: object, path: KeyPath, what: str) -> dict[str, 
     return out
 
 
-def _parse(ctx: _Context, raw: dict[str, Any], path: KeyPath, schema: Schema, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+def _parse(ctx: _Context, raw: dict[str, Any], path: KeyPath, schema: Schema,
+           extra: tuple[str, ...] = ()) -> dict[str, Any]:
     """Run ``schema`` over ``raw`` (minus ``extra`` keys handled by the caller), locating problems."""
     names = schema.names()
     allowed = [*extra, *names]
@@ -193,7 +221,8 @@ def _parse(ctx: _Context, raw: dict[str, Any], path: KeyPath, schema: Schema, ex
             continue
         param = next((p for p in schema.params if p.name == key), None)
         if param is None:
-            ctx.add(path + (key,), f"unknown key {key!r}{suggest(key, allowed)}; allowed: {', '.join(allowed)}", at="key")
+            ctx.add(path + (key,), f"unknown key {key!r}{suggest(key, allowed)}; allowed: {', '.join(allowed)}",
+                    at="key")
         elif value is None and param.default is None and not param.required:
             continue  # `key: null` / `key:` means "not given" for optional keys without a default
         else:
@@ -255,15 +284,8 @@ def _target(ctx: _Context, raw: object) -> TargetSpec:
     if isinstance(device, str) and not _DEVICE.fullmatch(device):
         _reject(ctx, values, path, "device", f"expected auto, cpu, mps, cuda or cuda:N, found {device!r}")
     _container_keys(ctx, data, values, path)
-    env = values.get("api_key_env")
-    if isinstance(env, str) and not _ENV_NAME.fullmatch(env):
-        _reject(ctx, values, path, "api_key_env", f"expected the name of an environment variable such as LITELLM_KEY, found {env!r}")
-    if isinstance(env, str) and values.get("api_key"):
-        _reject(ctx, values, path, "api_key_env", "give api_key or api_key_env, not both (prefer api_key_env: no secret in the file)")
-    auth = values.get("metrics_auth")
-    if isinstance(auth, str) and not _METRICS_AUTH.fullmatch(auth):
-        _reject(ctx, values, path, "metrics_auth", "expected api_key (the target's key), none, env:NAME (a variable holding "
-                f"a bearer token) or file:PATH (a file holding one), found {auth!r}")
+    _target_cpus(ctx, values, path)
+    _target_credentials(ctx, values, path)
     kind = values.get("kind", "builtin")
     kube: KubernetesSpec | None = None
     if isinstance(values.get("kubernetes"), dict):
@@ -273,66 +295,128 @@ def _target(ctx: _Context, raw: object) -> TargetSpec:
         else:
             kube = _kubernetes(ctx, values["kubernetes"], path + ("kubernetes",))
     elif kind == "kubernetes" and not values.get("url"):
-        ctx.add(path, "kind kubernetes needs a kubernetes section {namespace, service or selector} (or a url to reach it by)")
+        ctx.add(path,
+                "kind kubernetes needs a kubernetes section {namespace, service or selector} (or a url to reach it by)")
     return TargetSpec(**_fields(values, TargetSpec, skip=("kubernetes",)), kubernetes=kube)
 
 
-def _label_key(key: str) -> bool:
-    prefix, _, name = key.rpartition("/")
-    return bool(_LABEL_NAME.fullmatch(name)) and (not prefix or bool(_LABEL_PREFIX.fullmatch(prefix)))
+def _target_cpus(ctx: _Context, values: dict[str, Any], path: KeyPath) -> None:
+    """``target.cpus``: a CPU list the host has, and only on a vllm target."""
+    cpus = values.get("cpus")
+    if not isinstance(cpus, str):
+        return
+    from chaos.host.cpuset import validate_setting
+
+    problem = validate_setting(cpus)
+    if problem:
+        _reject(ctx, values, path, "cpus", f"{problem}, found {cpus!r}")
+    elif cpus != "auto" and values.get("kind", "builtin") != "vllm":
+        _reject(ctx, values, path, "cpus", "only a vllm target takes cpus (the builtin stack and containers are placed "
+                "by the host); remove it")
+
+
+def _target_credentials(ctx: _Context, values: dict[str, Any], path: KeyPath) -> None:
+    """``api_key_env`` a variable name and not beside ``api_key``; ``metrics_auth`` one of its forms."""
+    env = values.get("api_key_env")
+    if isinstance(env, str) and not _ENV_NAME.fullmatch(env):
+        _reject(ctx, values, path, "api_key_env",
+                f"expected the name of an environment variable such as LITELLM_KEY, found {env!r}")
+    if isinstance(env, str) and values.get("api_key"):
+        _reject(ctx, values, path, "api_key_env",
+                "give api_key or api_key_env, not both (prefer api_key_env: no secret in the file)")
+    auth = values.get("metrics_auth")
+    if isinstance(auth, str) and not _METRICS_AUTH.fullmatch(auth):
+        _reject(ctx, values, path, "metrics_auth",
+                "expected api_key (the target's key), none, env:NAME (a variable holding "
+                f"a bearer token) or file:PATH (a file holding one), found {auth!r}")
 
 
 def _kubernetes(ctx: _Context, raw: dict[str, Any], path: KeyPath) -> KubernetesSpec | None:
     """``target.kubernetes``: names checked as the API server would, so a typo fails here, not mid-run."""
     n = len(ctx.found)
     values = _parse(ctx, raw, path, sections.KUBERNETES, extra=("port",))
+    _kubernetes_names(ctx, values, path)
+    selector = _kubernetes_selector(ctx, values.get("selector"), path)
+    port = _kubernetes_port(ctx, raw.get("port"), path)
+    _kubernetes_pods_found(ctx, raw, path)
+    _kubernetes_paths(ctx, values, path)
+    if len(ctx.found) > n:
+        return None
+    return KubernetesSpec(**_fields(values, KubernetesSpec, skip=("selector", "port")),
+                          selector=tuple(sorted(selector)),
+                          port=port)
+
+
+def _kubernetes_names(ctx: _Context, values: dict[str, Any], path: KeyPath) -> None:
+    """The namespace and the Service: DNS labels, as the API server checks them."""
     namespace = values.get("namespace")
     if isinstance(namespace, str) and not _DNS1123_LABEL.fullmatch(namespace):
-        _reject(ctx, values, path, "namespace", f"expected a namespace name (lowercase letters, digits and '-', at most 63), "
-                f"found {namespace!r}")
+        _reject(ctx, values, path, "namespace", f"expected a namespace name (lowercase letters, digits and '-', "
+                f"at most 63), found {namespace!r}")
     service = values.get("service")
     if isinstance(service, str) and not _DNS1035_LABEL.fullmatch(service):
-        _reject(ctx, values, path, "service", f"expected a Service name (lowercase letters, digits and '-', starting with a "
-                f"letter, at most 63), found {service!r}")
+        _reject(ctx, values, path, "service", f"expected a Service name (lowercase letters, digits and '-', "
+                f"starting with a letter, at most 63), found {service!r}")
+
+
+def _kubernetes_selector(ctx: _Context, raw_selector: object, path: KeyPath) -> list[tuple[str, str]]:
+    """The selector's well-formed labels as pairs; each malformed key or value reported."""
     selector: list[tuple[str, str]] = []
-    raw_selector = values.get("selector")
-    if isinstance(raw_selector, dict):
-        if not raw_selector:
-            ctx.add(path + ("selector",), "an empty selector would match every pod of the namespace; name at least one label")
-        for key, value in raw_selector.items():
-            if not isinstance(key, str) or not _label_key(key):
-                ctx.add(path + ("selector", str(key)), f"expected a label key such as app or app.kubernetes.io/name, found {key!r}",
-                        at="key")
-            elif not isinstance(value, str) or (value and not _LABEL_NAME.fullmatch(value)):
-                ctx.add(path + ("selector", key), f"expected a label value (letters, digits, '-', '_', '.', at most 63; quote "
-                        f"numbers and booleans), found {value!r}")
-            else:
-                selector.append((key, value))
-    port = raw.get("port")
-    if port is not None:
-        if isinstance(port, bool) or not isinstance(port, (int, str)) or (isinstance(port, int) and not 1 <= port <= 65535) \
-                or (isinstance(port, str) and not _PORT_NAME.fullmatch(port)):
-            ctx.add(path + ("port",), f"expected a port number (1-65535) or a port name such as http, found {port!r}")
-            port = None
+    if not isinstance(raw_selector, dict):
+        return selector
+    if not raw_selector:
+        ctx.add(path + ("selector",), "an empty selector would match every pod of the namespace; "
+                "name at least one label")
+    for key, value in raw_selector.items():
+        if (problem := key_problem(key)) is not None:
+            ctx.add(path + ("selector", str(key)), problem, at="key")
+        elif (problem := value_problem(value)) is not None:
+            ctx.add(path + ("selector", key), problem)
+        else:
+            selector.append((key, value))
+    return selector
+
+
+def _is_port(port: object) -> TypeGuard[int | str]:
+    """A port number (1-65535) or a port name; not a bool."""
+    if isinstance(port, bool):
+        return False
+    if isinstance(port, int):
+        return 1 <= port <= 65535
+    return isinstance(port, str) and _PORT_NAME.fullmatch(port) is not None
+
+
+def _kubernetes_port(ctx: _Context, port: object, path: KeyPath) -> int | str | None:
+    """The pods' port as given, or None where it is absent or reported as malformed."""
+    if port is None:
+        return None
+    if not _is_port(port):
+        ctx.add(path + ("port",), f"expected a port number (1-65535) or a port name such as http, found {port!r}")
+        return None
+    return port
+
+
+def _kubernetes_pods_found(ctx: _Context, raw: dict[str, Any], path: KeyPath) -> None:
+    """Enough to find the pods: a service, or a selector with a port."""
     if "service" not in raw and "selector" not in raw:
         ctx.add(path, "give service (its selector and port find the pods) or selector (pod labels, with port)")
     elif "service" not in raw and "port" not in raw:
-        ctx.add(path, "with a selector and no service, give port: the container port (number or name) the pods serve on")
+        ctx.add(path,
+                "with a selector and no service, give port: the container port (number or name) the pods serve on")
+
+
+def _kubernetes_paths(ctx: _Context, values: dict[str, Any], path: KeyPath) -> None:
+    """The kubeconfig file exists; the API path is absolute."""
     kubeconfig = values.get("kubeconfig")
     if isinstance(kubeconfig, str) and not Path(os.path.expanduser(kubeconfig)).is_file():
         _reject(ctx, values, path, "kubeconfig", f"no kubeconfig file at {kubeconfig!r}")
     api_path = values.get("path")
     if isinstance(api_path, str) and not api_path.startswith("/"):
         _reject(ctx, values, path, "path", f"expected an absolute path such as /v1, found {api_path!r}")
-    if len(ctx.found) > n:
-        return None
-    return KubernetesSpec(**_fields(values, KubernetesSpec, skip=("selector", "port")), selector=tuple(sorted(selector)), port=port)
 
 
 def _container_keys(ctx: _Context, data: dict[str, Any], values: dict[str, Any], path: KeyPath) -> None:
     """The docker-only keys: given only for kind docker, each well-formed; ``env`` made hashable pairs."""
-    from chaos.containers import parse_env, parse_gpus, parse_volume
-
     kind = values.get("kind", "builtin")
     if kind != "docker":
         for key in sections.DOCKER_KEYS:
@@ -347,12 +431,26 @@ def _container_keys(ctx: _Context, data: dict[str, Any], values: dict[str, Any],
     if values.get("command") and values.get("image") is None:
         _reject(ctx, values, path, "command", "command needs an image; without one the builtin stack runs "
                 "(shaped by model, kv_blocks, ..., extra_args)")
+    _container_env(ctx, values, path)
+    _container_devices(ctx, values, path)
+
+
+def _container_env(ctx: _Context, values: dict[str, Any], path: KeyPath) -> None:
+    """``env`` as hashable pairs; each bad name or value reported."""
+    from chaos.targets.containers import parse_env
+
     env = values.pop("env", None)
     if env is not None:
         pairs, problems = parse_env(env)
         for key, message in problems:
             ctx.add(path + ("env", key), message, at="key" if "variable name" in message else "value")
         values["env"] = pairs
+
+
+def _container_devices(ctx: _Context, values: dict[str, Any], path: KeyPath) -> None:
+    """``volumes`` and ``gpus``: each in the form docker takes."""
+    from chaos.targets.containers import parse_gpus, parse_volume
+
     volumes = values.get("volumes") or ()
     for i, volume in enumerate(volumes):
         try:
@@ -385,7 +483,8 @@ def _proxy(ctx: _Context, raw: object, present: bool) -> ProxySpec:
         _reject(ctx, values, path, "url", f"expected an http(s) URL such as http://127.0.0.1:8474, found {url!r}")
     listen = values.get("listen")
     if isinstance(listen, str) and not re.fullmatch(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]*):\d{1,5}", listen):
-        _reject(ctx, values, path, "listen", f"expected host:port such as 127.0.0.1:0 or 0.0.0.0:8000, found {listen!r}")
+        _reject(ctx, values, path, "listen",
+                f"expected host:port such as 127.0.0.1:0 or 0.0.0.0:8000, found {listen!r}")
     name = values.get("name")
     if isinstance(name, str) and not _PROXY_NAME.fullmatch(name):
         _reject(ctx, values, path, "name", f"expected a name of letters, digits, '_', '.' or '-', found {name!r}")
@@ -420,7 +519,7 @@ def _prompts(ctx: _Context, raw: object) -> PromptSpec:
 
 
 def _mix(ctx: _Context, raw: dict[str, Any], path: KeyPath) -> tuple[tuple[str, float], ...]:
-    from chaos.params import Param
+    from chaos.model.params import Param
 
     fraction = Param("mix", "fraction")
     parts: list[tuple[str, float]] = []
@@ -462,7 +561,34 @@ def _load(ctx: _Context, raw: object, target: TargetSpec) -> LoadSpec:
     prompts = PromptSpec()
     if values.get("prompts") is not None:
         prompts = _prompts(ctx, values["prompts"])
-    return LoadSpec(**_fields(values, LoadSpec, skip=("prompts",)), prompts=prompts)
+    headers = _headers(ctx, values["headers"], path + ("headers",)) if values.get("headers") is not None else ()
+    return LoadSpec(**_fields(values, LoadSpec, skip=("prompts", "headers")), prompts=prompts, headers=headers)
+
+
+def _headers(ctx: _Context, raw: dict[str, Any], path: KeyPath) -> tuple[tuple[str, str | None], ...]:
+    """``load.headers``: name → a string (or null: not sent), each checked where it stands."""
+    from chaos.load.sdk_headers import check_header
+
+    out: list[tuple[str, str | None]] = []
+    seen: set[str] = set()
+    for name, value in raw.items():
+        if not isinstance(name, str):
+            ctx.add(path, f"header names must be strings, found {name!r}")
+            continue
+        if value is not None and not isinstance(value, str):
+            ctx.add(path + (name,),
+                    f"expected the header's value as a string (quote it), or null to not send it; found {value!r}")
+            continue
+        problem = check_header(name, value)
+        if problem is not None:
+            ctx.add(path + (name,), problem, at="key" if problem.startswith(repr(name)) else "value")
+            continue
+        if name.lower() in seen:
+            ctx.add(path + (name,), f"header {name} is given twice (names are case-insensitive)", at="key")
+            continue
+        seen.add(name.lower())
+        out.append((name, value))
+    return tuple(out)
 
 
 def _shards(ctx: _Context, values: dict[str, Any], path: KeyPath) -> None:
@@ -471,7 +597,8 @@ def _shards(ctx: _Context, values: dict[str, Any], path: KeyPath) -> None:
     shards = values.get("shards") or 1
     listen = values.get("shard_listen")
     if isinstance(listen, str) and not re.fullmatch(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]*):\d{1,5}", listen):
-        _reject(ctx, values, path, "shard_listen", f"expected host:port such as 127.0.0.1:0 or 0.0.0.0:7070, found {listen!r}")
+        _reject(ctx, values, path, "shard_listen",
+                f"expected host:port such as 127.0.0.1:0 or 0.0.0.0:7070, found {listen!r}")
         listen = None
     if shards > 1 and (values.get("workers") or 1) > 1:
         _reject(ctx, values, path, "workers", "give load.workers or load.shards, not both: each shard is one generator "
@@ -480,7 +607,8 @@ def _shards(ctx: _Context, values: dict[str, Any], path: KeyPath) -> None:
         if shards < 2:
             _reject(ctx, values, path, "shard_launch", "external shards need load.shards of 2 or more")
         elif isinstance(listen, str) and listen.endswith(":0"):
-            _reject(ctx, values, path, "shard_listen", "external shards must be told where to connect: give a fixed port, "
+            _reject(ctx, values, path, "shard_listen",
+                    "external shards must be told where to connect: give a fixed port, "
                     "e.g. 0.0.0.0:7070")
 
 
@@ -506,9 +634,56 @@ def _safety(ctx: _Context, raw: object) -> SafetySpec:
     return SafetySpec(**_fields(values, SafetySpec))
 
 
+# SLA kinds that compare two phases: a probe is one window, so they cannot judge it
+_CAPACITY_UNFIT_SLAS = ("recovery",)
+
+
+def _capacity(ctx: _Context, raw: object, drafts: list[_PhaseDraft], sla: list[SlaEntry]) -> CapacitySpec | None:
+    """``capacity:``: its bounds in order, its cases phases with faults, its SLAs entries that judge one window."""
+    path: KeyPath = ("capacity",)
+    if raw is None:
+        return None
+    data = _mapping(ctx, raw, path, "the capacity section")
+    if data is None:
+        return None
+    values = _parse(ctx, data, path, sections.CAPACITY)
+    values["low"], values["high"] = values.pop("min", 1.0), values.pop("max", 64.0)
+    _capacity_bounds(ctx, values, path)
+    faulted = [d.name for d in drafts if d.faults]
+    for name in values.get("cases") or ():
+        if name != BASELINE_CASE and name not in faulted:
+            ctx.add(path + ("cases",), f"unknown case {name!r}{suggest(name, [BASELINE_CASE, *faulted])}; a case is "
+                    f"{BASELINE_CASE} or a phase with faults: {', '.join([BASELINE_CASE, *faulted])}")
+    fit = [e.name for e in sla if e.expect == "pass" and e.kind not in _CAPACITY_UNFIT_SLAS]
+    for name in values.get("slas") or ():
+        if name not in fit:
+            ctx.add(path + ("slas",), f"{name!r} is not an SLA entry a probe can judge{suggest(name, fit)}; those "
+                    f"are: {', '.join(fit) or 'none'} (recovery compares two phases; expect: fail entries are out)")
+    if not fit:
+        ctx.add(path, "a capacity search needs at least one SLA entry that judges one window (ttft, itl, "
+                "goodput, errors...): the sla section has none")
+    return CapacitySpec(**_fields(values, CapacitySpec))
+
+
+def _capacity_bounds(ctx: _Context, values: dict[str, Any], path: KeyPath) -> None:
+    low, high = values["low"], values["high"]
+    if values.get("dimension", "concurrency") == "concurrency":
+        for key, value in (("min", low), ("max", high), ("start", values.get("start"))):
+            if value is not None and (value < 1 or value != int(value)):
+                ctx.add(path + (key,), f"concurrency is a whole number of streams (1 or more), found {value:g}")
+    if high <= low:
+        ctx.add(path + ("max",), f"must be above min ({low:g}), found {high:g}")
+    start = values.get("start")
+    if start is not None and not low <= start <= high:
+        _reject(ctx, values, path, "start", f"must lie between min ({low:g}) and max ({high:g}), found {start:g}")
+    if values.get("max_probe", 24.0) < values.get("probe", 6.0):
+        ctx.add(path + ("max_probe",), f"must be at least probe ({format_duration(values.get('probe', 6.0))})")
+
+
 def _allowed_targets(ctx: _Context, raw: dict[str, Any], path: KeyPath) -> AllowedTargets:
-    """``safety.allowed_targets``: its syntax checked entry by entry (``chaos.allowlist`` matches it at run time)."""
-    from chaos.allowlist import syntax_problems
+    """``safety.allowed_targets``: its syntax checked entry by entry (``chaos.model.allowlist`` matches it at
+    run time)."""
+    from chaos.model.allowlist import syntax_problems
 
     values = _parse(ctx, raw, path, sections.ALLOWED_TARGETS)
     allowed = AllowedTargets(**{k: tuple(v) for k, v in values.items() if v is not None})
@@ -529,7 +704,7 @@ def _halt_on(ctx: _Context, raw: object, path: KeyPath) -> tuple[HaltSpec, ...]:
         data = _mapping(ctx, entry, hpath, "a halt condition {kind, ...}")
         if data is None:
             continue
-        schema = _kind(ctx, data, hpath, sections.HALT, "halt condition", "README: safety.halt_on")
+        schema = _kind(ctx, data, hpath, sections.HALT, "halt condition", "docs/targets.md: safety.halt_on")
         if schema is None:
             continue
         n = len(ctx.found)
@@ -582,7 +757,8 @@ def _phases(ctx: _Context, raw: object, present: bool) -> list[_PhaseDraft]:
             if not name.strip():
                 ctx.add(ppath + ("name",), "a phase name must not be empty")
             elif name in seen:
-                ctx.add(ppath + ("name",), f"duplicate phase name {name!r} (also phases[{seen[name]}]); phase names must be unique")
+                ctx.add(ppath + ("name",),
+                        f"duplicate phase name {name!r} (also phases[{seen[name]}]); phase names must be unique")
             else:
                 seen[name] = i
         faults: list[_FaultEntry] = []
@@ -645,7 +821,8 @@ def _unique_names(ctx: _Context, entries: list[tuple[KeyPath, str | None, str]],
         if name is None:
             continue
         if name in explicit:
-            ctx.add(path + ("name",), f"duplicate {what} name {name!r} (also {render_path(explicit[name])}); names must be unique")
+            ctx.add(path + ("name",),
+                    f"duplicate {what} name {name!r} (also {render_path(explicit[name])}); names must be unique")
         else:
             explicit[name] = path
     taken = set(explicit)
@@ -665,7 +842,8 @@ def _sla(ctx: _Context, raw: object, phase_names: list[str]) -> list[SlaEntry]:
     if raw is None:
         return []
     if not isinstance(raw, list):
-        ctx.add(path, f"expected a list of verifier entries ({{kind, name?, phases?, expect?, ...budgets}}), found {_describe(raw)}")
+        ctx.add(path, f"expected a list of verifier entries ({{kind, name?, phases?, expect?, ...budgets}}), found "
+                f"{_describe(raw)}")
         return []
     from sla.base import REGISTRY as VERIFIERS
 
@@ -680,7 +858,8 @@ def _sla(ctx: _Context, raw: object, phase_names: list[str]) -> list[SlaEntry]:
         phases = _scope(ctx, data, spath, phase_names)
         expect = data.get("expect", "pass")
         if expect not in ("pass", "fail"):
-            ctx.add(spath + ("expect",), f"expected pass or fail, found {expect!r}{suggest(str(expect), ('pass', 'fail'))}")
+            ctx.add(spath + ("expect",),
+                    f"expected pass or fail, found {expect!r}{suggest(str(expect), ('pass', 'fail'))}")
         if spec is None:
             continue
         n = len(ctx.found)
@@ -689,7 +868,7 @@ def _sla(ctx: _Context, raw: object, phase_names: list[str]) -> list[SlaEntry]:
             continue
         drafts.append((spath, name, spec.kind, values, phases, "fail" if expect == "fail" else "pass"))
     names = _unique_names(ctx, [(p, n, k) for p, n, k, *_ in drafts], "SLA")
-    return [SlaEntry(name=nm, kind=k, params=FrozenMap(v), phases=ph, expect=e)
+    return [SlaEntry(name=nm, spec=VERIFIERS[k].from_params(v), phases=ph, expect=e)
             for nm, (_, _, k, v, ph, e) in zip(names, drafts, strict=True)]
 
 
@@ -704,7 +883,8 @@ def _scope(ctx: _Context, data: dict[str, Any], path: KeyPath, phase_names: list
     for j, name in enumerate(items):
         if name not in phase_names:
             where = path + ("phases",) + ((j,) if isinstance(raw, list) else ())
-            ctx.add(where, f"unknown phase {name!r}{suggest(name, phase_names)}; phases: {', '.join(phase_names) or 'none'}")
+            ctx.add(where,
+                    f"unknown phase {name!r}{suggest(name, phase_names)}; phases: {', '.join(phase_names) or 'none'}")
     return tuple(dict.fromkeys(items))
 
 
@@ -718,6 +898,31 @@ def _assemble(ctx: _Context, data: object) -> Experiment:
         ctx.add((), f"the experiment must be a mapping with at least name and phases, found {found}")
         raise ExperimentInvalid(ctx.problems())
     top = _mapping(ctx, data, (), "an experiment") or {}
+    name, description, seed = _header(ctx, top)
+    target = _target(ctx, top.get("target"))
+    proxy = _proxy(ctx, top.get("proxy"), "proxy" in top)
+    load = _load(ctx, top.get("load"), target)
+    drafts = _phases(ctx, top.get("phases"), "phases" in top)
+    entries = _fault_instances(ctx, drafts)
+    sla = _sla(ctx, top.get("sla"), list(dict.fromkeys(d.name for d in drafts)))
+    safety = _safety(ctx, top.get("safety"))
+    capacity = _capacity(ctx, top.get("capacity"), drafts, sla)
+    phases = tuple(
+        PhaseSpec(d.name, d.duration, tuple(f.instance for f in d.faults if f.instance is not None)) for d in drafts
+    )
+    experiment = Experiment(
+        name=name, description=description, seed=seed, target=target, proxy=proxy, load=load, phases=phases,
+        sla=tuple(sla), safety=safety, capacity=capacity, source=None if ctx.file.startswith("<") else ctx.file,
+    )
+    _check_fits(ctx, experiment, top.get("safety"))
+    _cross_checks(ctx, entries, experiment)
+    if ctx.found:
+        raise ExperimentInvalid(ctx.problems())
+    return experiment
+
+
+def _header(ctx: _Context, top: Mapping[str, Any]) -> tuple[str, str, int]:
+    """Unknown and missing top-level keys; the name, description and seed (a wrong one: noted, defaulted)."""
     allowed = sections.TOP_LEVEL.names()
     for key in top:
         if key not in allowed:
@@ -725,24 +930,21 @@ def _assemble(ctx: _Context, data: object) -> Experiment:
     for key in ("name", "phases"):
         if key not in top:
             ctx.add((), f"missing required key {key!r}")
-
     name = top.get("name")
     if "name" in top and (not isinstance(name, str) or not name.strip()):
         ctx.add(("name",), f"expected a non-empty string, found {_describe(name)}")
     description = top.get("description")
-    if description is None:
-        description = ""
-    elif not isinstance(description, str):
+    if description is not None and not isinstance(description, str):
         ctx.add(("description",), f"expected a string, found {_describe(description)}")
     seed = top.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int):
         ctx.add(("seed",), f"expected an integer, found {_describe(seed)}")
         seed = 0
+    return (name if isinstance(name, str) else "", description if isinstance(description, str) else "", seed)
 
-    target = _target(ctx, top.get("target"))
-    proxy = _proxy(ctx, top.get("proxy"), "proxy" in top)
-    load = _load(ctx, top.get("load"), target)
-    drafts = _phases(ctx, top.get("phases"), "phases" in top)
+
+def _fault_instances(ctx: _Context, drafts: list[_PhaseDraft]) -> list[_FaultEntry]:
+    """Every phase's fault entries, named uniquely and built into their specs (``entry.instance``)."""
     entries = [f for d in drafts for f in d.faults]
     fault_names = _unique_names(ctx, [(f.path, f.name, f.cls.kind) for f in entries], "fault")
     for entry, fname in zip(entries, fault_names, strict=True):
@@ -750,41 +952,32 @@ def _assemble(ctx: _Context, data: object) -> Experiment:
             entry.instance = entry.cls.from_params(fname, entry.params)
         except (ValueError, ChaosError) as exc:
             ctx.add(entry.path, str(exc))
-    sla = _sla(ctx, top.get("sla"), list(dict.fromkeys(d.name for d in drafts)))
-    safety = _safety(ctx, top.get("safety"))
+    return entries
 
-    phases = tuple(
-        PhaseSpec(d.name, d.duration, tuple(f.instance for f in d.faults if f.instance is not None)) for d in drafts
-    )
-    experiment = Experiment(
-        name=name if isinstance(name, str) else "",
-        description=description if isinstance(description, str) else "",
-        seed=seed,
-        target=target,
-        proxy=proxy,
-        load=load,
-        phases=phases,
-        sla=tuple(sla),
-        safety=safety,
-        source=None if ctx.file.startswith("<") else ctx.file,
-    )
-    safety_raw = top.get("safety")
-    # The hard stop covers the whole run after start-up: the pre-load baseline, the phases, the drain
-    # and the cleanup window. A run that cannot fit would always end in a timeout.
+
+def _check_fits(ctx: _Context, experiment: Experiment, safety_raw: object) -> None:
+    """The hard stop covers the whole run after start-up: the pre-load baseline, the phases, the drain
+    and the cleanup window (and the wait for external shards). A run that cannot fit would always end
+    in a timeout."""
+    safety, load = experiment.safety, experiment.load
     needed = BASELINE_S + experiment.duration + safety.drain_timeout + safety.cleanup_window
     shard_wait = load.shard_connect_timeout if load.shard_launch == "external" and load.shards > 1 else 0.0
     needed += shard_wait
-    if needed > safety.max_duration:
-        waits = f" + shard_connect_timeout {format_duration(shard_wait)}" if shard_wait else ""
-        what = (f"the run needs {format_duration(needed)} (phases {format_duration(experiment.duration)} + drain_timeout "
-                f"{format_duration(safety.drain_timeout)} + cleanup_window {format_duration(safety.cleanup_window)} + "
-                f"{format_duration(BASELINE_S)} baseline{waits}), more than max_duration {format_duration(safety.max_duration)}")
-        if isinstance(safety_raw, Mapping) and "max_duration" in safety_raw:
-            ctx.add(("safety", "max_duration"), f"{what}; raise max_duration or shorten the phases")
-        else:
-            ctx.add(("phases",), f"{what}; raise safety.max_duration or shorten the phases")
+    if needed <= safety.max_duration:
+        return
+    waits = f" + shard_connect_timeout {format_duration(shard_wait)}" if shard_wait else ""
+    what = (f"the run needs {format_duration(needed)} (phases {format_duration(experiment.duration)} + drain_timeout "
+            f"{format_duration(safety.drain_timeout)} + cleanup_window {format_duration(safety.cleanup_window)} + "
+            f"{format_duration(BASELINE_S)} baseline{waits}), more than max_duration "
+            f"{format_duration(safety.max_duration)}")
+    if isinstance(safety_raw, Mapping) and "max_duration" in safety_raw:
+        ctx.add(("safety", "max_duration"), f"{what}; raise max_duration or shorten the phases")
+    else:
+        ctx.add(("phases",), f"{what}; raise safety.max_duration or shorten the phases")
 
-    # Cross-section checks each fault makes against the assembled experiment (e.g. "needs the proxy").
+
+def _cross_checks(ctx: _Context, entries: list[_FaultEntry], experiment: Experiment) -> None:
+    """The checks each fault makes against the assembled experiment (e.g. "needs the proxy")."""
     for entry in entries:
         if entry.instance is None:
             continue
@@ -793,8 +986,5 @@ def _assemble(ctx: _Context, data: object) -> Experiment:
         except (ValueError, ChaosError) as exc:
             cross = [("", str(exc))]
         for key, message in cross:
-            ctx.add(entry.path + (key,) if key and key in entry.keys else entry.path, message)
-
-    if ctx.found:
-        raise ExperimentInvalid(ctx.problems())
-    return experiment
+            parts = tuple(key.split(".", 1)) if key else ()  # "selector.app": a key inside a mapping field
+            ctx.add(entry.path + parts if parts and parts[0] in entry.keys else entry.path, message)

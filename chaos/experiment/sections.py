@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from chaos.engines import PROFILES
-from chaos.params import Param, Schema
-
-from .model import PROMPT_CLASSES
+from chaos.model.engines import PROFILES
+from chaos.model.experiment import PROMPT_CLASSES
+from chaos.model.params import Param, Schema
 
 __all__ = [
     "ALLOWED_TARGETS",
+    "CAPACITY",
     "DOCKER_KEYS",
     "FAULT_ENTRY_KEYS",
     "KUBERNETES",
@@ -33,6 +33,7 @@ TOP_LEVEL = Schema((
     Param("phases", "mapping", required=True, doc="the timeline: a list of {name, duration, faults}"),
     Param("sla", "mapping", doc="a list of verifier entries {kind, name?, phases?, expect?, ...budgets}"),
     Param("safety", "mapping", doc="hard bounds on the run"),
+    Param("capacity", "mapping", doc="`streamchaos capacity`: the highest load meeting every SLA, per fault"),
 ))
 
 TARGET_KINDS = ("builtin", "openai", "vllm", "docker", "kubernetes")
@@ -52,39 +53,58 @@ TARGET = Schema((
     Param("startup_timeout", "duration", 60.0, doc="how long the target may take to answer /health"),
     Param("api_key", "str", None, doc="bearer token sent with every request (prefer api_key_env)"),
     Param("api_key_env", "str", None, doc="environment variable holding the API key (also --api-key-env)"),
-    Param("metrics_auth", "str", "api_key", doc="credentials for metrics_url: api_key (the target's), none, env:NAME or file:PATH"),
-    Param("engine", "choice", "auto", choices=ENGINE_CHOICES, doc="the engine's profile (request fields, end of stream, metric names); auto detects it"),
-    Param("admin_token", "str", None, doc="token for the builtin stack's admin API (prefer admin_token_file or STREAMCHAOS_ADMIN_TOKEN)"),
-    Param("admin_token_file", "str", None, doc="file (mode 0600) holding the admin token of a builtin stack started elsewhere"),
-    Param("extra_args", "str_list", (), doc="extra command-line arguments for a spawned server"),
-    # kind docker only (chaos.docker_target)
+    Param("metrics_auth", "str", "api_key",
+          doc="credentials for metrics_url: api_key (the target's), none, env:NAME or file:PATH"),
+    Param("engine", "choice", "auto", choices=ENGINE_CHOICES,
+          doc="the engine's profile (request fields, end of stream, metric names); auto detects it"),
+    Param("admin_token", "str", None,
+          doc="token for the builtin stack's admin API (prefer admin_token_file or STREAMCHAOS_ADMIN_TOKEN)"),
+    Param("admin_token_file", "str", None,
+          doc="file (mode 0600) holding the admin token of a builtin stack started elsewhere"),
+    Param("extra_args", "str_list", (),
+          doc="extra command-line arguments for a spawned server (vllm: its own flags, applied last)"),
+    Param("cpus", "str", "auto", doc="vllm: host CPUs its processes may use: auto (on CPU, all but one, left to the "
+                                     "load), all, or a list such as 0-5,8"),
+    Param("executable", "str", None, doc="vllm: the python of vLLM's own virtualenv (or its `vllm` command); default "
+                                         "$STREAMCHAOS_VLLM_PYTHON, then `vllm` on PATH"),
+    # kind docker only (chaos.targets.docker)
     Param("image", "str", None, doc="docker: the image to run; none runs the builtin stack from this host's Python"),
     Param("command", "str_list", (), doc="docker: the image's command, e.g. [--model, m, --port, '8000']"),
     Param("env", "mapping", None, doc="docker: environment variables {NAME: value}"),
-    Param("network", "choice", "host", choices=DOCKER_NETWORKS, doc="docker: host networking, or bridge with the port published on 127.0.0.1"),
-    Param("port", "int", None, min=1, max=65535, doc="docker: the port the server listens on in the container (image default 8000)"),
-    Param("volumes", "str_list", (), doc="docker: bind mounts HOST:CONTAINER[:ro|rw]"),
+    Param("network", "choice", "host", choices=DOCKER_NETWORKS,
+          doc="docker: host networking, or bridge with the port published on 127.0.0.1"),
+    Param("port", "int", None, min=1, max=65535,
+          doc="docker: the port the server listens on in the container (image default 8000)"),
+    Param("volumes", "str_list", (), doc="docker: bind mounts HOST:CONTAINER[:ro|rw], read-only unless :rw"),
+    Param("hardening", "choice", "default", choices=("default", "none"),
+          doc="docker image targets: default drops NET_RAW, MKNOD, SYS_CHROOT, SETFCAP, SETPCAP, AUDIT_WRITE and sets "
+              "no-new-privileges; none keeps Docker's defaults"),
     Param("gpus", "str", None, doc="docker: GPUs as `docker run --gpus`: all, a count, or device=0,1"),
-    Param("kubernetes", "mapping", None, doc="kind kubernetes: {namespace, service or selector, port, access, kubeconfig, context}"),
+    Param("kubernetes", "mapping", None,
+          doc="kind kubernetes: {namespace, service or selector, port, access, kubeconfig, context}"),
 ))
 
 KUBERNETES_ACCESS = ("auto", "service", "endpoints", "port-forward")
 
 # `port` (a number or a port name) is parsed by the loader itself.
 KUBERNETES = Schema((
-    Param("namespace", "str", None, doc="the namespace of the target's pods; default the kubeconfig context's, or the runner pod's own"),
-    Param("service", "str", None, doc="the Service in front of the pods: its selector finds them, its port is the target's"),
+    Param("namespace", "str", None,
+          doc="the namespace of the target's pods; default the kubeconfig context's, or the runner pod's own"),
+    Param("service", "str", None,
+          doc="the Service in front of the pods: its selector finds them, its port is the target's"),
     Param("selector", "mapping", None, doc="pod labels (matchLabels), instead of or besides a Service"),
     Param("access", "choice", "auto", choices=KUBERNETES_ACCESS,
           doc="how the load reaches the pods: the Service's ClusterIP (in the cluster), each ready pod's IP "
-              "(endpoints, in the cluster), or port-forward through the API server; auto: service in a pod, else port-forward"),
-    Param("kubeconfig", "str", None, doc="kubeconfig file; default $KUBECONFIG, ~/.kube/config, then the pod's service account"),
+              "(endpoints, in the cluster), or port-forward through the API server; auto: service in a pod, else "
+              "port-forward"),
+    Param("kubeconfig", "str", None,
+          doc="kubeconfig file; default $KUBECONFIG, ~/.kube/config, then the pod's service account"),
     Param("context", "str", None, doc="kubeconfig context; default its current-context"),
     Param("path", "str", "/v1", doc="the OpenAI API root on the pods"),
 ))
 
 # The target keys only a docker target takes.
-DOCKER_KEYS = ("image", "command", "env", "network", "port", "volumes", "gpus")
+DOCKER_KEYS = ("image", "command", "env", "network", "port", "volumes", "gpus", "hardening")
 
 PROXY_SERVERS = ("auto", "embedded", "binary", "docker", "external")
 
@@ -93,11 +113,13 @@ PROXY = Schema((
     Param("server", "choice", "auto", choices=PROXY_SERVERS, doc="which Toxiproxy server to use"),
     Param("url", "str", None, doc="Toxiproxy API URL for server external (TOXIPROXY_URL also counts)"),
     Param("name", "str", "streamchaos", doc="the proxy's name on the Toxiproxy server"),
-    Param("listen", "str", "127.0.0.1:0", doc="where the proxy listens; 0.0.0.0:PORT for a Toxiproxy in another pod (clients then use the API URL's host)"),
+    Param("listen", "str", "127.0.0.1:0", doc="where the proxy listens; 0.0.0.0:PORT for a Toxiproxy in another pod "
+                                              "(clients then use the API URL's host)"),
 ))
 
 PROMPTS = Schema((
-    Param("source", "str", "synthetic", doc="synthetic, or a JSONL file (relative to the experiment) of {prompt} or {messages}"),
+    Param("source", "str", "synthetic",
+          doc="synthetic, or a JSONL file (relative to the experiment) of {prompt} or {messages}"),
     Param("min_chars", "int", 16, min=1, doc="shortest synthetic prompt"),
     Param("max_chars", "int", 128, min=1, doc="longest synthetic prompt"),
     Param("mix", "mapping", None, doc=f"fractions of character classes ({', '.join(PROMPT_CLASSES)}), summing to 1"),
@@ -113,19 +135,28 @@ LOAD = Schema(
         Param("max_requests", "int", None, min=1, doc="stop after this many requests"),
         Param("max_tokens", "int_or_range", (32, 32), min=1, doc="tokens to generate: n or [low, high]"),
         Param("temperature", "float", 0.0, min=0, max=2, doc="sampling temperature"),
-        Param("ignore_eos", "bool", True, doc="generate exactly max_tokens (vLLM, SGLang, llama.cpp, builtin); left out where the engine refuses it"),
+        Param("ignore_eos", "bool", True, doc="generate exactly max_tokens (vLLM, SGLang, llama.cpp, builtin); left "
+                                              "out where the engine refuses it"),
         Param("include_usage", "bool", True, doc="ask for stream_options.include_usage"),
         Param("request_timeout", "duration", 30.0, doc="client timeout for one request"),
         Param("workers", "int", 1, min=1, max=64, doc="load generator processes"),
+        Param("process", "choice", "own", choices=("own", "runner"),
+              doc="own: the generator in a process of its own on uvloop even with one worker (nothing of the "
+                  "runner's shares its loop); runner: on the runner's event loop, one process less to start"),
         # 20ms, not the 5ms a dedicated load host could hold: on a 2-core machine that also runs the
         # builtin engine, the generator's loop routinely wakes 5-15ms late at light load (measured).
         # A flagged run only turns a timing failure inconclusive when the lag could explain it.
         Param("lag_threshold", "duration", 0.020, doc="generator event-loop lag p99 above this flags the run"),
         Param("prompts", "mapping", None, doc="prompt source and shape"),
-        Param("shards", "int", 1, min=1, max=256, doc="split the load across this many generator shards, each a process "
+        Param("headers", "mapping", None,
+              doc="request headers added to (or, by name, replacing) the OpenAI Python SDK's "
+              "defaults, Accept-Encoding: gzip, deflate included; a header set to null is not sent"),
+        Param("shards", "int", 1, min=1, max=256,
+              doc="split the load across this many generator shards, each a process "
               "(here or a pod) that writes a journal shard; merged and judged as one run"),
         Param("shard_launch", "choice", "local", choices=("local", "external"),
-              doc="local: the runner starts the shards; external: they are started elsewhere (`streamchaos shard`, an Indexed Job)"),
+              doc="local: the runner starts the shards; external: they are started elsewhere (`streamchaos shard`, an "
+                  "Indexed Job)"),
         Param("shard_listen", "str", "127.0.0.1:0", doc="host:port the coordinator listens on for its shards"),
         Param("shard_connect_timeout", "duration", 60.0, doc="how long to wait for every shard to connect"),
     ),
@@ -142,11 +173,15 @@ SAFETY = Schema((
     Param("max_duration", "duration", 600.0, doc="hard stop for the whole run"),
     Param("drain_timeout", "duration", 10.0, doc="after the last phase: wait for in-flight streams"),
     Param("cleanup_window", "duration", 2.0, doc="then keep scraping metrics this long"),
-    Param("allow_gpu_clock_changes", "bool", False, doc="gpu.throttle (nvml) and gpu.power_cap refuse to run without it"),
+    Param("allow_gpu_clock_changes", "bool", False,
+          doc="gpu.throttle (nvml) and gpu.power_cap refuse to run without it"),
     Param("scrape_interval", "duration", 0.2, doc="metric scrape period, 100ms to 1s"),
     Param("allowed_targets", "mapping", None, doc="where beyond this host's loopback the run may act: "
           "{hosts, namespaces, selectors}; without it remote targets and cluster faults are refused"),
-    Param("halt_on_dead_target", "bool", True, doc="stop the run when the first 20 streams all fail, or >= 95% fail over 2s"),
+    Param("halt_on_dead_target", "bool", True,
+          doc="stop the run when the first 20 streams all fail, or >= 95% fail over 2s"),
+    Param("min_fault_coverage", "fraction", 0.9, doc="a fault in force for less than this share of its phase's planned "
+          "time (a hard stop, a halt) makes the run an error (exit 4)"),
 ))
 
 ALLOWED_TARGETS = Schema((
@@ -155,13 +190,14 @@ ALLOWED_TARGETS = Schema((
     Param("selectors", "str_list", (), doc="label selectors; a cluster fault's selector must imply one of them"),
 ))
 
-# safety.halt_on: a list of {kind, ...} conditions (chaos.halt); each kind's own keys.
+# safety.halt_on: a list of {kind, ...} conditions (chaos.execution.halt); each kind's own keys.
 HALT_KINDS = ("error_share", "ttft", "target_down")
 HALT = {
     "error_share": Schema((
         Param("kind", "str", required=True),
         Param("name", "str", None, doc="what the halt reason calls it"),
-        Param("above", "fraction", required=True, doc="halt when the failed share of the window's streams exceeds this"),
+        Param("above", "fraction", required=True,
+              doc="halt when the failed share of the window's streams exceeds this"),
         Param("window", "duration", 5.0, doc="finished streams of the last ... are looked at"),
         Param("min_streams", "int", 10, min=1, doc="fewer finished streams in the window decide nothing"),
     )),
@@ -184,3 +220,26 @@ HALT = {
 # Keys every fault / SLA entry may carry besides its kind's own parameters.
 FAULT_ENTRY_KEYS = ("kind", "name")
 SLA_ENTRY_KEYS = ("kind", "name", "phases", "expect")
+
+# capacity: (chaos.capacity) the load level searched for, per case (the baseline and each faulted phase)
+CAPACITY = Schema((
+    Param("dimension", "choice", "concurrency", choices=("concurrency", "rate"),
+          doc="the load searched: closed-loop streams in flight, or open-loop request arrivals per second"),
+    Param("min", "float", 1.0, min=1e-3, doc="the lowest level probed (streams, or requests/s)"),
+    Param("max", "float", 64.0, min=1e-3, doc="the highest level probed"),
+    Param("start", "float", None, min=1e-3, doc="the first level probed; default min"),
+    Param("resolution", "fraction", 0.05, min=0.005, max=1.0,
+          doc="stop when the lowest failing level is within this of the highest passing one (concurrency: or 1 apart)"),
+    Param("probe", "duration", 6.0, min=0.5, doc="one probe's judged window, the case's faults in force"),
+    Param("warmup", "duration", 2.0, min=0.0, doc="load before each window, no fault: queues reach steady state"),
+    Param("max_probe", "duration", 24.0, min=0.5, doc="an inconclusive probe runs again twice as long, up to this"),
+    Param("budget", "duration", 900.0, min=1.0, doc="the whole search's time; exit 3 when it ends first"),
+    Param("settle", "duration", 30.0, min=0.0,
+          doc="between probes, how long a target may take to go idle (running requests and KV usage back down)"),
+    Param("cases", "str_list", (), doc="baseline and phase names; default baseline and every phase with faults"),
+    Param("slas", "str_list", (), doc="SLA entry names that must all pass; default every entry judging one window"),
+    Param("min_capacity", "float", None, min=0.0, doc="exit 1 when a case's capacity is below it"),
+    Param("halt_factor", "float", 3.0, min=0.0,
+          doc="a probe stops early, failed, once the TTFT quantile of its streams so far is this many times a ttft "
+              "budget (or a quarter of them failed, under errors 0%); 0: never"),
+))

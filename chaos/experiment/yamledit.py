@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from chaos.errors import UsageError
+from chaos.model.errors import UsageError
 
 from .yamlpos import KeyPath, render_path
 

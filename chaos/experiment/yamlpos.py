@@ -109,7 +109,12 @@ def render_path(path: KeyPath) -> str:
 def load_located(text: str, budget: Budget = DEFAULT_BUDGET) -> Located:
     """Parse one YAML document within ``budget``; raise ``YamlSyntaxError`` (or ``YamlTooLarge``)."""
     check_size(text, budget)
-    loader = _BoundedLoader(text, budget)
+    try:  # the reader checks every character as it is built: a C0 control character fails here
+        loader = _BoundedLoader(text, budget)
+    except yaml.reader.ReaderError as exc:
+        code = f"character U+{exc.character:04X}" if isinstance(exc.character, int) else "a character"
+        raise YamlSyntaxError(offset_mark(text, exc.position),
+                              f"invalid YAML: {code} is not allowed ({exc.reason})") from None
     try:
         root = loader.get_single_node()
     except yaml.MarkedYAMLError as exc:
@@ -246,7 +251,8 @@ class _Walker:
                 path,
             )
         if len(path) > self.budget.max_depth:
-            raise YamlTooLarge(_mark(node), f"aliases nest the document more than {self.budget.max_depth} levels deep", path)
+            raise YamlTooLarge(_mark(node), f"aliases nest the document more than {self.budget.max_depth} levels deep",
+                               path)
 
     def problem(self, path: KeyPath, node: Node, message: str) -> None:
         self.out.problems.append((path, _mark(node), message))
@@ -331,7 +337,8 @@ class _Walker:
                 flat.append(source)
         for source in flat:
             if not isinstance(source, MappingNode):
-                self.problem(path, source, f"a merge key (<<) needs a mapping or a list of mappings, found {_kind_of(source)}")
+                self.problem(path, source,
+                             f"a merge key (<<) needs a mapping or a list of mappings, found {_kind_of(source)}")
                 continue
             self.spend(path, source, len(source.value))  # merged entries are copies, like alias expansion
             nested = [v for k, v in source.value if k.tag == _MERGE_TAG]

@@ -18,9 +18,9 @@ from collections.abc import AsyncIterator, Awaitable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from chaos.errors import ChaosError, FaultError, FaultUnsupported, SetupFailed
 from chaos.k8s.errors import Call, refusal, unreachable
 from chaos.k8s.pods import selector_text
+from chaos.model.errors import ChaosError, FaultError, FaultUnsupported, SetupFailed
 
 __all__ = ["CALL_TIMEOUT_S", "KubeApi", "config_source", "default_namespace", "require_client", "sync_client"]
 
@@ -75,8 +75,8 @@ def default_namespace(kubeconfig: str | None, context: str | None) -> str:
 
 def _no_config() -> SetupFailed:
     return SetupFailed(
-        "no Kubernetes configuration: give target.kubernetes.kubeconfig, set KUBECONFIG, create ~/.kube/config, or run in a "
-        "pod with a service-account token mounted (automountServiceAccountToken: true)"
+        "no Kubernetes configuration: give target.kubernetes.kubeconfig, set KUBECONFIG, create ~/.kube/config, or run "
+        "in a pod with a service-account token mounted (automountServiceAccountToken: true)"
     )
 
 
@@ -97,7 +97,8 @@ class KubeApi:
         self._ws_api: Any = None
 
     @classmethod
-    async def connect(cls, kubeconfig: str | None = None, context: str | None = None, *, error: type[ChaosError] = SetupFailed) -> KubeApi:
+    async def connect(cls, kubeconfig: str | None = None, context: str | None = None, *,
+                      error: type[ChaosError] = SetupFailed) -> KubeApi:
         require_client("a Kubernetes target or fault", FaultUnsupported if issubclass(error, FaultError) else error)
         from kubernetes.aio import client, config
 
@@ -105,7 +106,8 @@ class KubeApi:
         path = config_source(kubeconfig)
         try:
             if path is not None:
-                await config.load_kube_config(config_file=str(path), context=context, client_configuration=configuration,
+                await config.load_kube_config(config_file=str(path), context=context,
+                                              client_configuration=configuration,
                                               persist_config=False)
                 source = f"kubeconfig {path}" + (f" (context {context})" if context else "")
             elif os.environ.get("KUBERNETES_SERVICE_HOST") and INCLUSTER_TOKEN.is_file():
@@ -156,20 +158,24 @@ class KubeApi:
         return list(listed.get("items") or []), str((listed.get("metadata") or {}).get("resourceVersion") or "")
 
     async def read_service(self, namespace: str, name: str) -> dict[str, Any]:
-        return dict(self.plain(await self.call(Call("get", "services", namespace, name), self.core.read_namespaced_service(
-            name, namespace, _request_timeout=CALL_TIMEOUT_S))))
+        return dict(self.plain(await self.call(
+            Call("get", "services", namespace, name),
+            self.core.read_namespaced_service(name, namespace, _request_timeout=CALL_TIMEOUT_S))))
 
     async def read_deployment(self, namespace: str, name: str) -> dict[str, Any]:
-        return dict(self.plain(await self.call(Call("get", "deployments", namespace, name, "apps"), self.apps.read_namespaced_deployment(
-            name, namespace, _request_timeout=CALL_TIMEOUT_S))))
+        return dict(self.plain(await self.call(
+            Call("get", "deployments", namespace, name, "apps"),
+            self.apps.read_namespaced_deployment(name, namespace, _request_timeout=CALL_TIMEOUT_S))))
 
     async def read_scale(self, namespace: str, name: str) -> dict[str, Any]:
-        return dict(self.plain(await self.call(Call("get", "deployments/scale", namespace, name, "apps"),
-                                               self.apps.read_namespaced_deployment_scale(name, namespace, _request_timeout=CALL_TIMEOUT_S))))
+        return dict(self.plain(await self.call(
+            Call("get", "deployments/scale", namespace, name, "apps"),
+            self.apps.read_namespaced_deployment_scale(name, namespace, _request_timeout=CALL_TIMEOUT_S))))
 
     async def list_budgets(self, namespace: str) -> list[dict[str, Any]]:
-        listed = self.plain(await self.call(Call("list", "poddisruptionbudgets", namespace, group="policy"),
-                                            self.policy.list_namespaced_pod_disruption_budget(namespace, _request_timeout=CALL_TIMEOUT_S)))
+        listed = self.plain(await self.call(
+            Call("list", "poddisruptionbudgets", namespace, group="policy"),
+            self.policy.list_namespaced_pod_disruption_budget(namespace, _request_timeout=CALL_TIMEOUT_S)))
         return list(listed.get("items") or [])
 
     # -- writes -----------------------------------------------------------------------------------------
@@ -188,9 +194,12 @@ class KubeApi:
 
         options = client.V1DeleteOptions(grace_period_seconds=grace_s, preconditions=client.V1Preconditions(uid=uid))
         eviction = client.V1Eviction(api_version="policy/v1", kind="Eviction",
-                                     metadata=client.V1ObjectMeta(name=name, namespace=namespace), delete_options=options)
-        response = await self.call(Call("create", "pods/eviction", namespace, name), self.core.create_namespaced_pod_eviction_without_preload_content(
-            name, namespace, eviction, _request_timeout=CALL_TIMEOUT_S))
+                                     metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+                                     delete_options=options)
+        response = await self.call(
+            Call("create", "pods/eviction", namespace, name),
+            self.core.create_namespaced_pod_eviction_without_preload_content(
+                name, namespace, eviction, _request_timeout=CALL_TIMEOUT_S))
         try:
             return int(response.status), await response.read()
         finally:
@@ -201,14 +210,16 @@ class KubeApi:
         from kubernetes.aio import client
 
         body = client.V1Scale(api_version="autoscaling/v1", kind="Scale",
-                              metadata=client.V1ObjectMeta(name=name, namespace=namespace, resource_version=resource_version),
+                              metadata=client.V1ObjectMeta(name=name, namespace=namespace,
+                                                           resource_version=resource_version),
                               spec=client.V1ScaleSpec(replicas=replicas))
         return dict(self.plain(await self.call(Call("update", "deployments/scale", namespace, name, "apps"),
                                                self.apps.replace_namespaced_deployment_scale(name, namespace, body,
                                                                                              _request_timeout=CALL_TIMEOUT_S))))
 
     # -- streams ----------------------------------------------------------------------------------------
-    async def watch_pods(self, namespace: str, labels: Mapping[str, str], resource_version: str) -> AsyncIterator[dict[str, Any]]:
+    async def watch_pods(self, namespace: str, labels: Mapping[str, str],
+                         resource_version: str) -> AsyncIterator[dict[str, Any]]:
         """Pod events after ``resource_version`` (``{"type", "object"}``, objects as plain dicts) until the
         server ends the window; an ``ERROR`` event (a 410 for an expired version) is yielded as is."""
         call = Call("watch", "pods", namespace)
@@ -233,7 +244,7 @@ class KubeApi:
         if self._ws_api is None:  # one session for every forwarded connection of this run
             self._ws_client = WsApiClient(configuration=self.api_client.configuration)
             self._ws_api = client.CoreV1Api(self._ws_client)
-        call = Call("create", "pods/portforward", namespace, pod)
+        call = Call("create", "pods/portforward", namespace, pod, needs=("create", "get"))
         try:
             connecting = await self._ws_api.connect_get_namespaced_pod_portforward_without_preload_content(
                 pod, namespace, ports=str(port))
@@ -242,8 +253,38 @@ class KubeApi:
         except Exception as exc:  # noqa: BLE001 - a refused upgrade, a dead server, a timeout: each said clearly
             status = getattr(exc, "status", None)
             if isinstance(status, int) and status >= 400:
-                raise refusal(status, getattr(exc, "message", ""), call, server=self.server, error=self.error) from None
+                body = await self._refused_upgrade_body(namespace, pod, port)
+                raise refusal(status, body or getattr(exc, "message", ""), call, server=self.server,
+                              error=self.error) from None
             raise unreachable(self.server, call, exc, self.error) from None
+
+    async def _refused_upgrade_body(self, namespace: str, pod: str, port: int) -> bytes:
+        """The Status body of a refused port-forward upgrade (aiohttp drops it: "Invalid response status"),
+        read by asking once more with the same credentials and upgrade headers; empty when none comes."""
+        import base64
+        import secrets
+        from urllib.parse import quote
+
+        configuration = self.api_client.configuration
+        headers: dict[str, str] = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+                                   "Sec-WebSocket-Key": base64.b64encode(secrets.token_bytes(16)).decode(),
+                                   "Sec-WebSocket-Protocol": "v4.channel.k8s.io"}
+        url = f"{configuration.host}/api/v1/namespaces/{quote(namespace)}/pods/{quote(pod)}/portforward?ports={port}"
+        with contextlib.suppress(Exception):
+            bearer = (await configuration.auth_settings()).get("BearerToken") or {}
+            if bearer.get("value"):
+                headers[str(bearer.get("key") or "authorization")] = str(bearer["value"])
+            rest = self._ws_client.rest_client  # its session: the same TLS and client certificate as the upgrade
+            if rest.pool_manager is None:
+                rest.pool_manager = rest._create_pool_manager()
+            async with asyncio.timeout(CALL_TIMEOUT_S):
+                response = await rest.pool_manager.request("GET", url, headers=headers)
+                try:
+                    if response.status >= 400:
+                        return bytes(await response.read())
+                finally:
+                    response.close()
+        return b""
 
 
 def sync_client(kubeconfig: str | None = None, context: str | None = None) -> tuple[Any, str, str]:
@@ -257,7 +298,8 @@ def sync_client(kubeconfig: str | None = None, context: str | None = None) -> tu
     context = context or os.environ.get(CONTEXT_ENV) or None
     try:
         if path is not None:
-            config.load_kube_config(config_file=str(path), context=context, client_configuration=configuration, persist_config=False)
+            config.load_kube_config(config_file=str(path), context=context, client_configuration=configuration,
+                                    persist_config=False)
             source = f"kubeconfig {path}"
         elif os.environ.get("KUBERNETES_SERVICE_HOST") and INCLUSTER_TOKEN.is_file():
             config.load_incluster_config(client_configuration=configuration)

@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from chaos.errors import ChaosError, FaultError, FaultPermissionDenied, SetupFailed
+from chaos.model.errors import ChaosError, FaultError, FaultPermissionDenied, FaultRefused, SetupFailed
 
 __all__ = ["Call", "budget_refusal", "describe_budget", "refusal", "status_of", "unreachable"]
 
@@ -21,10 +21,12 @@ __all__ = ["Call", "budget_refusal", "describe_budget", "refusal", "status_of", 
 class Call:
     """What was asked of the API server, for the message: ``delete pods web-1 in namespace demo``."""
 
-    __slots__ = ("group", "name", "namespace", "resource", "verb")
+    __slots__ = ("group", "name", "namespace", "needs", "resource", "verb")
 
-    def __init__(self, verb: str, resource: str, namespace: str, name: str | None = None, group: str = "") -> None:
+    def __init__(self, verb: str, resource: str, namespace: str, name: str | None = None, group: str = "",
+                 needs: tuple[str, ...] = ()) -> None:
         self.verb, self.resource, self.namespace, self.name, self.group = verb, resource, namespace, name, group
+        self.needs = needs or (verb,)  # the verbs the server checks for it (a port-forward: get and create)
 
     def __str__(self) -> str:
         target = f"{self.resource} {self.name}" if self.name else self.resource
@@ -32,7 +34,8 @@ class Call:
 
     def grant(self) -> str:
         """The Role rule that allows this call, as YAML flow."""
-        return f'{{apiGroups: ["{self.group}"], resources: ["{self.resource}"], verbs: ["{self.verb}"]}}'
+        verbs = ", ".join(f'"{v}"' for v in self.needs)
+        return f'{{apiGroups: ["{self.group}"], resources: ["{self.resource}"], verbs: [{verbs}]}}'
 
 
 def status_of(body: Any) -> dict[str, Any]:
@@ -60,13 +63,15 @@ def _refusal(code: int, body: Any, call: Call, server: str, error: type[ChaosErr
     status = status_of(body)
     said = status.get("message") or status.get("reason") or f"HTTP {code}"
     if code == 401:
-        return error(f"the API server {server or ''} did not accept the credentials ({said}): the kubeconfig's user or the "
-                     "service-account token is wrong or has expired".replace("  ", " "))
+        return error(f"the API server {server or ''} did not accept the credentials ({said}): the kubeconfig's user or "
+                     "the service-account token is wrong or has expired".replace("  ", " "))
     if code == 403:
         cls: type[ChaosError] = FaultPermissionDenied if issubclass(error, FaultError) else error
+        both = (f" (an API server from 1.30 checks {' and '.join(call.needs)}: get in its authorization filter, create "
+                "on the upgrade)") if call.resource == "pods/portforward" else ""
         return cls(
-            f"the API server refused to {call} (403 Forbidden: {said}). The account streamchaos runs as needs a Role in "
-            f"namespace {call.namespace} with the rule {call.grant()} and a RoleBinding to it; "
+            f"the API server refused to {call} (403 Forbidden: {said}). The account streamchaos runs as needs a Role "
+            f"in namespace {call.namespace} with the rule {call.grant()}{both} and a RoleBinding to it; "
             "`streamchaos manifests rbac EXPERIMENT` prints the Role an experiment needs"
         )
     if code == 404:
@@ -83,24 +88,29 @@ def _refusal(code: int, body: Any, call: Call, server: str, error: type[ChaosErr
 def describe_budget(pdb: Mapping[str, Any]) -> str:
     """``budget web (minAvailable 3): 3 of 3 pods healthy, 0 disruptions allowed``. Pure."""
     spec, status = pdb.get("spec") or {}, pdb.get("status") or {}
-    rule = next((f"{k} {spec[k]}" for k in ("minAvailable", "maxUnavailable") if k in spec), "no minAvailable/maxUnavailable")
-    return (f"PodDisruptionBudget {(pdb.get('metadata') or {}).get('name')} ({rule}): {status.get('currentHealthy', '?')} "
-            f"healthy pods, needs {status.get('desiredHealthy', '?')}, {status.get('disruptionsAllowed', '?')} disruptions allowed")
+    rule = next((f"{k} {spec[k]}" for k in ("minAvailable", "maxUnavailable") if k in spec),
+                "no minAvailable/maxUnavailable")
+    return (f"PodDisruptionBudget {(pdb.get('metadata') or {}).get('name')} ({rule}): "
+            f"{status.get('currentHealthy', '?')} healthy pods, needs {status.get('desiredHealthy', '?')}, "
+            f"{status.get('disruptionsAllowed', '?')} disruptions allowed")
 
 
-def budget_refusal(body: Any, call: Call, budgets: Sequence[Mapping[str, Any]], *, retried_s: float = 0.0) -> FaultError:
+def budget_refusal(body: Any, call: Call, budgets: Sequence[Mapping[str, Any]], *,
+                   retried_s: float = 0.0) -> FaultRefused:
     """An eviction refused with 429 because of a PodDisruptionBudget: which budget, what it needs and
     has, and what would allow the eviction. ``budgets`` are the PDBs that select the pod (may be empty
     when they could not be read). Pure."""
     status = status_of(body)
     causes = [c.get("message", "") for c in (status.get("details") or {}).get("causes") or [] if isinstance(c, Mapping)]
     said = "; ".join(c for c in causes if c) or status.get("message") or "429 TooManyRequests"
-    named = "; ".join(describe_budget(b) for b in budgets) or "the PodDisruptionBudget could not be read (grant list poddisruptionbudgets to name it)"
+    named = "; ".join(describe_budget(b) for b in budgets) or ("the PodDisruptionBudget could not be read (grant list "
+                                                               "poddisruptionbudgets to name it)")
     waited = f" after retrying for {retried_s:g}s" if retried_s else ""
-    return FaultError(
+    return FaultRefused(
         f"the API server refused to {call}{waited}: it would violate the pod's disruption budget ({said}). {named}. "
-        "An eviction is allowed while the budget allows a disruption: lower minAvailable (or raise maxUnavailable), add "
-        "replicas, give the fault retry_for so it waits for one, or use k8s.pod_kill (which ignores budgets)"
+        "Nothing was changed (nothing to roll back). "
+        "An eviction is allowed while the budget allows a disruption: lower minAvailable (or raise maxUnavailable), "
+        "add replicas, give the fault retry_for so it waits for one, or use k8s.pod_kill (which ignores budgets)"
     )
 
 

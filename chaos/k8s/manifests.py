@@ -2,8 +2,9 @@
 
 The rules are the union of what its target calls (``chaos.k8s.rbac.target_rules``: a kind
 kubernetes target follows its pods, reads its Service, port-forwards from outside the cluster) and
-what each of its faults declares (``Fault.rbac_rules``), merged per resource. The output is a
-ServiceAccount (``automountServiceAccountToken: false``), and only when there is something to grant,
+what each of its faults declares (``Fault.rbac()``: a ``k8s.scale`` only on its Deployment), merged
+per resource. The output is a ServiceAccount (``automountServiceAccountToken: false``), and only
+when there is something to grant,
 a Role (namespaced, no wildcards, a comment per rule saying why) and a RoleBinding. The token is
 then mounted only in the pod that runs this experiment (``automountServiceAccountToken: true`` in
 that pod's spec), never by default.
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from chaos.k8s.rbac import Rule, merge_rules, target_rules
 
 if TYPE_CHECKING:
-    from chaos.experiment.model import Experiment
+    from chaos.model.experiment import Experiment
 
 __all__ = ["experiment_rules", "rbac_documents", "render_rbac"]
 
@@ -35,7 +36,7 @@ def experiment_rules(experiment: Experiment, *, in_cluster: bool = True) -> list
             access = "url"
         rules += target_rules(service=bool(kube.service), port_forward=access == "port-forward")
     for _, fault in experiment.faults():
-        rules += fault.rbac_rules
+        rules += fault.rbac()
     return merge_rules(rules)
 
 
@@ -47,17 +48,21 @@ def rbac_documents(experiment: Experiment, *, name: str = "streamchaos", namespa
     meta: dict[str, Any] = {"name": name, "labels": dict(LABELS)}
     if namespace:
         meta["namespace"] = namespace
-    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(meta), "automountServiceAccountToken": False}
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(meta),
+               "automountServiceAccountToken": False}
     rules = experiment_rules(experiment, in_cluster=in_cluster)
     if not rules:
         return [account]
     role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": dict(meta),
-            "rules": [{"apiGroups": [r.group], "resources": [r.resource], "verbs": list(r.verbs)} for r in rules]}
+            "rules": [{"apiGroups": [r.group], "resources": [r.resource],
+                       **({"resourceNames": list(r.names)} if r.names else {}),
+                       "verbs": list(r.verbs)} for r in rules]}
     subject: dict[str, Any] = {"kind": "ServiceAccount", "name": name}
     if namespace:
         subject["namespace"] = namespace
     binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": dict(meta),
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}, "subjects": [subject]}
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+               "subjects": [subject]}
     return [account, role, binding]
 
 
@@ -66,7 +71,8 @@ def _flow(value: Any) -> str:
 
 
 def _document(doc: dict[str, Any], rules: list[Rule]) -> list[str]:
-    lines = [f"apiVersion: {doc['apiVersion']}", f"kind: {doc['kind']}", "metadata:", f"  name: {doc['metadata']['name']}"]
+    lines = [f"apiVersion: {doc['apiVersion']}", f"kind: {doc['kind']}", "metadata:",
+             f"  name: {doc['metadata']['name']}"]
     if "namespace" in doc["metadata"]:
         lines.append(f"  namespace: {doc['metadata']['namespace']}")
     lines.append("  labels:")
@@ -76,28 +82,35 @@ def _document(doc: dict[str, Any], rules: list[Rule]) -> list[str]:
     elif doc["kind"] == "Role":
         lines.append("rules:")
         for rule, body in zip(rules, doc["rules"], strict=True):
-            lines += [f"  # {rule.why}", f"  - apiGroups: {_flow(body['apiGroups'])}", f"    resources: {_flow(body['resources'])}",
-                      f"    verbs: {_flow(body['verbs'])}"]
+            lines += [f"  # {rule.why}", f"  - apiGroups: {_flow(body['apiGroups'])}",
+                      f"    resources: {_flow(body['resources'])}"]
+            if "resourceNames" in body:
+                lines.append(f"    resourceNames: {_flow(body['resourceNames'])}")
+            lines.append(f"    verbs: {_flow(body['verbs'])}")
     else:
-        lines += ["roleRef:", "  apiGroup: rbac.authorization.k8s.io", "  kind: Role", f"  name: {doc['roleRef']['name']}", "subjects:"]
+        lines += ["roleRef:", "  apiGroup: rbac.authorization.k8s.io", "  kind: Role",
+                  f"  name: {doc['roleRef']['name']}", "subjects:"]
         for subject in doc["subjects"]:
             lines.append(f"  - kind: ServiceAccount\n    name: {subject['name']}"
                          + (f"\n    namespace: {subject['namespace']}" if "namespace" in subject else ""))
     return lines
 
 
-def render_rbac(experiment: Experiment, *, name: str = "streamchaos", namespace: str | None = None, in_cluster: bool = True) -> str:
+def render_rbac(experiment: Experiment, *, name: str = "streamchaos", namespace: str | None = None,
+                in_cluster: bool = True) -> str:
     """The documents as commented YAML (``kubectl apply -f -`` reads it)."""
     docs = rbac_documents(experiment, name=name, namespace=namespace, in_cluster=in_cluster)
     rules = experiment_rules(experiment, in_cluster=in_cluster)
     kinds = sorted({f.kind for _, f in experiment.faults() if f.rbac_rules})
     where = docs[0]["metadata"].get("namespace")
     header = [
-        f"# RBAC for the streamchaos experiment {experiment.name!r}" + (f" ({experiment.source})" if experiment.source else ""),
+        f"# RBAC for the streamchaos experiment {experiment.name!r}"
+        + (f" ({experiment.source})" if experiment.source else ""),
         "# generated by `streamchaos manifests rbac`: exactly what its target"
         + (f" (kind {experiment.target.kind})" if experiment.target.kind == "kubernetes" else "")
         + (f" and its faults ({', '.join(kinds)}) call" if kinds else " calls") + " on the Kubernetes API.",
-        f"# Namespace: {where}" if where else "# No namespace named: apply with kubectl apply -n NAMESPACE (the target's namespace).",
+        f"# Namespace: {where}" if where else
+        "# No namespace named: apply with kubectl apply -n NAMESPACE (the target's namespace).",
         "# Run the experiment in a pod with serviceAccountName: " + name + " and automountServiceAccountToken: true"
         if rules else "# Nothing to grant: this experiment calls no Kubernetes API; no pod needs the account's token.",
     ]

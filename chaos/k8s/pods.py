@@ -12,7 +12,8 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["choose", "container_port", "is_ready", "pod_facts", "restarts", "selects", "selector_text", "serving", "terminating"]
+__all__ = ["choose", "container_port", "is_ready", "pod_facts", "restarts", "selects", "selector_text", "serving",
+           "terminating"]
 
 Pod = Mapping[str, Any]
 

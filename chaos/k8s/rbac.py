@@ -16,36 +16,42 @@ __all__ = ["Rule", "merge_rules", "target_rules"]
 
 @dataclass(frozen=True)
 class Rule:
-    """One grant: ``verbs`` on ``resource`` (``pods``, ``pods/eviction``) of API group ``group``."""
+    """One grant: ``verbs`` on ``resource`` (``pods``, ``pods/eviction``) of API group ``group``; only on
+    the objects ``names`` names when it names any (a Role's ``resourceNames``)."""
 
     group: str  # "" is the core group
     resource: str
     verbs: tuple[str, ...]
     why: str
+    names: tuple[str, ...] = ()  # resourceNames: () for every object of the resource
 
-    def covers(self, group: str, resource: str, verb: str) -> bool:
-        return self.group == group and self.resource == resource and verb in self.verbs
+    def covers(self, group: str, resource: str, verb: str, name: str | None = None) -> bool:
+        return (self.group == group and self.resource == resource and verb in self.verbs
+                and (not self.names or name in self.names))
 
 
 def merge_rules(rules: Iterable[Rule]) -> list[Rule]:
-    """One rule per (group, resource): verbs united and sorted, reasons joined. Pure and ordered."""
-    merged: dict[tuple[str, str], tuple[set[str], list[str]]] = {}
+    """One rule per (group, resource, names): verbs united and sorted, reasons joined. Pure and ordered.
+    A rule limited to some objects stays apart from one that is not, so no limit is lost in the merge."""
+    merged: dict[tuple[str, str, tuple[str, ...]], tuple[set[str], list[str]]] = {}
     for rule in rules:
-        verbs, whys = merged.setdefault((rule.group, rule.resource), (set(), []))
+        verbs, whys = merged.setdefault((rule.group, rule.resource, tuple(sorted(set(rule.names)))), (set(), []))
         verbs.update(rule.verbs)
         if rule.why not in whys:
             whys.append(rule.why)
-    return [Rule(group, resource, tuple(sorted(verbs)), "; ".join(whys))
-            for (group, resource), (verbs, whys) in sorted(merged.items())]
+    return [Rule(group, resource, tuple(sorted(verbs)), "; ".join(whys), names)
+            for (group, resource, names), (verbs, whys) in sorted(merged.items())]
 
 
 def target_rules(*, service: bool, port_forward: bool) -> list[Rule]:
-    """What ``target.kind: kubernetes`` calls: follow its pods, read its Service, port-forward to them."""
-    rules = [Rule("", "pods", ("get", "list", "watch"), "find the target's pods and follow their readiness and restarts")]
+    """What ``target.kind: kubernetes`` calls: list and watch its pods (it never reads one by name), read
+    its Service, port-forward to them."""
+    rules = [Rule("", "pods", ("list", "watch"), "find the target's pods and follow their readiness and restarts")]
     if service:
         rules.append(Rule("", "services", ("get",), "read the target Service's selector, port and ClusterIP"))
     if port_forward:
-        # A port-forward is a WebSocket upgrade (GET): clusters from 1.30 authorize it as `create`
-        # (AuthorizePodWebsocketUpgradeCreatePermission), older ones as `get`.
-        rules.append(Rule("", "pods/portforward", ("create", "get"), "carry the load and the scrapes to the pods from outside the cluster"))
+        # A port-forward is a WebSocket upgrade (GET). A 1.30+ API server authorizes it twice: as `get` in
+        # its authorization filter, then as `create` in the handler (AuthorizePodWebsocketUpgradeCreatePermission).
+        rules.append(Rule("", "pods/portforward", ("create", "get"),
+                          "carry the load and the scrapes to the pods from outside the cluster"))
     return rules

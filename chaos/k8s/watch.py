@@ -19,10 +19,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from chaos.errors import ChaosError
 from chaos.k8s.client import KubeApi
 from chaos.k8s.pods import pod_facts, restarts, serving, terminating
-from chaos.observations import MetricSample, Note
+from chaos.model.errors import ChaosError
+from chaos.model.observations import MetricSample, Note
 
 __all__ = ["PodHistory", "PodWatch"]
 
@@ -153,7 +153,8 @@ class PodWatch:
                 failures += 1
                 message = f"{type(exc).__name__}: {exc}"
                 self.errors.append(message)
-                self._emit(Note(topic="k8s_watch_error", t=time.monotonic_ns(), data={"error": message, "failures": failures}))
+                self._emit(Note(topic="k8s_watch_error", t=time.monotonic_ns(),
+                                data={"error": message, "failures": failures}))
                 await asyncio.sleep(RETRY_S[min(failures, len(RETRY_S)) - 1])
                 with contextlib.suppress(Exception):  # maybe events were missed: relist
                     await self._relist()
@@ -193,7 +194,8 @@ class PodWatch:
         if counts != self._counts or force:
             self._counts = counts
             t = time.monotonic_ns() if now is None else now
-            for series, value in zip(("streamchaos_k8s_pods_ready", "streamchaos_k8s_pods", "streamchaos_k8s_pods_terminating",
+            for series, value in zip(("streamchaos_k8s_pods_ready", "streamchaos_k8s_pods",
+                                      "streamchaos_k8s_pods_terminating",
                                       "streamchaos_k8s_restarts"), counts, strict=True):
                 self._emit(MetricSample(name=series, labels={"namespace": self.namespace}, value=float(value), t=t))
 

@@ -30,10 +30,11 @@ from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from chaos.load.http1 import Connection, ConnectionClosed, H1Client
+from chaos.load.encoding import BodyDecoder, DecodeError, decoder_for
+from chaos.load.http1 import Connection, ConnectionClosed, H1Client, Target
 from chaos.load.sse import DEFAULT_MAX_EVENT_BYTES, SSEEvent, SSEOverflow, SSEParser
-from chaos.observations import ErrorInfo, Hangup, StreamRecord
-from chaos.context import ClientPlan
+from chaos.model.context import ClientPlan
+from chaos.model.observations import ErrorInfo, Hangup, StreamRecord
 
 __all__ = ["StreamClient", "make_http_client", "stream_request"]
 
@@ -43,9 +44,11 @@ _RATE_SLICE_S = 0.05  # a rate-capped reader consumes this much time's worth of 
 StreamClient = H1Client
 
 
-def make_http_client(connections: int, *, api_key: str | None = None, connect_timeout: float = 10.0) -> H1Client:
-    """A keep-alive HTTP/1.1 client that keeps up to ``connections`` idle connections per origin."""
-    return H1Client(connections, api_key=api_key, connect_timeout=connect_timeout)
+def make_http_client(connections: int, *, api_key: str | None = None, connect_timeout: float = 10.0,
+                     headers: Mapping[str, str] | None = None) -> H1Client:
+    """A keep-alive HTTP/1.1 client that keeps up to ``connections`` idle connections per origin;
+    ``headers``: sent with every request (default: the OpenAI Python SDK's, ``chaos.load.sdk_headers``)."""
+    return H1Client(connections, api_key=api_key, connect_timeout=connect_timeout, headers=headers)
 
 
 class _Hangup(Exception):
@@ -77,6 +80,7 @@ class _Stream:
     def __init__(self, record: StreamRecord, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
         self.record = record
         self.parser = SSEParser(max_event_bytes)
+        self.decoder: BodyDecoder | None = None  # a compressed body (Content-Encoding), set with the headers
         self.text: list[str] = []
         self.finished = False
 
@@ -86,12 +90,22 @@ class _Stream:
         rec.bytes_received += len(chunk)
         if rec.t_first_byte is None:
             rec.t_first_byte = t
+        if self.decoder is None:
+            self._parse(t, chunk)
+            return
+        try:
+            for piece in self.decoder.decode(chunk):  # what this read completes keeps this read's stamp
+                self._parse(t, piece)
+        except DecodeError as exc:
+            raise _Failed("protocol", str(exc)) from None
+
+    def _parse(self, t: int, chunk: bytes) -> None:
         try:
             events = self.parser.feed(chunk)
         except SSEOverflow as exc:
             for event in exc.events:
                 self.event(t, event)
-            rec.sse_errors += 1  # the stream is abandoned: one framing error, and a protocol failure
+            self.record.sse_errors += 1  # the stream is abandoned: one framing error, and a protocol failure
             raise _Failed("protocol", str(exc)) from None
         for event in events:
             self.event(t, event)
@@ -102,6 +116,17 @@ class _Stream:
             return
         self.finished = True
         if flush:
+            if self.decoder is not None:
+                try:
+                    tail = self.decoder.flush()
+                except DecodeError:
+                    tail = b""
+                    self.record.sse_errors += 1  # the compressed body ended broken
+                if tail:
+                    try:
+                        self._parse(t, tail)
+                    except _Failed:
+                        pass  # the overflow is already counted; the stream is over anyway
             for event in self.parser.close():
                 self.record.sse_errors += 1  # the stream ended inside an event
                 self.event(t, event)
@@ -141,11 +166,15 @@ class _Stream:
         if isinstance(usage, dict):
             rec.usage = usage
         choices = obj.get("choices")
-        if not isinstance(choices, list):
-            return
+        if isinstance(choices, list):
+            self._choices(t, choices)
+
+    def _choices(self, t: int, choices: list[Any]) -> None:
+        """Choice 0 of one event: its text (completions) or delta content (chat), its finish reason."""
+        rec = self.record
         for choice in choices:
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue  # n=1 streams: only choice 0 is ours
+            if not (isinstance(choice, dict) and choice.get("index", 0) == 0):  # n=1 streams: only choice 0 is ours
+                continue
             text = choice.get("text")
             if text is None:
                 delta = choice.get("delta")
@@ -206,7 +235,8 @@ class _Exchange:
     ``_Failed``, ``_HttpError``) that ``stream_request`` turns into the record's outcome.
     """
 
-    __slots__ = ("state", "record", "plan", "conn", "pull", "ready", "queue", "waiter", "ended", "failure", "error_body")
+    __slots__ = ("state", "record", "plan", "conn", "pull", "ready", "queue", "waiter", "ended", "failure",
+                 "error_body")
 
     def __init__(self, state: _Stream, plan: ClientPlan, conn: Connection, pull: bool) -> None:
         self.state = state
@@ -240,9 +270,18 @@ class _Exchange:
         rec = self.record
         rec.t_headers = t
         rec.status = status
+        rec.server = headers.get("server")
+        rec.via = headers.get("via")
+        rec.content_encoding = headers.get("content-encoding")
         if self.plan.hangup_while_queued:
             self._resolve(_Hangup("while_queued"))
             return
+        try:
+            self.state.decoder = decoder_for(rec.content_encoding)
+        except DecodeError as exc:
+            if 200 <= status < 300:
+                self._resolve(_Failed("protocol", str(exc)))
+                return
         if not 200 <= status < 300:
             self.error_body = bytearray()
             return
@@ -257,7 +296,7 @@ class _Exchange:
         if self.error_body is not None:
             self.error_body += data
             if len(self.error_body) >= _BODY_LIMIT:
-                self._resolve(_HttpError(self.record.status or 0, bytes(self.error_body)))
+                self._resolve(_HttpError(self.record.status or 0, self._error_text()))
             return
         if self.pull:
             self.queue.append(data)
@@ -278,7 +317,7 @@ class _Exchange:
 
     def on_complete(self, t: int) -> None:
         if self.error_body is not None:
-            self._resolve(_HttpError(self.record.status or 0, bytes(self.error_body)))
+            self._resolve(_HttpError(self.record.status or 0, self._error_text()))
             return
         if self.pull and self.ready.done():
             self.ended = True
@@ -298,6 +337,22 @@ class _Exchange:
             self._wake()
             return
         self._resolve(failure)
+
+    def _error_text(self) -> bytes:
+        """The error body as sent, decoded when it was compressed (best effort: it only feeds a message)."""
+        body = bytes(self.error_body or b"")
+        decoder = self.state.decoder
+        if decoder is None:
+            return body
+        out = bytearray()
+        try:
+            for piece in decoder.decode(body):
+                out += piece
+                if len(out) >= _BODY_LIMIT:
+                    return bytes(out[:_BODY_LIMIT])  # enough for a message (and never a bomb's worth)
+            return bytes(out + decoder.flush())[:_BODY_LIMIT]
+        except DecodeError:
+            return body
 
     # ---- the paced consumer's side ---------------------------------------------------------------
 
@@ -336,18 +391,10 @@ def _paces(plan: ClientPlan) -> bool:
     return plan.read_delay_s > 0 or bool(plan.read_rate_bps) or plan.read_timeout_s is not None
 
 
-async def stream_request(
-    http: H1Client,
-    url: str,
-    body: Mapping[str, Any],
-    record: StreamRecord,
-    *,
-    plan: ClientPlan | None = None,
-    request_timeout: float = 600.0,
-    headers: Mapping[str, str] | None = None,
-    queued_grace_s: float = 0.05,
-    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
-) -> StreamRecord:
+async def stream_request(http: H1Client, url: str, body: Mapping[str, Any], record: StreamRecord, *,
+                         plan: ClientPlan | None = None, request_timeout: float = 600.0,
+                         headers: Mapping[str, str] | None = None, queued_grace_s: float = 0.05,
+                         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> StreamRecord:
     """Send ``body`` to ``url`` as a stream and fill ``record``; never raises except on cancellation.
 
     ``queued_grace_s``: a ``hangup_while_queued`` plan hangs up when the response headers arrive or
@@ -360,87 +407,115 @@ async def stream_request(
     hang_after = plan.hangup_after_s
     if plan.hangup_while_queued:
         hang_after = queued_grace_s if hang_after is None else min(hang_after, queued_grace_s)
-    conn: Connection | None = None
-    exchange: _Exchange | None = None
-    slot = False
+    attempt = _Attempt(http, record, state, plan, fault)
     record.t_sent = time.monotonic_ns()  # provisional: kept if the request never reaches a connection
     try:
         async with asyncio.timeout(hang_after) as hang_cm, asyncio.timeout(request_timeout) as req_cm:
-            try:
-                target = http.target(url)
-                payload = http.encode(target, body, headers)
-                await http.acquire_slot()
-                slot = True
-                conn = http.idle_connection(target)
-                if conn is None:
-                    record.t_sent = time.monotonic_ns()  # the request leaves as the connect begins
-                    conn = await http.connect(target)
-                else:
-                    record.t_sent = time.monotonic_ns()  # the request bytes are written now
-                exchange = _Exchange(state, plan, conn, pull=_paces(plan))
-                conn.send(payload, exchange)
-                if await exchange.ready == "pull":
-                    async for chunk in _paced(exchange.reads(), plan):
-                        t = time.monotonic_ns()
-                        state.feed(t, chunk)
-                        if plan.hangup_after_tokens is not None and len(record.t_content) >= plan.hangup_after_tokens:
-                            raise _Hangup("after_tokens")
-                    t = time.monotonic_ns()
-                    state.finish(t)
-                    if record.t_end is None or not record.done_seen:
-                        record.t_end = t
-                http.release(conn)
-                conn = None
-                return record
-            except _Hangup as hang:
-                record.hangup = Hangup(fault, hang.reason, time.monotonic_ns())
-                record.t_end = record.hangup.t
-                return record
-            except _HttpError as err:
-                record.error = ErrorInfo("http", _http_message(err.status, err.body), err.status)
-                record.t_end = time.monotonic_ns()
-                if conn is not None and conn.complete:
-                    http.release(conn)  # the error body was read to its end: the connection is clean
-                    conn = None
-                return record
-            finally:
-                if conn is not None:
-                    # an unfinished response closes its TCP connection, so the server sees the disconnect
-                    conn.close()
-                if slot:
-                    http.release_slot()
+            return await attempt.run(url, body, headers)
     except TimeoutError:
-        now = time.monotonic_ns()
-        if hang_cm.expired() and not req_cm.expired():
+        record.t_end = time.monotonic_ns()
+        if hang_cm.expired() and not req_cm.expired():  # our own hang-up timer: a client fault
             reason = "while_queued" if plan.hangup_while_queued and record.t_first_byte is None else "after_time"
-            record.hangup = Hangup(fault, reason, now)
-        elif not req_cm.expired():  # neither of ours: the connect's own timeout
-            record.error = ErrorInfo("timeout", f"the TCP connect took longer than {http.connect_timeout:g}s")
-        elif exchange is None:
-            record.error = ErrorInfo("timeout", f"no connection within the request timeout of {request_timeout:g}s")
+            record.hangup = Hangup(fault, reason, record.t_end)
         else:
-            record.error = ErrorInfo("timeout", f"no complete response within the request timeout of {request_timeout:g}s")
-        record.t_end = now
+            record.error = _timeout_error(connect=not req_cm.expired(), connected=attempt.exchange is not None,
+                                          connect_timeout=http.connect_timeout, request_timeout=request_timeout)
         return record
     except asyncio.CancelledError:
         record.error = ErrorInfo("cancelled", "the stream was still open when the load generator stopped waiting")
         record.t_end = time.monotonic_ns()
         raise
-    except _Failed as failed:
-        record.error = ErrorInfo(failed.kind, failed.message[:500])
-        record.t_end = time.monotonic_ns()
-        return record
-    except ValueError as exc:  # a URL or header this client cannot send
-        record.error = ErrorInfo("protocol", f"cannot send the request: {exc}"[:500])
-        record.t_end = time.monotonic_ns()
-        return record
-    except ConnectionClosed as exc:  # the client was closed before this request got a connection
-        record.error = ErrorInfo("connect", str(exc))
-        record.t_end = time.monotonic_ns()
-        return record
-    except OSError as exc:  # the connect failed: refused, unreachable, no such host
-        record.error = ErrorInfo("connect", f"{type(exc).__name__}: {exc}"[:500])
+    except (_Failed, ValueError, ConnectionClosed, OSError) as exc:
+        record.error = _failure(exc)
         record.t_end = time.monotonic_ns()
         return record
     finally:
         state.finish(record.t_end or time.monotonic_ns(), flush=False)
+
+
+class _Attempt:
+    """One request on one slot and connection: sent, its response read as the plan's reader would;
+    the connection back to the pool when the response ended clean, else closed (the server sees
+    the disconnect), and the slot always returned. ``exchange``: set once the request was sent."""
+
+    def __init__(self, http: H1Client, record: StreamRecord, state: _Stream, plan: ClientPlan, fault: str) -> None:
+        self.http, self.record, self.state, self.plan, self.fault = http, record, state, plan, fault
+        self.conn: Connection | None = None
+        self.exchange: _Exchange | None = None
+
+    async def run(self, url: str, body: Mapping[str, Any], headers: Mapping[str, str] | None) -> StreamRecord:
+        http, record, plan = self.http, self.record, self.plan
+        slot = False
+        try:
+            target = http.target(url)
+            payload = http.encode(target, body, headers)
+            await http.acquire_slot()
+            slot = True
+            self.conn = await _connection(http, target, record)
+            self.exchange = _Exchange(self.state, plan, self.conn, pull=_paces(plan))
+            self.conn.send(payload, self.exchange)
+            if await self.exchange.ready == "pull":
+                await _read_paced(self.exchange, self.state, plan, record)
+            http.release(self.conn)
+            self.conn = None
+            return record
+        except _Hangup as hang:
+            record.hangup = Hangup(self.fault, hang.reason, time.monotonic_ns())
+            record.t_end = record.hangup.t
+            return record
+        except _HttpError as err:
+            record.error = ErrorInfo("http", _http_message(err.status, err.body), err.status)
+            record.t_end = time.monotonic_ns()
+            if self.conn is not None and self.conn.complete:
+                http.release(self.conn)  # the error body was read to its end: the connection is clean
+                self.conn = None
+            return record
+        finally:
+            if self.conn is not None:
+                # an unfinished response closes its TCP connection, so the server sees the disconnect
+                self.conn.close()
+            if slot:
+                http.release_slot()
+
+
+
+async def _connection(http: H1Client, target: Target, record: StreamRecord) -> Connection:
+    """An idle keep-alive connection to ``target``, else a new one; ``t_sent`` stamped as the request leaves."""
+    conn = http.idle_connection(target)
+    record.t_sent = time.monotonic_ns()  # the request bytes are written now, or leave as the connect begins
+    return conn if conn is not None else await http.connect(target)
+
+
+async def _read_paced(exchange: _Exchange, state: _Stream, plan: ClientPlan, record: StreamRecord) -> None:
+    """Read the body as the plan's reader would (paced, impatient, hanging up after N tokens)."""
+    async for chunk in _paced(exchange.reads(), plan):
+        t = time.monotonic_ns()
+        state.feed(t, chunk)
+        if plan.hangup_after_tokens is not None and len(record.t_content) >= plan.hangup_after_tokens:
+            raise _Hangup("after_tokens")
+    t = time.monotonic_ns()
+    state.finish(t)
+    if record.t_end is None or not record.done_seen:
+        record.t_end = t
+
+
+def _timeout_error(*, connect: bool, connected: bool, connect_timeout: float, request_timeout: float) -> ErrorInfo:
+    """Which timeout ended the stream: the connect's own (neither of ours), or the request's, before
+    or after a connection was had."""
+    if connect:
+        return ErrorInfo("timeout", f"the TCP connect took longer than {connect_timeout:g}s")
+    if not connected:
+        return ErrorInfo("timeout", f"no connection within the request timeout of {request_timeout:g}s")
+    return ErrorInfo("timeout", f"no complete response within the request timeout of {request_timeout:g}s")
+
+
+def _failure(exc: Exception) -> ErrorInfo:
+    """A stream's failure in words: a protocol or body failure, a request this client cannot send, a
+    client closed before the request got a connection, a connect that failed."""
+    if isinstance(exc, _Failed):
+        return ErrorInfo(exc.kind, exc.message[:500])
+    if isinstance(exc, ConnectionClosed):
+        return ErrorInfo("connect", str(exc))
+    if isinstance(exc, ValueError):  # a URL or header this client cannot send
+        return ErrorInfo("protocol", f"cannot send the request: {exc}"[:500])
+    return ErrorInfo("connect", f"{type(exc).__name__}: {exc}"[:500])  # refused, unreachable, no such host

@@ -10,7 +10,7 @@ The shard's stamps cannot lie outside the round trip, so the true offset θ = sh
 lies in ``[t2 − t3, t1 − t0]``, an interval as wide as the round trip's network delay
 ``(t3 − t0) − (t2 − t1)``; its midpoint is the estimate and half the delay bounds its error. The
 exchange with the smallest delay gives the tightest bound. Pure functions; the transport lives in
-``chaos.load.shards`` and ``chaos.load.shard``.
+``chaos.load.shard_pool`` and ``chaos.load.shard_process``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 
-from chaos.observations import StreamRecord
+from chaos.model.observations import StreamRecord
 
 __all__ = ["ClockOffset", "Exchange", "estimate", "shift_record"]
 
@@ -75,7 +75,8 @@ def shift_record(record: StreamRecord, delta_ns: int) -> StreamRecord:
     """A copy of ``record`` with every time stamp moved by ``delta_ns`` (durations are unchanged)."""
     if delta_ns == 0:
         return record
-    moved: dict[str, object] = {name: getattr(record, name) + delta_ns for name in _STAMPS if getattr(record, name) is not None}
+    moved: dict[str, object] = {name: getattr(record, name) + delta_ns for name in _STAMPS
+                                if getattr(record, name) is not None}
     moved["t_content"] = [t + delta_ns for t in record.t_content]
     if record.hangup is not None:
         moved["hangup"] = replace(record.hangup, t=record.hangup.t + delta_ns)

@@ -11,7 +11,7 @@ Coordinated omission made visible: the generator also keeps, per phase, its own 
 ``t_sent`` minus the moment the request could have gone (its scheduled time, or the moment a slot
 freed for an arrival that had to queue). That is the client's lateness alone, apart from the
 in-flight cap's queueing; ``lag_stats()`` reports it beside the event-loop lag, and a p99 above
-the lag threshold marks the client saturated (``chaos.verify``).
+the lag threshold marks the client saturated (``chaos.execution.verify``).
 
 It also serves as the ``BackgroundLoad`` that faults use for their own streams.
 """
@@ -26,12 +26,22 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from chaos.errors import ExperimentInvalid
 from chaos.load.client import StreamClient, make_http_client, stream_request
 from chaos.load.lag import LagMonitor, delay_summary
-from chaos.load.workload import LoadSpecLike, LoadTarget, Prompt, Workload, build_body, endpoint_url, gamma_gaps, synthetic_text
-from chaos.observations import ErrorInfo, Hangup, StreamRecord
-from chaos.context import ClientPolicy
+from chaos.load.sdk_headers import request_headers
+from chaos.load.workload import (
+    LoadSpecLike,
+    LoadTarget,
+    Prompt,
+    Workload,
+    build_body,
+    endpoint_url,
+    gamma_gaps,
+    synthetic_text,
+)
+from chaos.model.context import ClientPolicy
+from chaos.model.errors import ExperimentInvalid
+from chaos.model.observations import ErrorInfo, Hangup, StreamRecord
 
 __all__ = ["BACKLOG_CAP", "DEFAULT_INFLIGHT_CAP", "LoadGenerator"]
 
@@ -73,11 +83,14 @@ class LoadGenerator:
         self.overflows = 0  # open-loop arrivals that found the in-flight cap full and waited
         self.abandoned = 0  # of those, arrivals never sent: still queued at the deadline, or the queue was full
         self.sent = 0
+        self.deadline_ns = 0  # when sending stops (monotonic); ``move_deadline`` moves it during ``run``
+        self._deadline_moved = asyncio.Event()
         self._next = 0
         self._http: StreamClient | None = None
         self._bg_http: StreamClient | None = None
         self.send_delays: dict[str, deque[float]] = {}  # phase → seconds late, newest last
         self._inflight: set[asyncio.Task[StreamRecord]] = set()
+        self._records: dict[asyncio.Task[StreamRecord], StreamRecord] = {}
         self._bg: dict[str, tuple[list[asyncio.Task[None]], set[asyncio.Task[StreamRecord]]]] = {}
         self._bg_count = 0
         self._bg_stopping: set[str] = set()
@@ -87,8 +100,12 @@ class LoadGenerator:
 
     def _client(self) -> StreamClient:
         if self._http is None:
-            self._http = make_http_client(self.inflight_cap, api_key=self.target.api_key)
+            self._http = make_http_client(self.inflight_cap, api_key=self.target.api_key, headers=self._headers())
         return self._http
+
+    def _headers(self) -> dict[str, str]:
+        """What every request of this load sends: the SDK's headers with the experiment's ``load.headers``."""
+        return request_headers(self.spec.headers, self.spec.request_timeout)
 
     def _claim(self) -> int | None:
         """The next request number of this worker, or None when max_requests is reached."""
@@ -98,7 +115,8 @@ class LoadGenerator:
         self._next += 1
         return n
 
-    def _record(self, request_id: str, body: dict[str, Any], prompt: Prompt, *, background: bool = False) -> StreamRecord:
+    def _record(self, request_id: str, body: dict[str, Any], prompt: Prompt, *,
+                background: bool = False) -> StreamRecord:
         return StreamRecord(
             id=request_id,
             phase=self.phase,
@@ -128,10 +146,25 @@ class LoadGenerator:
             ),
         )
         self._inflight.add(task)
+        self._records[task] = record
         task.add_done_callback(self._inflight.discard)
+        task.add_done_callback(self._forget)
         if t_ready is not None:
             task.add_done_callback(functools.partial(self._note_send_delay, record, t_ready))
         return task
+
+    def last_activity(self) -> list[int]:
+        """For each foreground stream in flight, when it last got a byte (or was sent): monotonic ns.
+        A frozen target still accepts connections; these stamps are how a halt sees it (chaos.execution.halt)."""
+        out = []
+        for task in self._inflight:
+            record = self._records.get(task)
+            if record is None or record.t_sent is None:
+                continue
+            stamps = [record.t_sent, record.t_headers, record.t_first_byte, record.t_first_event,
+                      record.t_content[-1] if record.t_content else None]
+            out.append(max(t for t in stamps if t is not None))
+        return out
 
     def _note_send_delay(self, record: StreamRecord, t_ready: int, _task: asyncio.Task[StreamRecord]) -> None:
         if record.t_sent is None:
@@ -141,7 +174,11 @@ class LoadGenerator:
             samples = self.send_delays[record.phase] = deque(maxlen=SEND_DELAY_KEEP)
         samples.append(max(0, record.t_sent - t_ready) / 1e9)
 
-    def _launch(self, record: StreamRecord, make: Callable[[], Awaitable[StreamRecord]], bg_fault: str | None = None) -> asyncio.Task[StreamRecord]:
+    def _forget(self, task: asyncio.Task[StreamRecord]) -> None:
+        self._records.pop(task, None)
+
+    def _launch(self, record: StreamRecord, make: Callable[[], Awaitable[StreamRecord]],
+                bg_fault: str | None = None) -> asyncio.Task[StreamRecord]:
         async def run() -> StreamRecord:
             return await make()  # created here, so a task cancelled before it starts leaves no coroutine behind
 
@@ -170,22 +207,43 @@ class LoadGenerator:
         """Send until ``deadline_ns`` (monotonic) or max_requests; in-flight streams keep running."""
         self._client()  # build the pool (and its TLS context) before the lag clock starts
         self.lag.start()
+        self.deadline_ns = deadline_ns
         loop = asyncio.get_running_loop()
-        timeout = max(0.0, (deadline_ns - time.monotonic_ns()) / 1e9)
         if self.open_loop:
-            driver = loop.create_task(self._open_loop(deadline_ns))
+            driver = loop.create_task(self._open_loop())
             slots: list[asyncio.Task[None]] = [driver]
         else:
-            slots = [loop.create_task(self._closed_slot(deadline_ns)) for _ in range(self.inflight_cap)]
+            slots = [loop.create_task(self._closed_slot()) for _ in range(self.inflight_cap)]
         try:
-            await asyncio.wait(slots, timeout=timeout)
+            await self._until_deadline(slots)
         finally:
             for slot in slots:
                 slot.cancel()  # a slot's request task is separate and keeps streaming
             await asyncio.gather(*slots, return_exceptions=True)
 
-    async def _closed_slot(self, deadline_ns: int) -> None:
-        while time.monotonic_ns() < deadline_ns:
+    async def move_deadline(self, deadline_ns: int) -> None:
+        """Stop sending at ``deadline_ns`` instead (the runner's timeline knows the end only as it goes)."""
+        self.deadline_ns = deadline_ns
+        self._deadline_moved.set()
+
+    async def _until_deadline(self, slots: list[asyncio.Task[None]]) -> None:
+        """Until every slot is done or the deadline, as it stands then, has passed."""
+        pending: set[asyncio.Future[Any]] = set(slots)
+        while pending:
+            self._deadline_moved.clear()
+            remaining = (self.deadline_ns - time.monotonic_ns()) / 1e9
+            if remaining <= 0:
+                return
+            moved = asyncio.ensure_future(self._deadline_moved.wait())
+            try:
+                _done, pending = await asyncio.wait(pending | {moved}, timeout=remaining,
+                                                    return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                moved.cancel()
+            pending.discard(moved)
+
+    async def _closed_slot(self) -> None:
+        while time.monotonic_ns() < self.deadline_ns:
             n = self._claim()
             if n is None:
                 return
@@ -197,7 +255,7 @@ class LoadGenerator:
                 # than spinning thousands of refused connects a second
                 await asyncio.sleep(CONNECT_BACKOFF_S)
 
-    async def _open_loop(self, deadline_ns: int) -> None:
+    async def _open_loop(self) -> None:
         rate = float(self.spec.rate or 0.0)
         gaps = gamma_gaps(random.Random(f"{self.target.seed}:{self.worker_index}:arrivals"), rate, self.spec.burstiness)
         slots = _Slots(self.inflight_cap)
@@ -205,7 +263,7 @@ class LoadGenerator:
         try:
             while True:
                 t_next += int(next(gaps) * 1e9)
-                if t_next >= deadline_ns:
+                if t_next >= self.deadline_ns:
                     return
                 delay = (t_next - time.monotonic_ns()) / 1e9
                 if delay > 0:
@@ -286,7 +344,8 @@ class LoadGenerator:
         return {phase: delay_summary(samples) for phase, samples in self.send_delays.items()}
 
     def stats(self) -> dict[str, Any]:
-        return {"sent": self.sent, "in_flight": len(self._inflight), "overflows": self.overflows, "abandoned": self.abandoned, "inflight_cap": self.inflight_cap}
+        return {"sent": self.sent, "in_flight": len(self._inflight), "overflows": self.overflows,
+                "abandoned": self.abandoned, "inflight_cap": self.inflight_cap}
 
     # ---- BackgroundLoad (faults' own streams, outside the SLA population) --------------------------
 
@@ -295,13 +354,14 @@ class LoadGenerator:
         if fault in self._bg:
             await self.stop(fault)
         if self._bg_http is None:
-            self._bg_http = make_http_client(max(streams, 1) + 16, api_key=self.target.api_key)
+            self._bg_http = make_http_client(max(streams, 1) + 16, api_key=self.target.api_key, headers=self._headers())
         tasks: set[asyncio.Task[StreamRecord]] = set()
         loop = asyncio.get_running_loop()
         slots = [loop.create_task(self._bg_slot(fault, i, prompt_chars, max_tokens, tasks)) for i in range(streams)]
         self._bg[fault] = (slots, tasks)
 
-    async def _bg_slot(self, fault: str, slot: int, prompt_chars: int, max_tokens: int, tasks: set[asyncio.Task[StreamRecord]]) -> None:
+    async def _bg_slot(self, fault: str, slot: int, prompt_chars: int, max_tokens: int,
+                       tasks: set[asyncio.Task[StreamRecord]]) -> None:
         assert self._bg_http is not None
         while True:
             self._bg_count += 1
@@ -316,17 +376,18 @@ class LoadGenerator:
             )
             record = self._record(request_id, body, prompt, background=True)
             http = self._bg_http
-            task = self._launch(
-                record,
-                lambda: stream_request(http, self.url, body, record, request_timeout=self.spec.request_timeout,
-                                       headers={"X-Request-Id": request_id}),
-                bg_fault=fault,
-            )
+            task = self._launch(record, self._bg_request(http, body, record, request_id), bg_fault=fault)
             tasks.add(task)
             task.add_done_callback(tasks.discard)
             await asyncio.wait([task])
             if record.error is not None and record.error.kind != "cancelled":
                 await asyncio.sleep(0.1)  # do not spin against a target that refuses
+
+    def _bg_request(self, http: StreamClient, body: dict[str, Any], record: StreamRecord,
+                    request_id: str) -> Callable[[], Awaitable[StreamRecord]]:
+        """One background stream's request, bound to this pass of its slot's loop."""
+        return lambda: stream_request(http, self.url, body, record, request_timeout=self.spec.request_timeout,
+                                      headers={"X-Request-Id": request_id})
 
     async def stop(self, fault: str) -> int:
         """Hang up the fault's background streams (a real disconnect); return how many were open."""

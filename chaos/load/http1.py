@@ -26,7 +26,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from chaos.errors import ChaosError
+from chaos.load.sdk_headers import openai_python_headers
+from chaos.model.errors import ChaosError
 
 __all__ = ["Connection", "ConnectionClosed", "H1Client", "ResponseSink", "Target"]
 
@@ -242,13 +243,20 @@ class H1Client:
         api_key: str | None = None,
         connect_timeout: float = 10.0,
         keepalive_expiry: float = 30.0,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         self.max_idle = max(1, connections)
         self.limit = max(1, connections)
         self._slots: asyncio.Semaphore | None = None
         self.connect_timeout = connect_timeout
         self.keepalive_expiry = keepalive_expiry
-        self._base_headers = "User-Agent: streamchaos\r\nAccept: */*\r\nContent-Type: application/json\r\n"
+        # what a real client sends (default: the OpenAI Python SDK's, Accept-Encoding included)
+        sent = dict(openai_python_headers(600.0) if headers is None else headers)
+        self._base_headers = ""
+        for name, value in sent.items():
+            _check_header(name, value)
+            self._base_headers += f"{name}: {value}\r\n"
+        self._base_headers += "Content-Type: application/json\r\n"
         if api_key:
             _check_header("Authorization", f"Bearer {api_key}")
             self._base_headers += f"Authorization: Bearer {api_key}\r\n"

@@ -75,7 +75,8 @@ def summed_stats(per_process: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]
 class LagMonitor:
     """Start it on the generator's loop; ``summary()`` at any time; ``stop()`` when done."""
 
-    def __init__(self, threshold_s: float = 0.005, interval_s: float = 0.01, keep: int = 200_000, warmup_s: float = 0.1) -> None:
+    def __init__(self, threshold_s: float = 0.005, interval_s: float = 0.01, keep: int = 200_000,
+                 warmup_s: float = 0.1) -> None:
         self.threshold_s = threshold_s
         self.interval_s = interval_s
         self.warmup_s = warmup_s  # the first wake-ups measure start-up work (first connects), not steady state

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from chaos.errors import SetupFailed
+from chaos.model.errors import SetupFailed
 
 __all__ = ["loop_factory", "loop_name", "run"]
 
@@ -30,7 +30,8 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
         import uvloop
     except ImportError:
         if wanted == "uvloop":
-            raise SetupFailed("STREAMCHAOS_LOOP=uvloop but uvloop is not installed: pip install 'streamchaos[fast]'") from None
+            raise SetupFailed("STREAMCHAOS_LOOP=uvloop but uvloop is not installed: "
+                              "pip install 'streamchaos[fast]'") from None
         return None
     factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
     return factory

@@ -60,7 +60,8 @@ class MockRequest:
 class MockSSEServer:
     """Serve ``POST /v1/completions`` and ``POST /v1/chat/completions`` as token streams."""
 
-    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, tick_s: float = 0.01, default_tokens: int = 16) -> None:
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, tick_s: float = 0.01,
+                 default_tokens: int = 16) -> None:
         self.host = host
         self.port = port
         self.tick_s = tick_s
@@ -126,7 +127,8 @@ class MockSSEServer:
                     if headers.get("connection", "").lower() == "close":
                         break
                     continue
-                request = MockRequest(headers.get("x-request-id", str(len(self.requests))), path, body, time.monotonic_ns())
+                request = MockRequest(headers.get("x-request-id", str(len(self.requests))), path, body,
+                                      time.monotonic_ns())
                 self.requests.append(request)
                 keep = await self._respond(request, reader, writer)
                 if not keep or headers.get("connection", "").lower() == "close":
@@ -161,7 +163,8 @@ class MockSSEServer:
             ).encode()
         else:
             status, payload = 404, b'{"error":{"message":"not found","type":"NotFoundError","code":404}}'
-        writer.write(f"HTTP/1.1 {status} OK\r\nContent-Type: {ctype}\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        writer.write(f"HTTP/1.1 {status} OK\r\nContent-Type: {ctype}\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
+                     + payload)
         await writer.drain()
 
     async def _respond(self, req: MockRequest, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
@@ -171,9 +174,11 @@ class MockSSEServer:
             await asyncio.sleep(float(mock["headers_delay_s"]))
         status = int(mock.get("status", 200))
         if status != 200:
-            payload = json.dumps({"error": {"message": f"mock error {status}", "type": "BadRequestError", "code": status}}).encode()
+            payload = json.dumps({"error": {"message": f"mock error {status}", "type": "BadRequestError",
+                                            "code": status}}).encode()
             writer.write(
-                f"HTTP/1.1 {status} Mock\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
+                f"HTTP/1.1 {status} Mock\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(payload)}\r\n\r\n".encode()
                 + payload
             )
             await writer.drain()
@@ -201,89 +206,11 @@ class MockSSEServer:
             req.disconnected = True
             req.t_disconnect = time.monotonic_ns()
 
-    async def _stream(self, req: MockRequest, mock: dict[str, Any], writer: asyncio.StreamWriter, eof: asyncio.Future[bytes]) -> bool:
-        chat = req.path.endswith("/chat/completions")
-        tokens = int(mock.get("tokens", req.body.get("max_tokens", self.default_tokens)))
-        tick = float(mock.get("tick_s", self.tick_s))
-        texts = mock.get("text", "tok ")
-        texts = [texts] if isinstance(texts, str) else list(texts)
-        sep = "\r\n" if mock.get("crlf") else "\n"
-        prefix = "data:" if mock.get("no_space") else "data: "
-        split = bool(mock.get("split_writes"))
-
-        async def send(payload: bytes) -> None:
-            if eof.done():
-                raise ConnectionResetError("client closed")
-            t0 = time.monotonic_ns()
-            if split:
-                for i in range(len(payload)):
-                    writer.write(b"1\r\n" + payload[i : i + 1] + b"\r\n")
-                    await writer.drain()
-                    await asyncio.sleep(0)
-            else:
-                writer.write(f"{len(payload):x}\r\n".encode() + payload + b"\r\n")
-                await writer.drain()
-            req.write_wait_ns.append(time.monotonic_ns() - t0)
-
-        def event(obj: Any) -> bytes:
-            data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)
-            return f"{prefix}{data}{sep}{sep}".encode()
-
-        def chunk(text: str | None, finish: str | None, usage: dict[str, int] | None = None) -> dict[str, Any]:
-            if chat:
-                choices = [] if usage else [{"index": 0, "delta": {"content": text} if text is not None else {}, "finish_reason": finish}]
-                body: dict[str, Any] = {"id": "mock", "object": "chat.completion.chunk", "created": 0, "model": "mock", "choices": choices}
-            else:
-                choices = [] if usage else [{"index": 0, "text": text or "", "finish_reason": finish}]
-                body = {"id": "mock", "object": "text_completion", "created": 0, "model": "mock", "choices": choices}
-            if usage:
-                body["usage"] = usage
-            body["mock_t"] = time.monotonic_ns()
-            return body
-
-        async def pause(seconds: float) -> None:
-            if seconds > 0:
-                done, _ = await asyncio.wait({eof}, timeout=seconds)
-                if done:
-                    raise ConnectionResetError("client closed")
-
-        if chat:  # the role chunk goes out at once, as servers that announce early do
-            await send(event(chunk(None, None) | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}))
-        await pause(float(mock.get("first_delay_s", 0.0)))
-        if mock.get("long_line"):  # a server gone wrong: one line without end, megabytes long
-            left = int(mock["long_line"])
-            await send(b"data: ")
-            while left > 0:
-                piece = min(left, 65536)
-                await send(b"x" * piece)
-                left -= piece
-        for i in range(tokens):
-            if i:
-                await pause(tick)
-            if mock.get("comments"):
-                await send(f": ping{sep}".encode())
-            if i == mock.get("close_after"):
-                writer.transport.abort()  # cut mid-body: no chunked terminator
-                return False
-            if i == mock.get("error_after"):
-                await send(event({"error": {"message": "mock in-band error", "type": "InternalServerError", "code": 500}}))
-                break
-            text = texts[i % len(texts)]
-            last = i == tokens - 1
-            if i == mock.get("bad_json_at"):
-                await send(f"{prefix}{{not json{sep}{sep}".encode())
-            elif i == mock.get("invalid_utf8_at"):
-                raw = event(chunk("@@", "length" if last else None)).replace(b"@@", b"\xff")
-                await send(raw)
-            else:
-                await send(event(chunk(text, "length" if last else None)))
-            req.tokens_sent += 1
-        if req.body.get("stream_options", {}).get("include_usage") and mock.get("error_after") is None:
-            await send(event(chunk(None, None, usage={"prompt_tokens": 1, "completion_tokens": req.tokens_sent, "total_tokens": req.tokens_sent + 1})))
-        if not mock.get("drop_done"):
-            await send(event("[DONE]"))
-        if mock.get("data_after_done"):
-            await send(event(chunk("late", None)))
+    async def _stream(self, req: MockRequest, mock: dict[str, Any], writer: asyncio.StreamWriter,
+                      eof: asyncio.Future[bytes]) -> bool:
+        reply = _MockReply(req, mock, writer, eof, self.default_tokens, self.tick_s)
+        if not await reply.body():
+            return False
         if eof.done():
             self._mark_disconnected(req)
             return False
@@ -293,6 +220,116 @@ class MockSSEServer:
         await writer.drain()
         req.finished = True
         return True
+
+
+class _MockReply:
+    """One streamed mock response, shaped by the request's ``mock`` options (tokens, pace, framing,
+    planted defects: a cut, an in-band error, bad JSON, invalid UTF-8, a line without end, no [DONE])."""
+
+    def __init__(self, req: MockRequest, mock: dict[str, Any], writer: asyncio.StreamWriter, eof: asyncio.Future[bytes],
+                 default_tokens: int, tick_s: float) -> None:
+        self.req, self.mock, self.writer, self.eof = req, mock, writer, eof
+        self.chat = req.path.endswith("/chat/completions")
+        self.tokens = int(mock.get("tokens", req.body.get("max_tokens", default_tokens)))
+        self.tick = float(mock.get("tick_s", tick_s))
+        texts = mock.get("text", "tok ")
+        self.texts = [texts] if isinstance(texts, str) else list(texts)
+        self.sep = "\r\n" if mock.get("crlf") else "\n"
+        self.prefix = "data:" if mock.get("no_space") else "data: "
+        self.split = bool(mock.get("split_writes"))
+
+    async def send(self, payload: bytes) -> None:
+        if self.eof.done():
+            raise ConnectionResetError("client closed")
+        t0 = time.monotonic_ns()
+        if self.split:
+            for i in range(len(payload)):
+                self.writer.write(b"1\r\n" + payload[i : i + 1] + b"\r\n")
+                await self.writer.drain()
+                await asyncio.sleep(0)
+        else:
+            self.writer.write(f"{len(payload):x}\r\n".encode() + payload + b"\r\n")
+            await self.writer.drain()
+        self.req.write_wait_ns.append(time.monotonic_ns() - t0)
+
+    def event(self, obj: Any) -> bytes:
+        data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)
+        return f"{self.prefix}{data}{self.sep}{self.sep}".encode()
+
+    def chunk(self, text: str | None, finish: str | None, usage: dict[str, int] | None = None) -> dict[str, Any]:
+        if self.chat:
+            choices = [] if usage else [{"index": 0, "delta": {"content": text} if text is not None else {},
+                                         "finish_reason": finish}]
+            body: dict[str, Any] = {"id": "mock", "object": "chat.completion.chunk", "created": 0, "model": "mock",
+                                    "choices": choices}
+        else:
+            choices = [] if usage else [{"index": 0, "text": text or "", "finish_reason": finish}]
+            body = {"id": "mock", "object": "text_completion", "created": 0, "model": "mock", "choices": choices}
+        if usage:
+            body["usage"] = usage
+        body["mock_t"] = time.monotonic_ns()
+        return body
+
+    async def pause(self, seconds: float) -> None:
+        if seconds > 0:
+            done, _ = await asyncio.wait({self.eof}, timeout=seconds)
+            if done:
+                raise ConnectionResetError("client closed")
+
+    async def body(self) -> bool:
+        """Send every event; False when the body was cut on purpose (``close_after``)."""
+        mock, req = self.mock, self.req
+        if self.chat:  # the role chunk goes out at once, as servers that announce early do
+            await self.send(self.event(self.chunk(None, None) | {
+                "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}))
+        await self.pause(float(mock.get("first_delay_s", 0.0)))
+        if mock.get("long_line"):  # a server gone wrong: one line without end, megabytes long
+            await self._long_line(int(mock["long_line"]))
+        for i in range(self.tokens):
+            if i:
+                await self.pause(self.tick)
+            outcome = await self._token(i)
+            if outcome == "cut":
+                return False
+            if outcome == "error":
+                break
+        if req.body.get("stream_options", {}).get("include_usage") and mock.get("error_after") is None:
+            usage = {"prompt_tokens": 1, "completion_tokens": req.tokens_sent, "total_tokens": req.tokens_sent + 1}
+            await self.send(self.event(self.chunk(None, None, usage=usage)))
+        if not mock.get("drop_done"):
+            await self.send(self.event("[DONE]"))
+        if mock.get("data_after_done"):
+            await self.send(self.event(self.chunk("late", None)))
+        return True
+
+    async def _long_line(self, left: int) -> None:
+        await self.send(b"data: ")
+        while left > 0:
+            piece = min(left, 65536)
+            await self.send(b"x" * piece)
+            left -= piece
+
+    async def _token(self, i: int) -> str:
+        """Token ``i`` (or the defect planted at it): ``sent``, ``cut`` or ``error``."""
+        mock, sep = self.mock, self.sep
+        if mock.get("comments"):
+            await self.send(f": ping{sep}".encode())
+        if i == mock.get("close_after"):
+            self.writer.transport.abort()  # cut mid-body: no chunked terminator
+            return "cut"
+        if i == mock.get("error_after"):
+            await self.send(self.event({"error": {"message": "mock in-band error", "type": "InternalServerError",
+                                                  "code": 500}}))
+            return "error"
+        finish = "length" if i == self.tokens - 1 else None
+        if i == mock.get("bad_json_at"):
+            await self.send(f"{self.prefix}{{not json{sep}{sep}".encode())
+        elif i == mock.get("invalid_utf8_at"):
+            await self.send(self.event(self.chunk("@@", finish)).replace(b"@@", b"\xff"))
+        else:
+            await self.send(self.event(self.chunk(self.texts[i % len(self.texts)], finish)))
+        self.req.tokens_sent += 1
+        return "sent"
 
 
 class ThreadedMockServer:

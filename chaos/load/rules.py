@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from chaos.context import ClientPlan, ClientRule
+from chaos.model.context import ClientPlan, ClientRule
 
 __all__ = ["DisconnectRule", "SlowReaderRule", "TimeoutRule"]
 

@@ -117,6 +117,10 @@ class SSEParser:
             value, bad = decode_counting(chunk[6:-2])
             self.utf8_errors += bad
             return [SSEEvent(value)]
+        return self._feed_lines(chunk)
+
+    def _feed_lines(self, chunk: bytes) -> list[SSEEvent]:
+        """The general path of ``feed``: split the read into lines (any line end), parse each."""
         buf = self._buf + chunk if self._buf else chunk
         if b"\r" not in buf:
             if b"\n" not in buf:

@@ -19,10 +19,10 @@ import json
 from dataclasses import asdict, fields
 from typing import Any
 
-from chaos.context import ClientRule
-from chaos.errors import ChaosError
 from chaos.load.rules import DisconnectRule, SlowReaderRule, TimeoutRule
 from chaos.load.workload import LoadSettings, PromptSettings
+from chaos.model.context import ClientRule
+from chaos.model.errors import ChaosError
 
 __all__ = [
     "MAX_LINE_BYTES",
@@ -105,6 +105,7 @@ def settings_from_json(data: dict[str, Any]) -> LoadSettings:
         values = {k: v for k, v in data.items() if k in {f.name for f in fields(LoadSettings)}}
         values["prompts"] = PromptSettings(**prompts)
         values["max_tokens"] = tuple(values["max_tokens"])
+        values["headers"] = tuple((str(k), v) for k, v in values.get("headers", ()))
         return LoadSettings(**values)
     except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError(f"load settings the shard cannot read: {exc!r}") from None

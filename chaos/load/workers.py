@@ -2,117 +2,42 @@
 
 Each worker gets its share of the load (concurrency, rate, max_requests and background streams
 divided as evenly as integers allow) and its own request ids and seeds (via its worker index).
-Records come back over a pipe and go to the parent's sink as they arrive, so the observation set
-is one merged stream; the parent forwards phase changes and client-rule changes to every worker.
+Records come back over a pipe in batches (``chaos.load.uplink``: a worker never blocks its loop on
+the pipe) and go to the parent's sink as they arrive, so the observation set is one merged stream;
+the parent forwards phase changes and client-rule changes to every worker.
 Monotonic clocks are system-wide on Linux, so stamps from different workers are comparable.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import itertools
 import multiprocessing
 import multiprocessing.connection
 import os
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
-from chaos.context import ClientPolicy, ClientRule
-from chaos.errors import SetupFailed
 from chaos.load.generator import LoadGenerator
 from chaos.load.lag import merged_lag, merged_send_delay, summed_stats
-from chaos.load.workload import LoadSettings, LoadSpecLike, LoadTarget
-from chaos.observations import Note, StreamRecord
+from chaos.load.uplink import FrameReader, Uplink
+from chaos.load.workload import LoadSettings, LoadSpecLike, LoadTarget, split_evenly
+from chaos.model.context import ClientPolicy, ClientRule
+from chaos.model.errors import SetupFailed
+from chaos.model.observations import StreamRecord
 
-if TYPE_CHECKING:
-    from chaos.load.shards import ShardPool
-
-__all__ = ["LoadDriver", "WorkerPool", "make_load", "running_load", "split_evenly"]
+__all__ = ["WorkerPool"]
 
 _CLOSE_TIMEOUT_S = 10.0
-
-
-def split_evenly(total: int, parts: int) -> list[int]:
-    """``total`` as ``parts`` integers differing by at most one, larger first."""
-    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
-
-
-class LoadDriver(Protocol):
-    """What the runner and faults drive: a ``LoadGenerator`` in this process or a ``WorkerPool``."""
-
-    phase: str
-
-    async def ready(self) -> None: ...
-    async def run(self, deadline_ns: int) -> None: ...
-    async def drain(self, timeout: float) -> int: ...
-    async def aclose(self) -> None: ...
-    async def start(self, fault: str, streams: int, prompt_chars: int, max_tokens: int) -> None: ...
-    async def stop(self, fault: str) -> int: ...
-    def lag_stats(self) -> dict[str, Any]: ...
-    def send_delay_stats(self) -> dict[str, dict[str, Any]]: ...
-    def stats(self) -> dict[str, Any]: ...
-
-
-@contextlib.asynccontextmanager
-async def running_load(
-    spec: LoadSpecLike,
-    target: LoadTarget,
-    *,
-    policy: ClientPolicy,
-    sink: Callable[[StreamRecord], None],
-    run_dir: Path | None = None,
-    notes: Callable[[Note], None] | None = None,
-    run_id: str = "",
-    lifetime_s: float = 3600.0,
-) -> AsyncIterator[LoadDriver]:
-    """The load driver while entered; on exit every open stream is cancelled (recorded) and it closes.
-
-    With ``load.shards`` above 1 it is a ``ShardPool`` (``chaos.load.shards``): entering it waits
-    for every shard to connect; ``run_dir`` holds their journal shards, ``notes`` hears how they
-    were merged, ``lifetime_s`` bounds how long a shard may outlive a silent coordinator.
-    """
-    driver: LoadDriver
-    pool: ShardPool | None = None
-    if int(getattr(spec, "shards", 1)) > 1:
-        if run_dir is None:
-            raise SetupFailed("load.shards needs the run directory for the journal shards")
-        driver = pool = _shard_pool(spec, target, policy=policy, sink=sink, run_dir=run_dir, notes=notes, run_id=run_id,
-                                    lifetime_s=lifetime_s)
-    else:
-        driver = make_load(spec, target, policy=policy, sink=sink)
-    try:
-        if pool is not None:
-            await pool.open()
-        yield driver
-    finally:
-        with contextlib.suppress(Exception):
-            await driver.drain(0.0)
-        with contextlib.suppress(Exception):
-            await driver.aclose()
-
-
-def _shard_pool(spec: LoadSpecLike, target: LoadTarget, **kwargs: Any) -> ShardPool:
-    from chaos.load.shards import ShardPool  # the shard protocol only when a run asks for shards
-
-    return ShardPool(spec, target, **kwargs)
-
-
-def make_load(
-    spec: LoadSpecLike, target: LoadTarget, *, policy: ClientPolicy, sink: Callable[[StreamRecord], None],
-) -> LoadGenerator | WorkerPool:
-    """A ``LoadGenerator`` for ``workers: 1``, a ``WorkerPool`` above."""
-    if max(1, spec.workers) > 1:
-        return WorkerPool(spec, target, policy=policy, sink=sink)
-    return LoadGenerator(spec, target, policy=policy, sink=sink)
+ACTIVITY_EVERY_S = 0.5  # how often a worker reports when its in-flight streams last got a byte
 
 
 # ---- the worker process ------------------------------------------------------------------------
 
 
-def _watch(loop: asyncio.AbstractEventLoop, conn: multiprocessing.connection.Connection, callback: Callable[[], None]) -> None:
+def _watch(loop: asyncio.AbstractEventLoop, conn: multiprocessing.connection.Connection,
+           callback: Callable[[], None]) -> None:
     """``loop.add_reader`` on a pipe's read end, which stays blocking: uvloop makes a watched fd
     non-blocking, and ``Connection.recv`` of a message still being written would then fail midway.
     Each pipe carries one direction only, so the write ends are never made non-blocking (a full
@@ -130,68 +55,90 @@ def _worker_main(inbox: multiprocessing.connection.Connection, outbox: multiproc
 
 async def _worker(conn: multiprocessing.connection.Connection, out: multiprocessing.connection.Connection,
                   config: dict[str, Any]) -> None:
-    loop = asyncio.get_running_loop()
-    inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
-    policy = ClientPolicy(rules=dict(config.pop("rules")))
-    gen = LoadGenerator(config.pop("spec"), config.pop("target"), policy=policy, sink=lambda r: out.send(("record", r)), **config)
+    uplink = await Uplink.open(out.fileno())
+    out.close()  # the uplink's transport holds its own duplicate of the write end
+    await _WorkerSide(conn, uplink, config).serve()
 
-    def pump() -> None:
+
+class _WorkerSide:
+    """A worker process's half of the pool protocol: commands in on one pipe (phase, rules, calls on
+    its ``LoadGenerator``, close), records, activity and replies out on the other (the uplink)."""
+
+    def __init__(self, conn: multiprocessing.connection.Connection, uplink: Uplink, config: dict[str, Any]) -> None:
+        self.conn, self.uplink = conn, uplink
+        self.loop = asyncio.get_running_loop()
+        self.inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
+        self.policy = ClientPolicy(rules=dict(config.pop("rules")))
+        self.gen = LoadGenerator(config.pop("spec"), config.pop("target"), policy=self.policy,
+                                 sink=uplink.record, **config)
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def serve(self) -> None:
+        _watch(self.loop, self.conn, self._pump)
+        self.tasks.add(self.loop.create_task(self._report_activity()))
+        while True:
+            seq, cmd, *args = await self.inbox.get()
+            if cmd == "close":
+                await self._close(seq)
+                break
+            self._dispatch(seq, cmd, args)
+        self.loop.remove_reader(self.conn.fileno())
+        self.conn.close()
+        await self.uplink.aclose()
+
+    def _pump(self) -> None:
         try:
-            while conn.poll():
-                inbox.put_nowait(conn.recv())
+            while self.conn.poll():
+                self.inbox.put_nowait(self.conn.recv())
         except (EOFError, OSError):
-            loop.remove_reader(conn.fileno())
-            inbox.put_nowait((-1, "close"))  # the parent is gone: stop
+            self.loop.remove_reader(self.conn.fileno())
+            self.inbox.put_nowait((-1, "close"))  # the parent is gone: stop
 
-    _watch(loop, conn, pump)
-    tasks: set[asyncio.Task[None]] = set()
+    async def _report_activity(self) -> None:  # what a halt condition reads of streams still in flight
+        while True:
+            await asyncio.sleep(ACTIVITY_EVERY_S)
+            self.uplink.send(("activity", self.gen.last_activity()))
 
-    async def reply(seq: int, call: Any) -> None:
-        try:
-            value = await call
-            out.send(("reply", seq, True, value))
-        except Exception as exc:  # noqa: BLE001 - every failure goes back to the parent, never lost
-            out.send(("reply", seq, False, f"{type(exc).__name__}: {exc}"))
-
-    def lag_samples() -> list[float]:
-        return list(gen.lag.samples)
-
-    def send_delays() -> dict[str, list[float]]:
-        return {phase: list(samples) for phase, samples in gen.send_delays.items()}
-
-    async def with_lag(call: Any) -> Any:
-        value = await call
-        return {"value": value, "lag": lag_samples(), "stats": gen.stats(), "send_delay": send_delays()}
-
-    while True:
-        seq, cmd, *args = await inbox.get()
+    def _dispatch(self, seq: int, cmd: str, args: list[Any]) -> None:
+        gen = self.gen
         if cmd == "phase":
             gen.phase = args[0]
-        elif cmd == "rules":
-            policy.rules = dict(args[0])
-        elif cmd == "close":
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await gen.aclose()
-            if seq >= 0:
-                out.send(("reply", seq, True, {"value": None, "lag": lag_samples(), "stats": gen.stats(),
-                                                "send_delay": send_delays()}))
-            break
-        else:
-            call = {
-                "run": lambda: gen.run(args[0]),
-                "drain": lambda: gen.drain(args[0]),
-                "start": lambda: gen.start(*args),
-                "stop": lambda: gen.stop(args[0]),
-                "lag": lambda: asyncio.sleep(0),
-            }[cmd]()
-            task = loop.create_task(reply(seq, with_lag(call)))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-    loop.remove_reader(conn.fileno())
-    conn.close()
-    out.close()
+            return
+        if cmd == "rules":
+            self.policy.rules = dict(args[0])
+            return
+        call = {
+            "run": lambda: gen.run(args[0]),
+            "deadline": lambda: gen.move_deadline(args[0]),
+            "drain": lambda: gen.drain(args[0]),
+            "start": lambda: gen.start(*args),
+            "stop": lambda: gen.stop(args[0]),
+            "lag": lambda: asyncio.sleep(0),
+        }[cmd]()
+        task = self.loop.create_task(self._reply(seq, call))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def _snapshot(self, value: Any) -> dict[str, Any]:
+        """A reply's value with the generator's lag samples, counters and send delays."""
+        gen = self.gen
+        return {"value": value, "lag": list(gen.lag.samples), "stats": gen.stats() | self.uplink.stats(),
+                "send_delay": {phase: list(samples) for phase, samples in gen.send_delays.items()}}
+
+    async def _reply(self, seq: int, call: Any) -> None:
+        try:
+            value = await call
+            self.uplink.send(("reply", seq, True, self._snapshot(value)))
+        except Exception as exc:  # noqa: BLE001 - every failure goes back to the parent, never lost
+            self.uplink.send(("reply", seq, False, f"{type(exc).__name__}: {exc}"))
+
+    async def _close(self, seq: int) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.gen.aclose()
+        if seq >= 0:
+            self.uplink.send(("reply", seq, True, self._snapshot(None)))
 
 
 # ---- the parent side ---------------------------------------------------------------------------
@@ -220,6 +167,7 @@ class WorkerPool:
         self._lag: dict[int, list[float]] = {}
         self._send_delay: dict[int, dict[str, list[float]]] = {}
         self._stats: dict[int, dict[str, Any]] = {}
+        self._activity: dict[int, list[int]] = {}
         self.lag_threshold = spec.lag_threshold
         self._loop: asyncio.AbstractEventLoop | None = None
         self._dead: dict[int, str] = {}
@@ -229,6 +177,7 @@ class WorkerPool:
         self._conns: list[multiprocessing.connection.Connection] = []  # parent → worker i (commands)
         self._inboxes: list[multiprocessing.connection.Connection] = []  # worker i → parent (records, replies)
         self._procs: list[multiprocessing.process.BaseProcess] = []
+        self._readers: list[asyncio.BaseTransport] = []
         for i in range(count):
             part = LoadSettings.of(
                 spec,
@@ -243,7 +192,8 @@ class WorkerPool:
             # one pipe per direction (see _watch): commands down, records and replies up
             down_r, down_w = ctx.Pipe(duplex=False)
             up_r, up_w = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_worker_main, args=(down_r, up_w, config), name=f"streamchaos-load-{i}", daemon=True)
+            proc = ctx.Process(target=_worker_main, args=(down_r, up_w, config), name=f"streamchaos-load-{i}",
+                               daemon=True)
             proc.start()
             down_r.close()
             up_w.close()
@@ -255,32 +205,37 @@ class WorkerPool:
 
     # ---- plumbing ----
 
-    def _attach(self) -> None:
+    async def _attach(self) -> None:
         loop = asyncio.get_running_loop()
         if self._loop is loop:
             return
         self._loop = loop
         for i, inbox in enumerate(self._inboxes):
-            _watch(loop, inbox, functools.partial(self._pump, i))
+            pipe = os.fdopen(os.dup(inbox.fileno()), "rb", buffering=0)
+            inbox.close()  # the read transport owns the duplicate
+            reader = functools.partial(FrameReader, functools.partial(self._message, i),
+                                       functools.partial(self._lost, i))
+            transport, _ = await loop.connect_read_pipe(reader, pipe)
+            self._readers.append(transport)
 
-    def _pump(self, i: int) -> None:
-        conn = self._inboxes[i]
-        try:
-            while conn.poll():
-                self._message(i, conn.recv())
-        except (EOFError, OSError):
-            assert self._loop is not None
-            self._loop.remove_reader(conn.fileno())
-            code = self._procs[i].exitcode
-            self._dead[i] = f"load worker {i} (pid {self._procs[i].pid}) exited (code {code})"
-            for seq, (fut, _results, waiting) in list(self._pending.items()):
-                if i in waiting and not fut.done():
-                    fut.set_exception(SetupFailed(self._dead[i] + "; see its stderr for the cause"))
-                    del self._pending[seq]
+    def _lost(self, i: int) -> None:
+        """Worker ``i``'s uplink closed: it exited (or closed after its last reply)."""
+        if i in self._dead:
+            return
+        code = self._procs[i].exitcode
+        self._dead[i] = f"load worker {i} (pid {self._procs[i].pid}) exited (code {code})"
+        for seq, (fut, _results, waiting) in list(self._pending.items()):
+            if i in waiting and not fut.done():
+                fut.set_exception(SetupFailed(self._dead[i] + "; see its stderr for the cause"))
+                del self._pending[seq]
 
     def _message(self, i: int, msg: tuple[Any, ...]) -> None:
-        if msg[0] == "record":
-            self.sink(msg[1])
+        if msg[0] == "records":
+            for record in msg[1]:
+                self.sink(record)
+            return
+        if msg[0] == "activity":
+            self._activity[i] = list(msg[1])
             return
         _tag, seq, ok, value = msg
         entry = self._pending.get(seq)
@@ -314,7 +269,7 @@ class WorkerPool:
             self._send(i, (-1, cmd, *args))
 
     async def _call(self, per_worker: list[tuple[Any, ...]] | tuple[Any, ...], cmd: str) -> list[Any]:
-        self._attach()
+        await self._attach()
         assert self._loop is not None
         seq = next(self._seq)
         fut: asyncio.Future[list[Any]] = self._loop.create_future()
@@ -326,6 +281,11 @@ class WorkerPool:
             args = per_worker[i] if isinstance(per_worker, list) else per_worker
             self._send(i, (seq, cmd, *args))
         return await fut
+
+    def last_activity(self) -> list[int]:
+        """Every worker's in-flight streams' last-byte stamps, as it last reported them (CLOCK_MONOTONIC
+        is one clock for all processes of the host)."""
+        return [t for i, stamps in self._activity.items() if i not in self._dead for t in stamps]
 
     def _rules_changed(self, rules: dict[str, ClientRule]) -> None:
         self._broadcast("rules", rules)
@@ -350,6 +310,9 @@ class WorkerPool:
 
     async def run(self, deadline_ns: int) -> None:
         await self._call((deadline_ns,), "run")
+
+    async def move_deadline(self, deadline_ns: int) -> None:
+        await self._call((deadline_ns,), "deadline")
 
     async def drain(self, timeout: float) -> int:
         return sum(n or 0 for n in await self._call((timeout,), "drain"))
@@ -392,12 +355,9 @@ class WorkerPool:
                 if proc.is_alive():
                     proc.kill()  # our own child, by its pid; it ignored a close request
                     await loop.run_in_executor(None, proc.join, 5)
+            for transport in self._readers:
+                transport.close()
             for conn in self._inboxes:
-                if self._loop is not None:
-                    try:
-                        self._loop.remove_reader(conn.fileno())
-                    except (OSError, ValueError):
-                        pass
                 conn.close()
             for conn in self._conns:
                 conn.close()

@@ -7,13 +7,14 @@ client-fault draws in every run with that seed, whatever the timing, so a run re
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from chaos.errors import ExperimentInvalid
+from chaos.model.errors import ExperimentInvalid
 
 __all__ = [
     "LoadSettings",
@@ -27,6 +28,8 @@ __all__ = [
     "endpoint_url",
     "gamma_gaps",
     "load_jsonl",
+    "split_evenly",
+    "streams_at_most",
     "synthetic_text",
 ]
 
@@ -97,6 +100,8 @@ class LoadSpecLike(Protocol):
     def lag_threshold(self) -> float: ...
     @property
     def prompts(self) -> PromptSpecLike: ...
+    @property
+    def headers(self) -> tuple[tuple[str, str | None], ...]: ...
 
 
 @dataclass(frozen=True)
@@ -172,16 +177,19 @@ def load_jsonl(path: str | Path) -> list[Prompt]:
         except ValueError as exc:
             raise ExperimentInvalid(f"{where}: not a JSON object ({exc}); expected {{\"prompt\": \"...\"}}") from None
         if not isinstance(obj, dict):
-            raise ExperimentInvalid(f"{where}: expected a JSON object with \"prompt\" or \"messages\", found {type(obj).__name__}")
+            raise ExperimentInvalid(f"{where}: expected a JSON object with \"prompt\" or \"messages\", found "
+                                    f"{type(obj).__name__}")
         expected = obj.get("expected_text")
         if expected is not None and not isinstance(expected, str):
             raise ExperimentInvalid(f"{where}: \"expected_text\" must be a string")
         if isinstance(obj.get("prompt"), str):
             prompts.append(Prompt(text=obj["prompt"], expected_text=expected))
-        elif isinstance(obj.get("messages"), list) and all(isinstance(m, dict) and "content" in m for m in obj["messages"]):
+        elif (isinstance(obj.get("messages"), list)
+              and all(isinstance(m, dict) and "content" in m for m in obj["messages"])):
             prompts.append(Prompt(messages=tuple(obj["messages"]), expected_text=expected))
         else:
-            raise ExperimentInvalid(f"{where}: expected a string \"prompt\" or a list \"messages\" of {{role, content}} objects")
+            raise ExperimentInvalid(f"{where}: expected a string \"prompt\" or a list \"messages\" "
+                                    "of {role, content} objects")
     if not prompts:
         raise ExperimentInvalid(f"load.prompts.source: {str(path)!r} holds no prompts; write one JSON object per line")
     return prompts
@@ -306,14 +314,17 @@ class LoadSettings:
     include_usage: bool = True
     request_timeout: float = 60.0
     workers: int = 1
+    process: str = "runner"  # a library caller's generator runs where it is called (LoadSpec: own)
     lag_threshold: float = 0.005
     prompts: PromptSettings = PromptSettings()
+    headers: tuple[tuple[str, str | None], ...] = ()  # over the SDK's default request headers (chaos.load.sdk_headers)
 
     @classmethod
     def of(cls, spec: LoadSpecLike, **overrides: Any) -> LoadSettings:
         """Copy any LoadSpec-shaped object, replacing ``overrides``."""
         p = spec.prompts
-        prompts = PromptSettings(str(p.source), int(p.min_chars), int(p.max_chars), tuple((str(s), float(w)) for s, w in p.mix))
+        prompts = PromptSettings(str(p.source), int(p.min_chars), int(p.max_chars),
+                                 tuple((str(s), float(w)) for s, w in p.mix))
         values: dict[str, Any] = {
             name: getattr(spec, name)
             for name in (
@@ -321,7 +332,24 @@ class LoadSettings:
                 "temperature", "ignore_eos", "include_usage", "request_timeout", "workers", "lag_threshold",
             )
         }
+        values["process"] = str(getattr(spec, "process", "runner"))
         values["max_tokens"] = tuple(values["max_tokens"])
         values["prompts"] = prompts
+        values["headers"] = tuple((str(k), None if v is None else str(v)) for k, v in spec.headers)
         values.update(overrides)
         return cls(**values)
+
+
+def streams_at_most(spec: LoadSpecLike, inflight_cap: int) -> int:
+    """The most streams the load holds open at once, over all its processes: its concurrency
+    (closed loop), else what arrivals at ``rate`` can keep open for ``request_timeout``, never more
+    than ``inflight_cap`` per worker process (open loop). Pure."""
+    if spec.concurrency is not None:
+        return spec.concurrency
+    cap = inflight_cap * max(1, spec.workers)
+    return min(cap, math.ceil((spec.rate or 0.0) * spec.request_timeout) + 1)
+
+
+def split_evenly(total: int, parts: int) -> list[int]:
+    """``total`` as ``parts`` integers differing by at most one, larger first."""
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]

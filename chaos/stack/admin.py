@@ -168,7 +168,8 @@ async def _reserve(request: Request) -> Response:
         return _bad(str(exc))
     blocks = body.get("blocks") if isinstance(body, dict) else None
     if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 0:
-        return _bad(f'send {{"blocks": n, "ttl": seconds}} with an integer n >= 0, found {json.dumps(body)[:80]}', param="blocks")
+        return _bad(f'send {{"blocks": n, "ttl": seconds}} with an integer n >= 0, found {json.dumps(body)[:80]}',
+                    param="blocks")
     stack = stack_of(request)
     reserved = stack.engine.reserve_blocks(blocks)
     total = stack.engine.stats().kv_blocks_reserved

@@ -22,9 +22,10 @@ from urllib.parse import quote
 
 import httpx
 
-from chaos.errors import FaultError, FaultPermissionDenied, TargetUnreachable
+from chaos.model.errors import FaultError, FaultPermissionDenied, TargetUnreachable
 
-__all__ = ["LEASE_RENEW_EVERY_S", "LEASE_TTL_S", "AdminClient", "LeaseKeeper", "admin_delete_sync", "admin_url_of", "proof_of", "recognise"]
+__all__ = ["LEASE_RENEW_EVERY_S", "LEASE_TTL_S", "AdminClient", "LeaseKeeper", "admin_delete_sync", "admin_url_of",
+           "proof_of", "recognise"]
 
 log = logging.getLogger("chaos.stack.admin_client")
 
@@ -104,7 +105,8 @@ class AdminClient:
         if response.status_code == 403:
             raise FaultPermissionDenied(f"admin API at {self.admin_url} refused {method} {path}: {_message(response)}")
         if response.status_code >= 400:
-            raise FaultError(f"admin API at {self.admin_url}: {method} {path} → {response.status_code}: {_message(response)}")
+            raise FaultError(f"admin API at {self.admin_url}: {method} {path} → {response.status_code}: "
+                             f"{_message(response)}")
         return response.json()
 
     async def requests(self) -> list[dict[str, Any]]:

@@ -6,17 +6,26 @@ Hook points, all designed up front so later faults never touch the request path 
                   ids; the ids it returns are failed by the engine (TokenOutput finish_reason=error)
     detokenize    in the event loop, before a request's new token ids reach its detokenizer
     send          in the event loop, before each SSE event (or the JSON body) is written
+    first_byte    ASGI (``chaos.stack.asgi_faults``): before the response's headers go out
+    mid_stream    ASGI: before a body chunk once ``after_events`` SSE events have gone out
+    request_body  ASGI: while the handler reads the request body
     event_loop    a task that blocks the loop with CPU work (a tokenizer holding the GIL)
     engine        a task that pauses the engine thread (Engine.pause / resume)
     connections   the accepted TCP connections (``sockets.Connections``): a ``nagle`` fault turns
                   TCP_NODELAY off on live and new connections while it is installed
 
 A hook fault is installed from a JSON spec (``parse_spec``), held under a lease of ``ttl`` seconds
-that its holder renews (``renew``) and after which it expires by itself, and removed by name. Timeout faults pick requests deterministically: the k-th
-request a fault meets is matched when ``k % every_n == every_n - 1`` or when
+that its holder renews (``renew``) and after which it expires by itself, and removed by name.
+Timeout faults pick requests deterministically: the k-th request a fault meets is matched when
+``k % every_n == every_n - 1`` or when
 ``Random(f"{seed}:{k}").random() < fraction``; a matched request gets ``asyncio.TimeoutError`` at
 the hook point once it is ``after`` seconds old. Only requests that arrive after the fault was
 installed are considered, so streams started in an earlier phase are never charged to it.
+
+The ASGI points belong to the fault middleware, which wraps any ASGI app (the builtin server, and
+vLLM's through ``--middleware``): they need nothing of the engine. An ``abort`` fault is matched the
+same way at ``mid_stream``; the middleware then ends the stream with an error event, as an engine
+that fails a request mid-generation does, and cancels the handler.
 """
 
 from __future__ import annotations
@@ -30,10 +39,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from chaos.errors import ChaosError
+from chaos.model.errors import ChaosError
 
 __all__ = [
     "MAX_LIFETIME_S",
+    "ASGI_WHERE",
+    "ENGINE_WHERE",
+    "Due",
     "HookSpecInvalid",
     "Hooks",
     "NagleSpec",
@@ -43,7 +55,9 @@ __all__ = [
 ]
 
 MAX_LIFETIME_S = 600.0  # the default and longest lease: a forgotten fault must not outlive a game-day by much
-TIMEOUT_WHERE = ("engine_step", "detokenize", "send")
+ASGI_WHERE = ("first_byte", "mid_stream", "request_body")  # served by chaos.stack.asgi_faults, any ASGI app
+ENGINE_WHERE = ("engine_step", "detokenize", "send")  # inside the builtin stack's own request path
+TIMEOUT_WHERE = ENGINE_WHERE + ASGI_WHERE
 STALL_WHERE = ("event_loop", "engine")
 
 
@@ -55,7 +69,9 @@ class HookSpecInvalid(ChaosError):
 
 @dataclass(frozen=True)
 class TimeoutSpec:
-    """Raise ``asyncio.TimeoutError`` at ``where`` for matching requests older than ``after``."""
+    """Raise ``asyncio.TimeoutError`` at ``where`` for matching requests older than ``after`` (and, at
+    ``mid_stream``, with at least ``after_events`` events sent); ``type: abort`` ends the stream with
+    an error event there instead."""
 
     where: str
     fraction: float | None = None
@@ -63,7 +79,16 @@ class TimeoutSpec:
     after: float = 0.0
     seed: int = 0
     ttl: float = MAX_LIFETIME_S
+    after_events: int = 0
     type: str = "timeout"
+
+
+@dataclass(frozen=True)
+class Due:
+    """A hook fault that fires now for a request: what to say, and whether it aborts or times out."""
+
+    message: str
+    abort: bool = False
 
 
 @dataclass(frozen=True)
@@ -103,26 +128,8 @@ def parse_spec(raw: object) -> Spec:
         raise HookSpecInvalid(f"a hook fault spec must be a JSON object, found {type(raw).__name__}")
     kind = raw.get("type")
     ttl = _number(raw, "ttl", lo=0.001, hi=MAX_LIFETIME_S, default=MAX_LIFETIME_S)
-    if kind == "timeout":
-        allowed = {"type", "where", "fraction", "every_n", "after", "seed", "ttl"}
-        _no_extra(raw, allowed)
-        where = raw.get("where")
-        if where not in TIMEOUT_WHERE:
-            raise HookSpecInvalid(f"timeout 'where' must be one of {', '.join(TIMEOUT_WHERE)}, found {where!r}")
-        if ("fraction" in raw) == ("every_n" in raw):
-            raise HookSpecInvalid("give exactly one of 'fraction' (0..1) or 'every_n' (an integer >= 1)")
-        fraction = every_n = None
-        if "fraction" in raw:
-            fraction = _number(raw, "fraction", lo=0.0, hi=1.0)
-        else:
-            every_n = raw["every_n"]
-            if isinstance(every_n, bool) or not isinstance(every_n, int) or every_n < 1:
-                raise HookSpecInvalid(f"'every_n' must be an integer >= 1, found {every_n!r}")
-        seed = raw.get("seed", 0)
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise HookSpecInvalid(f"'seed' must be an integer, found {seed!r}")
-        after = _number(raw, "after", lo=0.0, hi=MAX_LIFETIME_S, default=0.0)
-        return TimeoutSpec(where=where, fraction=fraction, every_n=every_n, after=after, seed=seed, ttl=ttl)
+    if kind in ("timeout", "abort"):
+        return _parse_timeout(raw, kind, ttl)
     if kind == "stall":
         _no_extra(raw, {"type", "where", "duration", "every", "ttl"})
         where = raw.get("where")
@@ -131,12 +138,44 @@ def parse_spec(raw: object) -> Spec:
         duration = _number(raw, "duration", lo=0.001, hi=60.0)
         every = _number(raw, "every", lo=0.002, hi=MAX_LIFETIME_S)
         if every <= duration:
-            raise HookSpecInvalid(f"'every' ({every:g}s) must be longer than 'duration' ({duration:g}s), or nothing would run between stalls")
+            raise HookSpecInvalid(f"'every' ({every:g}s) must be longer than 'duration' ({duration:g}s), or nothing "
+                                  "would run between stalls")
         return StallSpec(where=where, duration=duration, every=every, ttl=ttl)
     if kind == "nagle":
         _no_extra(raw, {"type", "ttl"})
         return NagleSpec(ttl=ttl)
-    raise HookSpecInvalid(f"'type' must be 'timeout', 'stall' or 'nagle', found {kind!r}")
+    raise HookSpecInvalid(f"'type' must be 'timeout', 'abort', 'stall' or 'nagle', found {kind!r}")
+
+
+def _int(raw: Mapping[str, Any], key: str, *, lo: int, default: int) -> int:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise HookSpecInvalid(f"{key!r} must be an integer >= {lo}, found {value!r}")
+    return value
+
+
+def _parse_timeout(raw: Mapping[str, Any], kind: str, ttl: float) -> TimeoutSpec:
+    """A timeout at a named point, or an abort (always at ``mid_stream``)."""
+    allowed = ({"type", "fraction", "every_n", "after", "after_events", "seed", "ttl"}
+               | ({"where"} if kind == "timeout" else set()))
+    _no_extra(raw, allowed)
+    where = raw.get("where") if kind == "timeout" else "mid_stream"
+    if where not in TIMEOUT_WHERE:
+        raise HookSpecInvalid(f"timeout 'where' must be one of {', '.join(TIMEOUT_WHERE)}, found {where!r}")
+    if ("fraction" in raw) == ("every_n" in raw):
+        raise HookSpecInvalid("give exactly one of 'fraction' (0..1) or 'every_n' (an integer >= 1)")
+    fraction = _number(raw, "fraction", lo=0.0, hi=1.0) if "fraction" in raw else None
+    every_n = _int(raw, "every_n", lo=1, default=1) if "every_n" in raw else None
+    seed = raw.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise HookSpecInvalid(f"'seed' must be an integer, found {seed!r}")
+    after = _number(raw, "after", lo=0.0, hi=MAX_LIFETIME_S, default=0.0)
+    after_events = _int(raw, "after_events", lo=0, default=1 if where == "mid_stream" else 0)
+    if after_events and where != "mid_stream":
+        raise HookSpecInvalid("'after_events' counts events already sent, so it applies only at mid_stream, not at "
+                              f"{where}")
+    return TimeoutSpec(where=where, fraction=fraction, every_n=every_n, after=after, seed=seed, ttl=ttl,
+                       after_events=after_events, type=kind)
 
 
 def _no_extra(raw: Mapping[str, Any], allowed: set[str]) -> None:
@@ -195,7 +234,7 @@ class _Installed:
 class Hooks:
     """The hook faults in force and the checks the request path calls at each hook point."""
 
-    def __init__(self, engine: Pausable, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, engine: Pausable | None, clock: Callable[[], float] = time.monotonic,
                  connections: NagleSwitch | None = None) -> None:
         self._engine = engine
         self._connections = connections
@@ -211,6 +250,12 @@ class Hooks:
         """Install (or replace) a hook fault; stall faults start their task in the running loop."""
         if isinstance(spec, NagleSpec) and self._connections is None:
             raise HookSpecInvalid("a nagle fault needs the stack's connection registry, and this stack has none")
+        if isinstance(spec, StallSpec) and spec.where == "engine" and self._engine is None:
+            raise HookSpecInvalid("an engine stall pauses the builtin engine's thread, and this server has none; "
+                                  "use where: event_loop")
+        if isinstance(spec, TimeoutSpec) and spec.where in ENGINE_WHERE and self._engine is None:
+            raise HookSpecInvalid(f"timeout at {spec.where} is a point inside the builtin stack; this server has "
+                                  f"only the ASGI points {', '.join(ASGI_WHERE)}")
         self.remove(name)
         now = self._clock()
         entry = _Installed(name=name, spec=spec, installed_at=now, renewed_at=now)
@@ -287,6 +332,13 @@ class Hooks:
 
     # -- request lifecycle ---------------------------------------------------------------------
 
+    def asgi_armed(self) -> bool:
+        """Whether a fault at an ASGI point is installed now. A request that arrives while none is
+        can never be hit (a fault installed later spares the requests already under way), so the
+        middleware passes it through untouched."""
+        with self._lock:
+            return any(isinstance(f.spec, TimeoutSpec) and f.spec.where in ASGI_WHERE for f in self._faults.values())
+
     def begin(self, request_id: str) -> None:
         with self._lock:
             self._arrivals[request_id] = self._clock()
@@ -301,20 +353,25 @@ class Hooks:
 
     def check(self, request_id: str, where: str) -> None:
         """Event-loop hook points (detokenize, send): raise ``asyncio.TimeoutError`` when due."""
-        message = self._due(request_id, where)
-        if message is not None:
-            raise TimeoutError(message)
+        due = self.due(request_id, where)
+        if due is not None:
+            raise TimeoutError(due.message)
+
+    def due(self, request_id: str, where: str, events: int = 0) -> Due | None:
+        """The timeout or abort that fires for this request at ``where`` now (``events``: SSE events
+        already sent), or None. Each fires once per request: its decision is then spent."""
+        return self._due(request_id, where, events)
 
     def engine_step(self, running: list[str]) -> dict[str, str]:
         """``Engine.step_hook``: the running ids to fail, with the message (engine thread)."""
         out: dict[str, str] = {}
         for rid in running:
-            message = self._due(rid, "engine_step")
-            if message is not None:
-                out[rid] = message
+            due = self._due(rid, "engine_step")
+            if due is not None:
+                out[rid] = due.message
         return out
 
-    def _due(self, request_id: str, where: str) -> str | None:
+    def _due(self, request_id: str, where: str, events: int = 0) -> Due | None:
         now = self._clock()
         with self._lock:
             arrival = self._arrivals.get(request_id)
@@ -328,9 +385,14 @@ class Hooks:
                     continue
                 if not self._matches(f, spec, request_id):
                     continue
-                if now - arrival >= spec.after:
+                if now - arrival >= spec.after and events >= spec.after_events:
                     f.fired += 1
-                    return f"asyncio.TimeoutError injected at {where} by fault {f.name!r} (request {now - arrival:.3f}s old)"
+                    f.decisions[request_id] = False  # fired: a request is hit once, however often it is checked
+                    what = "abort (error event, stream ended)" if spec.type == "abort" else "asyncio.TimeoutError"
+                    after = f" after {events} events" if where == "mid_stream" else ""
+                    return Due(f"{what} injected at {where}{after} by fault {f.name!r} "
+                               f"(request {now - arrival:.3f}s old)",
+                               abort=spec.type == "abort")
         return None
 
     @staticmethod
@@ -368,15 +430,15 @@ class Hooks:
         self.remove(entry.name)
 
     async def _stall_engine(self, entry: _Installed) -> None:
-        spec = entry.spec
-        assert isinstance(spec, StallSpec)
+        spec, engine = entry.spec, self._engine
+        assert isinstance(spec, StallSpec) and engine is not None  # install refuses an engine stall without one
         await asyncio.sleep(0.01)
         while not entry.expired(self._clock()):
-            await asyncio.to_thread(self._engine.pause)
+            await asyncio.to_thread(engine.pause)
             try:
                 entry.stalls += 1
                 await asyncio.sleep(spec.duration)
             finally:
-                self._engine.resume()  # also on cancel: a removed fault never leaves the engine paused
+                engine.resume()  # also on cancel: a removed fault never leaves the engine paused
             await asyncio.sleep(spec.every - spec.duration)
         self.remove(entry.name)

@@ -27,9 +27,12 @@ __all__ = [
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # vllm/v1/metrics/buckets.py defaults (reference/llm-serving.md §1.1)
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+                80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+               80.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+               960.0, 1920.0, 7680.0)
 FINISH_REASONS = ("stop", "length", "abort", "error")
 
 _LABELS = ("model_name", "engine")
@@ -59,14 +62,17 @@ class _EngineCollector(Collector):
         yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.", s.num_running)
         yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", s.num_waiting)
         usage = s.kv_blocks_used / s.kv_blocks_total if s.kv_blocks_total else 0.0
-        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = 100% (1 - free/total; reserved blocks are not free).", usage)
+        yield gauge("vllm:kv_cache_usage_perc",
+                    "KV-cache usage, 1 = 100% (1 - free/total; reserved blocks are not free).", usage)
         yield counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.", s.num_preemptions)
         yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens_total)
         yield counter("vllm:generation_tokens", "Number of generation tokens processed.", s.generation_tokens_total)
         yield gauge("streamchaos_kv_blocks_used", "KV blocks held by requests (exact; reservations excluded).", held)
         yield gauge("streamchaos_kv_blocks_total", "KV blocks in the pool.", s.kv_blocks_total)
-        yield gauge("streamchaos_kv_blocks_reserved", "KV blocks taken out of the pool by kv.pressure (admin API).", s.kv_blocks_reserved)
-        yield counter("streamchaos_kv_leaks", "Idle self-checks that found blocks still held (see /admin/state).", s.leaks_total)
+        yield gauge("streamchaos_kv_blocks_reserved", "KV blocks taken out of the pool by kv.pressure (admin API).",
+                    s.kv_blocks_reserved)
+        yield counter("streamchaos_kv_leaks", "Idle self-checks that found blocks still held (see /admin/state).",
+                      s.leaks_total)
 
 
 class StackMetrics:

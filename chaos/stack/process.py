@@ -17,8 +17,9 @@ import tempfile
 from pathlib import Path
 from typing import IO, Self
 
-from chaos.children import first_line, spawn
-from chaos.errors import SetupFailed
+from chaos.host.children import first_line, spawn
+from chaos.host.runfiles import open_append
+from chaos.model.errors import SetupFailed
 from chaos.stack.serve import ADMIN_TOKEN_ENV, READY_PREFIX
 
 __all__ = ["StackProcess"]
@@ -61,14 +62,15 @@ class StackProcess:
     ) -> StackProcess:
         """Spawn the stack (``python -m chaos.stack ARGS``, or ``command``) without waiting for it.
 
-        Spawned through ``chaos.children``, so from the main thread the child dies with us; our own
+        Spawned through ``chaos.host.children``, so from the main thread the child dies with us; our own
         stack also watches its parent id, so it shuts down once we are gone from any thread. Its
         stderr goes to ``log`` (appended) or to a temporary file. Its admin token is ``admin_token``
         or a new random one, in its environment (``STREAMCHAOS_ADMIN_TOKEN``: readable only by its
         owner in /proc, unlike the command line). Call ``wait_ready`` next.
         """
         token = admin_token or secrets.token_urlsafe(32)
-        stderr: IO[bytes] = open(log, "ab") if log is not None else tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
+        # a run directory's log: no link followed, 0600 (chaos.host.runfiles); closed by close()
+        stderr: IO[bytes] = open_append(log) if log is not None else tempfile.TemporaryFile()  # noqa: SIM115
         if command is None:  # our own stack shuts down when we are gone, however we went (serve --exit-with-parent)
             command = [sys.executable, "-m", "chaos.stack", *args, "--exit-with-parent", str(os.getpid())]
         proc = spawn(

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from chaos.errors import ChaosError
+from chaos.model.errors import ChaosError
 
 from .bodies import JsonRefused, loads_bounded
 
@@ -92,7 +92,8 @@ def parse_body(body: bytes) -> dict[str, Any]:
     try:
         data = loads_bounded(body)
     except JsonRefused as exc:
-        raise RequestInvalid(f"request body refused: {exc.message}; send a JSON object", param=exc.path, code="invalid_json") from None
+        raise RequestInvalid(f"request body refused: {exc.message}; send a JSON object", param=exc.path,
+                             code="invalid_json") from None
     if not isinstance(data, dict):
         raise RequestInvalid(f"request body must be a JSON object, found {type(data).__name__}", code="invalid_json")
     return data
@@ -131,71 +132,96 @@ def _model(data: Mapping[str, Any], served: tuple[str, ...]) -> str:
 
 def _common(data: Mapping[str, Any], chat: bool) -> dict[str, Any]:
     """Sampling, streaming and unsupported-feature checks shared by both endpoints."""
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {  # checked in this order: the first wrong field is the one named
+        "max_tokens": _max_tokens(data, chat),
+        "temperature": _in_range(data, "temperature", 1.0, lambda v: 0.0 <= v <= 2.0, "[0, 2]"),
+        "top_p": _in_range(data, "top_p", 1.0, lambda v: 0.0 < v <= 1.0, "(0, 1]"),
+        "seed": _seed(data),
+        "stream": _flag(data, "stream"),
+    }
+    out["include_usage"] = _include_usage(data, out["stream"])
+    out["ignore_eos"] = _flag(data, "ignore_eos")  # vLLM extension, handy for fixed-length benchmarks
+    out["stop_token_ids"] = _stop_token_ids(data)  # vLLM extension
+    _refuse_unsupported(data)
+    return out
+
+
+def _max_tokens(data: Mapping[str, Any], chat: bool) -> int | None:
     key = "max_tokens"
     max_tokens = data.get("max_tokens")
     if chat and max_tokens is None and data.get("max_completion_tokens") is not None:
         key, max_tokens = "max_completion_tokens", data["max_completion_tokens"]
-    if max_tokens is not None:
-        if not _is_int(max_tokens):
-            raise _type_error(key, "an integer", max_tokens)
-        if max_tokens < 1:
-            raise RequestInvalid(f"'{key}' must be at least 1, found {max_tokens}", param=key, code="invalid_value")
-    elif not chat:
-        max_tokens = 16  # OpenAI's documented default for the legacy completions endpoint
-    out["max_tokens"] = max_tokens
+    if max_tokens is None:
+        return None if chat else 16  # OpenAI's documented default for the legacy completions endpoint
+    if not _is_int(max_tokens):
+        raise _type_error(key, "an integer", max_tokens)
+    if max_tokens < 1:
+        raise RequestInvalid(f"'{key}' must be at least 1, found {max_tokens}", param=key, code="invalid_value")
+    return int(max_tokens)
 
-    temperature = data.get("temperature", 1.0)
-    temperature = 1.0 if temperature is None else temperature
-    if not _is_number(temperature):
-        raise _type_error("temperature", "a number", temperature)
-    if not 0.0 <= temperature <= 2.0:
-        raise RequestInvalid(f"'temperature' must lie in [0, 2], found {temperature}", param="temperature", code="invalid_value")
-    out["temperature"] = float(temperature)
 
-    top_p = data.get("top_p", 1.0)
-    top_p = 1.0 if top_p is None else top_p
-    if not _is_number(top_p):
-        raise _type_error("top_p", "a number", top_p)
-    if not 0.0 < top_p <= 1.0:
-        raise RequestInvalid(f"'top_p' must lie in (0, 1], found {top_p}", param="top_p", code="invalid_value")
-    out["top_p"] = float(top_p)
+def _in_range(data: Mapping[str, Any], key: str, default: float, allowed: Callable[[float], bool], shown: str) -> float:
+    """A number field (null: the default) that must lie in ``shown``."""
+    value = data.get(key, default)
+    value = default if value is None else value
+    if not _is_number(value):
+        raise _type_error(key, "a number", value)
+    if not allowed(value):
+        raise RequestInvalid(f"'{key}' must lie in {shown}, found {value}", param=key, code="invalid_value")
+    return float(value)
 
+
+def _seed(data: Mapping[str, Any]) -> int | None:
     seed = data.get("seed")
-    if seed is not None and not _is_int(seed):
+    if seed is None:
+        return None
+    if not _is_int(seed):
         raise _type_error("seed", "an integer", seed)
-    if seed is not None and not 0 <= seed < 2**63:  # torch generators take a 64-bit seed
+    if not 0 <= seed < 2**63:  # torch generators take a 64-bit seed
         raise RequestInvalid(f"'seed' must lie in [0, 2**63), found {seed}", param="seed", code="invalid_value")
-    out["seed"] = seed
+    return int(seed)
 
-    stream = data.get("stream", False)
-    stream = False if stream is None else stream
-    if not isinstance(stream, bool):
-        raise _type_error("stream", "true or false", stream)
-    out["stream"] = stream
 
+def _flag(data: Mapping[str, Any], key: str) -> bool:
+    """A true/false field; null and absent are false."""
+    value = data.get(key, False)
+    value = False if value is None else value
+    if not isinstance(value, bool):
+        raise _type_error(key, "true or false", value)
+    return value
+
+
+def _include_usage(data: Mapping[str, Any], stream: bool) -> bool:
     options = data.get("stream_options")
-    include_usage = False
-    if options is not None:
-        if not isinstance(options, dict):
-            raise _type_error("stream_options", "an object", options)
-        if not stream:
-            raise RequestInvalid("'stream_options' is only allowed when 'stream' is true", param="stream_options", code="invalid_value")
-        include_usage = options.get("include_usage", False)
-        if not isinstance(include_usage, bool):
-            raise _type_error("stream_options.include_usage", "true or false", include_usage)
-    out["include_usage"] = include_usage
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise _type_error("stream_options", "an object", options)
+    if not stream:
+        raise RequestInvalid("'stream_options' is only allowed when 'stream' is true", param="stream_options",
+                             code="invalid_value")
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise _type_error("stream_options.include_usage", "true or false", include_usage)
+    return include_usage
 
-    ignore_eos = data.get("ignore_eos", False)  # vLLM extension, handy for fixed-length benchmarks
-    if not isinstance(ignore_eos, bool):
-        raise _type_error("ignore_eos", "true or false", ignore_eos)
-    out["ignore_eos"] = ignore_eos
 
-    stop_ids = data.get("stop_token_ids") or []  # vLLM extension
+def _stop_token_ids(data: Mapping[str, Any]) -> tuple[int, ...]:
+    stop_ids = data.get("stop_token_ids") or []
     if not isinstance(stop_ids, list) or not all(_is_int(t) and t >= 0 for t in stop_ids):
         raise _type_error("stop_token_ids", "a list of non-negative integers", stop_ids)
-    out["stop_token_ids"] = tuple(stop_ids)
+    return tuple(stop_ids)
 
+
+# fields the builtin server refuses unless they ask for nothing: (key, the values that ask for nothing, why)
+_UNSUPPORTED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
+    ("stop", (None, [], ""), "'stop' strings are not supported by the builtin server; use 'stop_token_ids'"),
+    ("logprobs", (None, False, 0), "'logprobs' is not supported by the builtin server; omit it"),
+    ("echo", (None, False), "'echo' is not supported by the builtin server; omit it"),
+)
+
+
+def _refuse_unsupported(data: Mapping[str, Any]) -> None:
     for name in ("n", "best_of"):
         n = data.get(name)
         if n is None:
@@ -203,17 +229,14 @@ def _common(data: Mapping[str, Any], chat: bool) -> dict[str, Any]:
         if not _is_int(n):
             raise _type_error(name, "an integer", n)
         if n != 1:
-            raise RequestInvalid(f"'{name}' must be 1: the builtin server generates one choice per request, found {n}", param=name, code="unsupported_value")
-    stop = data.get("stop")
-    if stop not in (None, [], ""):
-        raise RequestInvalid("'stop' strings are not supported by the builtin server; use 'stop_token_ids'", param="stop", code="unsupported_value")
-    if data.get("logprobs") not in (None, False, 0):
-        raise RequestInvalid("'logprobs' is not supported by the builtin server; omit it", param="logprobs", code="unsupported_value")
-    if data.get("echo") not in (None, False):
-        raise RequestInvalid("'echo' is not supported by the builtin server; omit it", param="echo", code="unsupported_value")
+            raise RequestInvalid(f"'{name}' must be 1: the builtin server generates one choice per request, found {n}",
+                                 param=name, code="unsupported_value")
+    for key, harmless, why in _UNSUPPORTED:
+        if data.get(key) not in harmless:
+            raise RequestInvalid(why, param=key, code="unsupported_value")
     if data.get("tools"):
-        raise RequestInvalid("'tools' are not supported by the builtin server; omit them", param="tools", code="unsupported_value")
-    return out
+        raise RequestInvalid("'tools' are not supported by the builtin server; omit them", param="tools",
+                             code="unsupported_value")
 
 
 def parse_completion(data: Mapping[str, Any], served: tuple[str, ...]) -> CompletionRequest:
@@ -231,7 +254,8 @@ def parse_completion(data: Mapping[str, Any], served: tuple[str, ...]) -> Comple
     elif isinstance(raw, list) and raw and all(_is_int(t) and t >= 0 for t in raw):
         prompt = tuple(raw)
     elif isinstance(raw, list) and len(raw) > 1 and all(isinstance(p, (str, list)) for p in raw):
-        raise RequestInvalid("batched prompts are not supported by the builtin server; send one prompt per request", param="prompt", code="unsupported_value")
+        raise RequestInvalid("batched prompts are not supported by the builtin server; send one prompt per request",
+                             param="prompt", code="unsupported_value")
     else:
         raise _type_error("prompt", "a string or a non-empty list of token ids", raw)
     common = _common(data, chat=False)
@@ -253,8 +277,10 @@ def parse_chat(data: Mapping[str, Any], served: tuple[str, ...]) -> CompletionRe
             raise _type_error(where, "an object with 'role' and 'content'", m)
         role = m.get("role")
         if role not in _ROLES:
-            raise RequestInvalid(f"'{where}.role' must be one of {', '.join(_ROLES)}, found {json.dumps(role)}", param=f"{where}.role", code="invalid_value")
-        messages.append({"role": "system" if role == "developer" else str(role), "content": _content_text(m.get("content"), f"{where}.content")})
+            raise RequestInvalid(f"'{where}.role' must be one of {', '.join(_ROLES)}, found {json.dumps(role)}",
+                                 param=f"{where}.role", code="invalid_value")
+        messages.append({"role": "system" if role == "developer" else str(role),
+                         "content": _content_text(m.get("content"), f"{where}.content")})
     common = _common(data, chat=True)
     return CompletionRequest(chat=True, model=model, prompt=None, messages=tuple(messages), **common)
 

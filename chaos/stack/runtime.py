@@ -18,7 +18,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
-from chaos.errors import ChaosError
+from chaos.model.errors import ChaosError
 
 from .engine import Engine, IncrementalDetokenizer, SamplingParams, TokenOutput
 from .hooks import Hooks
@@ -126,13 +126,7 @@ class Generation:
                 if out.finished:
                     self._finished = True
                     if out.finish_reason in ("error", "abort"):
-                        self.outcome = "error"
-                        message = out.error or "the request was aborted by the server"
-                        if message.startswith("asyncio.TimeoutError"):  # the engine_step hook fired
-                            raise GenerationFailed(message, "TimeoutError", 504)
-                        if self.stack.shutting_down:
-                            raise GenerationFailed(message, "ServiceUnavailableError", 503)
-                        raise GenerationFailed(message)
+                        raise self._failed(out)
                 try:
                     hooks.check(self.request_id, "detokenize")
                 except TimeoutError:
@@ -149,6 +143,16 @@ class Generation:
         finally:
             if not self._finished:
                 self.stack.engine.abort(self.request_id)  # frees its blocks at the next step
+
+    def _failed(self, out: TokenOutput) -> GenerationFailed:
+        """An error or abort finish: the outcome is an error; the exception to raise says why."""
+        self.outcome = "error"
+        message = out.error or "the request was aborted by the server"
+        if message.startswith("asyncio.TimeoutError"):  # the engine_step hook fired
+            return GenerationFailed(message, "TimeoutError", 504)
+        if self.stack.shutting_down:
+            return GenerationFailed(message, "ServiceUnavailableError", 503)
+        return GenerationFailed(message)
 
     def fail(self) -> None:
         """Mark the outcome as an error (a failure outside ``deltas``, e.g. at the send hook)."""

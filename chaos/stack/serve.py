@@ -27,7 +27,7 @@ import tempfile
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from chaos.units import UnitError, parse_duration
+from chaos.model.units import UnitError, parse_duration
 
 from .guard import DEFAULT_LIMITS, ServerLimits
 
@@ -35,9 +35,11 @@ if TYPE_CHECKING:
     import uvicorn
 
     from .engine import Engine
+    from .runtime import Stack
     from .sockets import Connections
 
-__all__ = ["ADMIN_TOKEN_ENV", "READY_PREFIX", "ServeUsageError", "build_parser", "read_token_file", "resolve_admin_token", "serve_main"]
+__all__ = ["ADMIN_TOKEN_ENV", "READY_PREFIX", "ServeUsageError", "build_parser", "read_token_file",
+           "resolve_admin_token", "serve_main"]
 
 READY_PREFIX = "streamchaos stack ready url="
 ADMIN_TOKEN_ENV = "STREAMCHAOS_ADMIN_TOKEN"
@@ -47,7 +49,8 @@ log = logging.getLogger("chaos.stack.serve")
 
 def build_parser(prog: str = "streamchaos stack serve") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="Serve the builtin engine behind an OpenAI-compatible API.")
-    p.add_argument("--model", default="tiny", help="'tiny' (seeded random weights) or a Hugging Face checkpoint directory")
+    p.add_argument("--model", default="tiny",
+                   help="'tiny' (seeded random weights) or a Hugging Face checkpoint directory")
     p.add_argument("--served-model-name", default=None, help="model name clients send (default: --model)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--host", default="127.0.0.1")
@@ -97,7 +100,8 @@ def read_token_file(path: str) -> str:
     return token
 
 
-def resolve_admin_token(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str] = os.environ) -> tuple[str, str | None]:
+def resolve_admin_token(args: argparse.Namespace,
+                        environ: dict[str, str] | os._Environ[str] = os.environ) -> tuple[str, str | None]:
     """``(token, generated_file)``: from the environment, ``--admin-token-file``, or a new 0600 file."""
     if args.admin_token is not None:
         raise ServeUsageError(
@@ -146,7 +150,7 @@ def serve_main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from chaos.errors import ChaosError
+    from chaos.model.errors import ChaosError
 
     from .engine import Engine, EngineConfig
 
@@ -189,7 +193,8 @@ def _remove(path: str | None) -> None:
             os.unlink(path)
 
 
-def uvicorn_config(app: Any, limits: ServerLimits, log_level: str = "warning", connections: Connections | None = None) -> uvicorn.Config:
+def uvicorn_config(app: Any, limits: ServerLimits, log_level: str = "warning",
+                   connections: Connections | None = None) -> uvicorn.Config:
     """The uvicorn settings of the builtin server (a function, so a test can read them).
 
     The HTTP protocol is uvicorn's own h11 one with the connection limits (``guard``), wrapped to
@@ -198,7 +203,7 @@ def uvicorn_config(app: Any, limits: ServerLimits, log_level: str = "warning", c
     """
     import uvicorn
 
-    from .guard import guarded_protocol
+    from .guarded_h11 import guarded_protocol
     from .sockets import protocol_class
 
     protocol = guarded_protocol(limits)
@@ -211,15 +216,32 @@ def uvicorn_config(app: Any, limits: ServerLimits, log_level: str = "warning", c
     )
 
 
-async def _serve(engine: Engine, sock: socket.socket, args: argparse.Namespace, token: str, limits: ServerLimits) -> int:
-    import uvicorn
-
+async def _serve(engine: Engine, sock: socket.socket, args: argparse.Namespace, token: str,
+                 limits: ServerLimits) -> int:
     from .server import build_app
 
     app = build_app(engine, model_name=args.served_model_name or args.model, admin_token=token)
     stack = app.state.stack
     config = uvicorn_config(app, limits, args.log_level, stack.connections)
-    loop = asyncio.get_running_loop()
+    server = _draining_server(config, engine, stack, asyncio.get_running_loop())
+    announcer = asyncio.create_task(_announce(server, sock))
+    orphan_watch = (asyncio.create_task(_exit_with_parent(server, args.exit_with_parent)) if args.exit_with_parent
+                    else None)
+    await server.serve(sockets=[sock])
+    announcer.cancel()
+    if orphan_watch is not None:
+        orphan_watch.cancel()
+    stack.leases.close()
+    await stack.hooks.aclose()
+    _stop_engine(engine)
+    return 0
+
+
+def _draining_server(config: uvicorn.Config, engine: Engine, stack: Stack,
+                     loop: asyncio.AbstractEventLoop) -> uvicorn.Server:
+    """A uvicorn server whose first signal fails every live request (each stream ends with an in-band
+    error) before it exits 0; a second signal forces the exit."""
+    import uvicorn
 
     class _Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
@@ -238,34 +260,32 @@ async def _serve(engine: Engine, sock: socket.socket, args: argparse.Namespace, 
             log.info("shutting down: failing %d live request(s)", n)
             self.should_exit = True
 
-    server = _Server(config)
+    return _Server(config)
 
-    async def announce() -> None:
-        while not server.started:
-            if server.should_exit:
-                return
-            await asyncio.sleep(0.005)
-        host, port = sock.getsockname()[:2]
-        shown = f"[{host}]" if ":" in host else host
-        print(f"{READY_PREFIX}http://{shown}:{port}", flush=True)
 
-    async def exit_with_parent(parent: int) -> None:
-        # PR_SET_PDEATHSIG cannot serve a parent that started us from a worker thread (it fires when
-        # that thread ends), nor survive every fork: watching our parent id works from any thread.
-        while os.getppid() == parent and not server.should_exit:
-            await asyncio.sleep(PARENT_POLL_S)
-        if not server.should_exit:
-            log.warning("parent process %d is gone: shutting down", parent)
-            server.handle_exit(signal.SIGTERM, None)
+async def _announce(server: uvicorn.Server, sock: socket.socket) -> None:
+    """Print the ready line with the bound address once the server has started (not if it is exiting)."""
+    while not server.started:
+        if server.should_exit:
+            return
+        await asyncio.sleep(0.005)
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"{READY_PREFIX}http://{shown}:{port}", flush=True)
 
-    announcer = asyncio.create_task(announce())
-    orphan_watch = asyncio.create_task(exit_with_parent(args.exit_with_parent)) if args.exit_with_parent else None
-    await server.serve(sockets=[sock])
-    announcer.cancel()
-    if orphan_watch is not None:
-        orphan_watch.cancel()
-    stack.leases.close()
-    await stack.hooks.aclose()
+
+async def _exit_with_parent(server: uvicorn.Server, parent: int) -> None:
+    # PR_SET_PDEATHSIG cannot serve a parent that started us from a worker thread (it fires when
+    # that thread ends), nor survive every fork: watching our parent id works from any thread.
+    while os.getppid() == parent and not server.should_exit:
+        await asyncio.sleep(PARENT_POLL_S)
+    if not server.should_exit:
+        log.warning("parent process %d is gone: shutting down", parent)
+        server.handle_exit(signal.SIGTERM, None)
+
+
+def _stop_engine(engine: Engine) -> None:
+    """Release the reserved blocks, abort what is left, and say whether any KV block is still held."""
     released = engine.release_reserved_blocks()
     engine.shutdown(abort_all=True)
     stats = engine.stats()
@@ -273,4 +293,3 @@ async def _serve(engine: Engine, sock: socket.socket, args: argparse.Namespace, 
     log.info("stopped: %d reserved block(s) released, %d block(s) still held", released, held)
     if held:
         log.error("KV blocks still held after shutdown: %d (requests %s)", held, ", ".join(stats.leaked_request_ids))
-    return 0

@@ -27,6 +27,7 @@ from starlette.types import Receive, Scope, Send
 
 from . import protocol
 from .admin import admin_routes
+from .asgi_faults import FaultMiddleware
 from .bodies import BodyTooLarge, read_capped
 from .engine import Engine, EngineStopped, InvalidRequest, SamplingParams
 from .metrics import CONTENT_TYPE
@@ -143,7 +144,8 @@ class _EventStream(Response):
             return [protocol.completion_chunk(gen.request_id, gen.created, req.model, delta.text, delta.finish_reason)]
         out = []
         if first:  # vLLM sends the role with the first engine output, i.e. at the first token
-            out.append(protocol.chat_chunk(gen.request_id, gen.created, req.model, {"role": "assistant", "content": ""}, None))
+            out.append(protocol.chat_chunk(gen.request_id, gen.created, req.model, {"role": "assistant", "content": ""},
+                                           None))
         if delta.text or delta.finish_reason is not None:
             body = {"content": delta.text} if delta.text else {}
             out.append(protocol.chat_chunk(gen.request_id, gen.created, req.model, body, delta.finish_reason))
@@ -203,7 +205,8 @@ def _generate_endpoint(chat: bool) -> Callable[[Request], Awaitable[Response]]:
         stack = stack_of(request)
         try:
             if stack.shutting_down:
-                raise RequestInvalid("the server is shutting down", status=503, code="shutting_down", type="ServiceUnavailableError")
+                raise RequestInvalid("the server is shutting down", status=503, code="shutting_down",
+                                     type="ServiceUnavailableError")
             body = await _read_body(request, stack.max_body_bytes)
             req = parse(protocol.parse_body(body), (stack.model_name,))
             ids, param = _prompt_ids(stack, req)
@@ -217,7 +220,8 @@ def _generate_endpoint(chat: bool) -> Callable[[Request], Awaitable[Response]]:
             except InvalidRequest as exc:
                 raise RequestInvalid(str(exc), param=param, code="invalid_prompt") from None
             except EngineStopped as exc:
-                raise RequestInvalid(str(exc), status=503, code="engine_stopped", type="ServiceUnavailableError") from None
+                raise RequestInvalid(str(exc), status=503, code="engine_stopped",
+                                     type="ServiceUnavailableError") from None
         except RequestInvalid as exc:
             return _error_json(exc)
         except ClientDisconnect:
@@ -304,5 +308,6 @@ def build_app(
         *admin_routes(),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _unexpected})
+    app.add_middleware(FaultMiddleware, hooks=stack.hooks)  # first_byte, mid_stream, request_body, abort
     app.state.stack = stack
     return app

@@ -22,7 +22,8 @@ _TCP_FAMILIES = (socket.AF_INET, socket.AF_INET6)
 
 def _tcp_socket(transport: Any) -> socket.socket | None:
     sock = transport.get_extra_info("socket") if transport is not None else None
-    if sock is None or getattr(sock, "family", None) not in _TCP_FAMILIES or getattr(sock, "type", None) != socket.SOCK_STREAM:
+    if (sock is None or getattr(sock, "family", None) not in _TCP_FAMILIES
+            or getattr(sock, "type", None) != socket.SOCK_STREAM):
         return None
     return sock  # type: ignore[no-any-return]
 

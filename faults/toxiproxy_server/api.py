@@ -21,6 +21,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
+from .limits import MAX_PROXIES, MAX_TOXICS, Limits, check_address, check_name
 from .proxy import ApiError, Proxy, not_found, resolved_string
 from .toxics import TOXICS, ToxicSpec
 
@@ -46,7 +47,6 @@ HANDLER_TIMEOUT = 25.0
 IDLE_TIMEOUT = 60.0
 READ_TIMEOUT = 15.0
 MAX_HEADER = 1 << 20
-MAX_BODY = 64 << 20
 INT64 = 1 << 63
 
 # -- request ids (xid: 12 bytes, base32hex lowercase, 20 characters) --------------------------
@@ -156,7 +156,8 @@ def _coerce(v: Any, kind: str) -> tuple[bool, Any]:
     raise AssertionError(kind)
 
 
-def decode_struct(value: Any, fields: dict[str, str], struct_name: str, where: str | None = None) -> tuple[dict[str, Any], str | None]:
+def decode_struct(value: Any, fields: dict[str, str], struct_name: str,
+                  where: str | None = None) -> tuple[dict[str, Any], str | None]:
     """Go's decode of a JSON value into a struct: (fields set, first type error or None).
 
     ``where``: the field path's prefix Go names in a type error (default: the struct's own name).
@@ -238,9 +239,9 @@ TOXIC_FIELDS = {
 }
 # The Go struct of each toxic type: a wrong-typed attribute is reported as
 # "Go struct field LatencyToxic.attributes.latency of type int64" (2.12.0, measured).
-GO_TOXIC = {"noop": "NoopToxic", "latency": "LatencyToxic", "bandwidth": "BandwidthToxic", "slow_close": "SlowCloseToxic",
-            "timeout": "TimeoutToxic", "reset_peer": "ResetToxic", "slicer": "SlicerToxic", "limit_data": "LimitDataToxic",
-            "buffer": "BufferToxic"}
+GO_TOXIC = {"noop": "NoopToxic", "latency": "LatencyToxic", "bandwidth": "BandwidthToxic",
+            "slow_close": "SlowCloseToxic", "timeout": "TimeoutToxic", "reset_peer": "ResetToxic",
+            "slicer": "SlicerToxic", "limit_data": "LimitDataToxic", "buffer": "BufferToxic"}
 UPDATE_FIELDS = {"attributes": "object", "toxicity": "float32"}
 
 
@@ -274,6 +275,15 @@ def error_reply(status: int, message: str) -> Reply:
 
 
 NO_CONTENT = Reply(204, b"", None)
+
+
+def check_proxy_fields(f: dict[str, Any]) -> None:
+    """Bounded names and addresses (real Toxiproxy keeps whatever it is sent)."""
+    if "name" in f:
+        check_name("proxy", f["name"])
+    for key in ("listen", "upstream"):
+        if key in f:
+            check_address(key, f[key])
 
 
 # -- the API --------------------------------------------------------------------------------
@@ -371,34 +381,45 @@ class Api:
             raise ApiError(400, "missing required field: name")
         if not upstream:
             raise ApiError(400, "missing required field: upstream")
+        check_proxy_fields(f)
         if name in self.proxies:
             raise ApiError(409, "proxy already exists")
+        if len(self.proxies) >= MAX_PROXIES:
+            raise ApiError(400, f"too many proxies: at most {MAX_PROXIES}")
         p = Proxy(self.server, name, f.get("listen", ""), upstream)
         if f.get("enabled", True):
             await p.start()
         self.proxies[name] = p
         return ok(201, proxy_json(p))
 
+    def _populate_items(self, body: bytes) -> list[dict[str, Any]]:
+        """The proxies a ``POST /populate`` body names, each checked as the real server checks it."""
+        value = decode_body(body)
+        if value is not None and (isinstance(value, (Obj, str, bool, int, float))):
+            raise ApiError(
+                400,
+                f"bad request body: json: cannot unmarshal {_json_kind(value)} into Go value "
+                "of type []struct { proxy.Proxy; Enabled *bool }",
+            )
+        items = []
+        for v in value or []:
+            f, err = decode_struct(v, PROXY_FIELDS, "proxy.Proxy")
+            if err:
+                raise ApiError(400, f"bad request body: {err}")
+            items.append(f)
+        for i, f in enumerate(items, 1):
+            if not f.get("name"):
+                raise ApiError(400, f"missing required field: name at proxy {i}")
+            if not f.get("upstream"):
+                raise ApiError(400, f"missing required field: upstream at proxy {i}")
+            check_proxy_fields(f)
+        if len(set(self.proxies) | {f["name"] for f in items}) > MAX_PROXIES:
+            raise ApiError(400, f"too many proxies: at most {MAX_PROXIES}")
+        return items
+
     async def populate(self, body: bytes) -> Reply:
         try:
-            value = decode_body(body)
-            if value is not None and (isinstance(value, (Obj, str, bool, int, float))):
-                raise ApiError(
-                    400,
-                    f"bad request body: json: cannot unmarshal {_json_kind(value)} into Go value "
-                    "of type []struct { proxy.Proxy; Enabled *bool }",
-                )
-            items = []
-            for i, v in enumerate(value or [], 1):
-                f, err = decode_struct(v, PROXY_FIELDS, "proxy.Proxy")
-                if err:
-                    raise ApiError(400, f"bad request body: {err}")
-                items.append(f)
-            for i, f in enumerate(items, 1):
-                if not f.get("name"):
-                    raise ApiError(400, f"missing required field: name at proxy {i}")
-                if not f.get("upstream"):
-                    raise ApiError(400, f"missing required field: upstream at proxy {i}")
+            items = self._populate_items(body)
         except ApiError as e:
             return self._populate_error(e, None)
         done: list[Proxy] = []
@@ -448,6 +469,7 @@ class Api:
         f, err = decode_struct(decode_body(body), PROXY_FIELDS, "toxiproxy.Proxy")
         if err:
             raise ApiError(400, f"bad request body: {err}")
+        check_proxy_fields(f)
         listen = f.get("listen", p.listen)
         upstream = f.get("upstream", p.upstream)
         enabled = f.get("enabled", p.enabled)
@@ -490,8 +512,11 @@ class Api:
         impl = TOXICS.get(ttype)
         if impl is None:
             raise ApiError(400, "invalid toxic type")
+        check_name("toxic", tname)
         if any(t.name == tname for t in p.toxics):
             raise ApiError(409, "toxic already exists")
+        if len(p.toxics) >= MAX_TOXICS:
+            raise ApiError(400, f"too many toxics on proxy {p.name}: at most {MAX_TOXICS}")
         attrs = {k: 0 for k in impl.ATTRS}
         got, err = decode_struct(f.get("attributes"), {k: "int64" for k in impl.ATTRS}, f"toxics.{ttype}",
                                  where=f"{GO_TOXIC.get(ttype, ttype)}.attributes")
@@ -554,83 +579,145 @@ def render(reply: Reply, close: bool) -> bytes:
     return head.encode("latin-1") + reply.body
 
 
+class Refused(Exception):
+    """A request the server will not take (a full body budget): 503 and close."""
+
+
 async def _read_request(
-    reader: asyncio.StreamReader,
+    reader: asyncio.StreamReader, limits: Limits, held: list[int]
 ) -> tuple[str, str, str, dict[str, str], bytes] | None:
-    line = await asyncio.wait_for(reader.readline(), IDLE_TIMEOUT)
+    """One request, or None at EOF. Waits ``IDLE_TIMEOUT`` for its first byte; from there the whole
+    request (line, headers, body) must arrive within ``limits.request_timeout`` (a slowloris client
+    sending a byte now and then is cut off). Body bytes are taken from the server-wide budget and
+    added to ``held[0]``, for the caller to release."""
+    first = await asyncio.wait_for(reader.read(1), IDLE_TIMEOUT)
+    if not first:
+        return None
+    async with asyncio.timeout(limits.request_timeout):
+        return await _read_rest(first, reader, limits, held)
+
+
+async def _read_rest(
+    first: bytes, reader: asyncio.StreamReader, limits: Limits, held: list[int]
+) -> tuple[str, str, str, dict[str, str], bytes] | None:
+    line = first + await reader.readline()
     while line in (b"\r\n", b"\n"):
-        line = await asyncio.wait_for(reader.readline(), IDLE_TIMEOUT)
+        line = await reader.readline()
     if not line:
         return None
+    if len(line) > MAX_HEADER:
+        raise ValueError("request line too long")
     parts = line.decode("latin-1").strip().split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
         raise ValueError("bad request line")
     method, target, version = parts
+    headers = await _read_headers(reader)
+    body = b""
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        body = await _read_chunked(reader, limits, held)
+    elif "content-length" in headers:
+        n = int(headers["content-length"])
+        if n < 0 or n > limits.max_body:
+            raise ValueError("bad content-length")
+        _take(limits, held, n)
+        body = await reader.readexactly(n)
+    return method, target, version, headers, body
+
+
+async def _read_headers(reader: asyncio.StreamReader) -> dict[str, str]:
+    """The header block, names lower-cased, repeated ones joined with ", "; at most MAX_HEADER bytes."""
     headers: dict[str, str] = {}
     size = 0
     while True:
-        h = await asyncio.wait_for(reader.readline(), READ_TIMEOUT)
+        h = await reader.readline()
         size += len(h)
         if size > MAX_HEADER:
             raise ValueError("headers too large")
         if h in (b"\r\n", b"\n", b""):
-            break
+            return headers
         k, sep, v = h.decode("latin-1").partition(":")
         if not sep:
             raise ValueError("bad header")
         k = k.strip().lower()
         headers[k] = headers[k] + ", " + v.strip() if k in headers else v.strip()
-    body = b""
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        chunks = []
-        total = 0
-        while True:
-            sz = int((await asyncio.wait_for(reader.readline(), READ_TIMEOUT)).split(b";")[0], 16)
-            if sz == 0:
-                while (await asyncio.wait_for(reader.readline(), READ_TIMEOUT)) not in (b"\r\n", b"\n", b""):
-                    pass
-                break
-            total += sz
-            if total > MAX_BODY:
-                raise ValueError("body too large")
-            chunks.append(await asyncio.wait_for(reader.readexactly(sz), READ_TIMEOUT))
-            await reader.readline()
-        body = b"".join(chunks)
-    elif "content-length" in headers:
-        n = int(headers["content-length"])
-        if n < 0 or n > MAX_BODY:
-            raise ValueError("bad content-length")
-        body = await asyncio.wait_for(reader.readexactly(n), READ_TIMEOUT)
-    return method, target, version, headers, body
+
+
+async def _read_chunked(reader: asyncio.StreamReader, limits: Limits, held: list[int]) -> bytes:
+    """A chunked body within the body budget (trailers read and dropped)."""
+    chunks: list[bytes] = []
+    while True:
+        sz = int((await reader.readline()).split(b";")[0], 16)
+        if sz == 0:
+            while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+                pass
+            return b"".join(chunks)
+        if sz < 0 or held[0] + sz > limits.max_body:
+            raise ValueError("body too large")
+        _take(limits, held, sz)
+        chunks.append(await reader.readexactly(sz))
+        await reader.readline()
+
+
+def _take(limits: Limits, held: list[int], n: int) -> None:
+    if not limits.reserve(n):
+        raise Refused("body budget exhausted")
+    held[0] += n
+
+
+BAD_REQUEST = (
+    b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    b"Connection: close\r\n\r\n400 Bad Request"
+)
+UNAVAILABLE = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    b"Content-Length: 24\r\nConnection: close\r\n\r\n503 Service Unavailable\n"
+)
+
+
+async def refuse_connection(writer: asyncio.StreamWriter) -> None:
+    """Past the connection cap: a 503 and close, without reading the request."""
+    try:
+        writer.write(UNAVAILABLE)
+        await asyncio.wait_for(writer.drain(), 1.0)
+    except (ConnectionError, TimeoutError):
+        pass
+    finally:
+        writer.close()
 
 
 async def serve_connection(api: Api, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    limits = api.server.limits
     try:
         while True:
+            held = [0]
             try:
-                req = await _read_request(reader)
-            except (ValueError, asyncio.IncompleteReadError):
-                writer.write(
-                    b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
-                    b"Connection: close\r\n\r\n400 Bad Request"
-                )
-                break
-            except (TimeoutError, ConnectionError):
-                break
-            if req is None:
-                break
-            method, target, version, headers, body = req
-            conn_hdr = headers.get("connection", "").lower()
-            close = "close" in conn_hdr or (version == "HTTP/1.0" and "keep-alive" not in conn_hdr)
-            path = target.split("?", 1)[0]
-            if path.startswith(("http://", "https://")):
-                path = "/" + path.split("/", 3)[-1] if path.count("/") >= 3 else "/"
-            reply = await api.handle(method, unquote(path), headers, body)
+                try:
+                    req = await _read_request(reader, limits, held)
+                except (ValueError, asyncio.IncompleteReadError):
+                    writer.write(BAD_REQUEST)
+                    break
+                except Refused:
+                    writer.write(UNAVAILABLE)
+                    break
+                except (TimeoutError, ConnectionError):
+                    break
+                if req is None:
+                    break
+                method, target, version, headers, body = req
+                conn_hdr = headers.get("connection", "").lower()
+                close = "close" in conn_hdr or (version == "HTTP/1.0" and "keep-alive" not in conn_hdr)
+                path = target.split("?", 1)[0]
+                if path.startswith(("http://", "https://")):
+                    path = "/" + path.split("/", 3)[-1] if path.count("/") >= 3 else "/"
+                reply = await api.handle(method, unquote(path), headers, body)
+                del body, req
+            finally:
+                limits.release(held[0])
             writer.write(render(reply, close))
-            await writer.drain()
+            await asyncio.wait_for(writer.drain(), limits.request_timeout)
             if close:
                 break
-    except (ConnectionError, asyncio.CancelledError):
+    except (ConnectionError, TimeoutError, asyncio.CancelledError):
         pass
     finally:
         try:

@@ -281,6 +281,9 @@ class Proxy:
     async def start(self) -> None:
         if self.enabled:
             return
+        policy = getattr(getattr(self.server, "limits", None), "listen", None)
+        if policy is not None:
+            policy.check(self.listen)
         sock, actual = bind_listener(self.listen)
         try:
             self._srv = await self.loop.create_server(self._accept, sock=sock, backlog=4096)

@@ -11,7 +11,8 @@ import sys
 import threading
 from typing import Any
 
-from .api import Api, serve_connection
+from .api import Api, refuse_connection, serve_connection
+from .limits import Limits, ListenPolicy
 from .proxy import ApiError, Proxy
 
 
@@ -23,7 +24,14 @@ class EmbeddedToxiproxy:
     jitter, toxicity draws and slicer sizes replay for the same seed and traffic.
     """
 
-    def __init__(self, seed: int | None = None, config: str | list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        seed: int | None = None,
+        config: str | list[dict[str, Any]] | None = None,
+        limits: Limits | None = None,
+    ) -> None:
+        self.limits = limits or Limits()
+        self.connections = 0
         self.rng = random.Random(seed)
         self.seed: int = seed if seed is not None else random.SystemRandom().getrandbits(63)
         self.config = config
@@ -39,12 +47,22 @@ class EmbeddedToxiproxy:
         if self.config is not None:
             await self.load_config(self.config)
         self._server = await asyncio.start_server(
-            lambda r, w: serve_connection(self.api, r, w), host, port, reuse_address=True
+            self._connection, host, port, reuse_address=True
         )
         sockname = self._server.sockets[0].getsockname()
         shown = f"[{sockname[0]}]" if ":" in sockname[0] else sockname[0]
         self.url = f"http://{shown}:{sockname[1]}"
         return self.url
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.connections >= self.limits.max_connections:
+            await refuse_connection(writer)
+            return
+        self.connections += 1
+        try:
+            await serve_connection(self.api, reader, writer)
+        finally:
+            self.connections -= 1
 
     async def load_config(self, config: str | list[dict[str, Any]]) -> None:
         """Create proxies from a /populate-format list (or a path to a JSON file with one)."""
@@ -75,9 +93,10 @@ class ToxiproxyThread:
         port: int = 0,
         seed: int | None = None,
         config: str | list[dict[str, Any]] | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.host, self.port = host, port
-        self.server = EmbeddedToxiproxy(seed=seed, config=config)
+        self.server = EmbeddedToxiproxy(seed=seed, config=config, limits=limits)
         self.url: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -132,17 +151,41 @@ class ToxiproxyThread:
         self.stop()
 
 
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, found {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, found {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m faults.toxiproxy_server [--host H] [--port P] [--seed N] [--config FILE]``."""
-    ap = argparse.ArgumentParser(prog="streamchaos toxiproxy serve", description="Embedded API-compatible Toxiproxy (2.12.0)")
+    ap = argparse.ArgumentParser(prog="streamchaos toxiproxy serve",
+                                 description="Embedded API-compatible Toxiproxy (2.12.0)")
     ap.add_argument("--host", "-host", default="127.0.0.1")
     ap.add_argument("--port", "-port", type=int, default=8474)
     ap.add_argument("--seed", "-seed", type=int, default=None)
     ap.add_argument("--config", "-config", default=None)
+    ap.add_argument("--request-timeout", type=_positive, default=Limits.request_timeout,
+                    help="seconds from a request's first byte to the end of its body (default %(default)s)")
+    ap.add_argument("--max-connections", type=int, default=Limits.max_connections,
+                    help="API connections open at once; more get a 503 and are closed (default %(default)s)")
+    ap.add_argument("--loopback-only", action="store_true",
+                    help="refuse proxies listening beyond loopback or on a privileged port (403), "
+                         "except --allow-listen")
+    ap.add_argument("--allow-listen", action="append", default=[], metavar="HOST:PORT",
+                    help="a listen address allowed despite --loopback-only (repeatable)")
     args = ap.parse_args(argv)
+    if args.max_connections < 1:
+        ap.error("--max-connections must be at least 1")
+    limits = Limits(request_timeout=args.request_timeout, max_connections=args.max_connections,
+                    listen=ListenPolicy(args.loopback_only, set(args.allow_listen)))
 
     async def run() -> int:
-        srv = EmbeddedToxiproxy(seed=args.seed, config=args.config)
+        srv = EmbeddedToxiproxy(seed=args.seed, config=args.config, limits=limits)
         try:
             url = await srv.start(args.host, args.port)
         except (OSError, ApiError, ValueError) as e:

@@ -21,8 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_chaos_exports_exactly_its_front_door() -> None:
     assert sorted(chaos.__all__) == [
-        "ChaosError", "ExperimentInvalid", "FaultError", "FaultPermissionDenied", "FaultRevertFailed", "FaultUnsupported",
-        "Result", "SetupFailed", "TargetUnreachable", "UsageError", "VerificationInconclusive",
+        "ChaosError", "Experiment", "ExperimentInvalid", "FaultError", "FaultPermissionDenied", "FaultRevertFailed",
+        "FaultUnsupported", "Result", "SetupFailed", "TargetNotAllowed", "TargetUnreachable", "UsageError", "Verdict",
+        "VerificationInconclusive",
         "load_experiment", "run", "run_async",
     ]
     for name in chaos.__all__:
@@ -43,7 +44,7 @@ def test_a_load_worker_imports_no_fault_family() -> None:
         "import pickle, sys\n"
         "import chaos.load.workers  # the spawned process's target lives here\n"
         f"pickle.loads(bytes.fromhex({config.hex()!r}))\n"
-        "heavy = ('faults', 'pynvml', 'toxiproxy', 'torch', 'chaos.stack', 'chaos.runner')\n"
+        "heavy = ('faults', 'pynvml', 'toxiproxy', 'torch', 'chaos.stack', 'chaos.execution.runner')\n"
         "print(sorted(m for m in sys.modules if m == 'faults' or m.startswith(heavy)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
@@ -57,8 +58,9 @@ def test_a_load_shard_imports_no_fault_family() -> None:
         "import sys\n"
         "from chaos.cli import _parser\n"
         "args = _parser().parse_args(['shard', '--coordinator', '127.0.0.1:1', '--count', '2', '--index', '0'])\n"
-        "import chaos.load.shard, chaos.load.wire\n"
-        "heavy = ('faults', 'pynvml', 'toxiproxy', 'torch', 'chaos.stack', 'chaos.runner', 'chaos.experiment')\n"
+        "import chaos.load.shard_process, chaos.load.wire\n"
+        "heavy = ('faults', 'pynvml', 'toxiproxy', 'torch', 'chaos.stack', 'chaos.execution.runner', "
+        "'chaos.experiment')\n"
         "print(sorted(m for m in sys.modules if m == 'faults' or m.startswith(heavy)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)

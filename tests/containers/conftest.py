@@ -23,7 +23,7 @@ REASON = docker_skip_reason()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Where no Docker daemon answers, every test here skips and says why (each file marks itself slow)."""
+    """Where no Docker daemon answers, every test here skips and says why (the folder is slow: tests/conftest.py)."""
     for item in items:
         path = Path(str(item.fspath))
         if HERE not in path.parents:
@@ -34,7 +34,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture
 def docker_client() -> Iterator[Any]:
-    from chaos.containers import docker_client as client_for
+    from chaos.targets.containers import docker_client as client_for
 
     client = client_for()
     yield client
@@ -44,7 +44,7 @@ def docker_client() -> Iterator[Any]:
 @pytest.fixture
 def leftovers(docker_client: Any) -> Iterator[list[str]]:
     """Run directories whose containers must all be gone at the end; any left is removed, then the test fails."""
-    from chaos.containers import LABEL_RUN_DIR
+    from chaos.targets.containers import LABEL_RUN_DIR
 
     run_dirs: list[str] = []
     yield run_dirs
@@ -60,7 +60,7 @@ def leftovers(docker_client: Any) -> Iterator[list[str]]:
 @pytest.fixture
 def sidecar(docker_client: Any) -> Iterator[Any]:
     """``sidecar(labels)`` → a running container (this host's ``sleep`` in the skeleton image) the test owns."""
-    from chaos.host_image import host_image
+    from chaos.targets.host_image import host_image
 
     started: list[Any] = []
 

@@ -6,6 +6,7 @@ longer this run's."""
 from __future__ import annotations
 
 import asyncio
+import secrets
 import statistics
 import time
 from collections.abc import AsyncIterator
@@ -16,13 +17,14 @@ from typing import Any
 import httpx
 import pytest
 
-from chaos.context import RunContext
-from chaos.errors import FaultError, FaultUnsupported
 from chaos.experiment import experiment_from_dict
-from chaos.targets import Target, running_target
+from chaos.model.context import RunContext
+from chaos.model.errors import FaultError, FaultUnsupported
+from chaos.targets.base import Target
+from chaos.targets.registry import running_target
 from faults.docker import DockerCpuLimit, DockerKill, DockerPause
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # a real daemon or cluster: the slow tier
+pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture
@@ -33,7 +35,9 @@ async def stack(tmp_path: Path, leftovers: list[str]) -> AsyncIterator[tuple[Tar
     leftovers.append(str(run_dir))
     spec = experiment_from_dict({"name": "t", "target": {"kind": "docker", "kv_blocks": 128},
                                  "phases": [{"name": "p", "duration": "1s"}]}).target
-    async with running_target(spec, target_url=None, run_dir=run_dir, seed=1, run_id="faults") as target:
+    # a run id of its own: two of these tests on two xdist workers at once must not want one container name
+    run_id = f"faults-{secrets.token_hex(4)}"
+    async with running_target(spec, target_url=None, run_dir=run_dir, seed=1, run_id=run_id) as target:
         ctx = RunContext(seed=1, target=target.info, run_dir=run_dir)
 
         async def restart() -> None:
@@ -50,7 +54,8 @@ async def stream(base_url: str, max_tokens: int = 32, timeout: float = 10.0) -> 
     sent = time.monotonic()
     first = None
     events = 0
-    async with httpx.AsyncClient(timeout=timeout) as client, client.stream("POST", base_url + "/completions", json=body) as reply:
+    async with httpx.AsyncClient(timeout=timeout) as client, \
+            client.stream("POST", base_url + "/completions", json=body) as reply:
         async for line in reply.aiter_lines():
             if line.startswith("data: {"):
                 events += 1
@@ -60,7 +65,8 @@ async def stream(base_url: str, max_tokens: int = 32, timeout: float = 10.0) -> 
     return first - sent, events / max(end - first, 1e-6)
 
 
-async def test_pause_freezes_the_engine_and_unpause_thaws_it(stack: tuple[Target, RunContext], docker_client: Any) -> None:
+async def test_pause_freezes_the_engine_and_unpause_thaws_it(stack: tuple[Target, RunContext],
+                                                             docker_client: Any) -> None:
     target, ctx = stack
     injection = DockerPause.from_params("freeze", {}).activate(ctx)
     assert injection.plan() == {"container_id": target.info.container_id, "paused_before": False, "revert": "unpause"}
@@ -110,17 +116,20 @@ async def test_cpu_limit_throttles_a_cpu_engine_and_restores_the_previous_quota(
     assert reverted["restored"] is True and reverted["cpu_quota_us"] == -1 and reverted["throttled_periods"] > 0
     host = docker_client.containers.get(target.info.container_id).attrs["HostConfig"]
     assert host["CpuQuota"] == -1
-    free += [await stream(base, max_tokens=16) for _ in range(3)]  # before and after: a busy spell of the shared machine hits both
+    # before and after: a busy spell of the shared machine hits both
+    free += [await stream(base, max_tokens=16) for _ in range(3)]
     # and the engine felt it: a tenth of a CPU cuts the decode rate several-fold (0.02-0.12 of
     # unlimited, however loaded the machine was); ratios, side by side
     rate_free, rate_starved = statistics.median(r for _, r in free), statistics.median(r for _, r in starved)
     print(f"\ntokens/s free {rate_free:.0f}, at 0.1 CPU {rate_starved:.0f}; TTFT free "
-          f"{statistics.median(t for t, _ in free) * 1e3:.1f}ms, starved {statistics.median(t for t, _ in starved) * 1e3:.1f}ms; "
+          f"{statistics.median(t for t, _ in free) * 1e3:.1f}ms, "
+          f"starved {statistics.median(t for t, _ in starved) * 1e3:.1f}ms; "
           f"throttled {reverted['throttled_periods']}/{reverted['periods']} periods")
     assert rate_starved < 0.5 * rate_free, (rate_free, rate_starved)
 
 
-async def test_cpu_limit_leaves_alone_a_quota_someone_else_changed(stack: tuple[Target, RunContext], docker_client: Any) -> None:
+async def test_cpu_limit_leaves_alone_a_quota_someone_else_changed(stack: tuple[Target, RunContext],
+                                                                   docker_client: Any) -> None:
     target, ctx = stack
     injection = DockerCpuLimit.from_params("starve", {"cpus": 0.5, "period": 0.1}).activate(ctx)
     injection.plan()
@@ -131,12 +140,14 @@ async def test_cpu_limit_leaves_alone_a_quota_someone_else_changed(stack: tuple[
     assert docker_client.containers.get(target.info.container_id).attrs["HostConfig"]["CpuQuota"] == 70_000
 
 
-async def test_kill_with_restart_brings_the_same_container_back(stack: tuple[Target, RunContext], docker_client: Any) -> None:
+async def test_kill_with_restart_brings_the_same_container_back(stack: tuple[Target, RunContext],
+                                                                docker_client: Any) -> None:
     target, ctx = stack
     before = docker_client.containers.get(target.info.container_id).attrs["State"]["StartedAt"]
     injection = DockerKill.from_params("crash", {"signal": "SIGKILL", "at": 0.0, "restart": True}).activate(ctx)
     evidence = await injection.inject()
-    assert evidence["killed"] and evidence["exited"] and evidence["exit_code"] == 137  # 128 + SIGKILL, as the daemon saw it
+    # 128 + SIGKILL, as the daemon saw it
+    assert evidence["killed"] and evidence["exited"] and evidence["exit_code"] == 137
     reverted = await injection.revert()
     assert reverted["restarted"] and reverted["started_at"] != before and reverted["status"] == "running"
     assert ctx.target.container_id == target.info.container_id  # the same container, on the same port
@@ -159,7 +170,8 @@ async def test_kill_at_a_set_time_and_cancelled_when_the_phase_ends_first(stack:
     assert docker_client.containers.get(target.info.container_id).status == "exited"
 
 
-async def test_container_faults_refuse_a_target_without_a_container(tmp_path: Path, stack: tuple[Target, RunContext]) -> None:
+async def test_container_faults_refuse_a_target_without_a_container(tmp_path: Path,
+                                                                    stack: tuple[Target, RunContext]) -> None:
     _, ctx = stack
     remote = RunContext(seed=1, target=replace(ctx.target, container_id=None, kind="openai"), run_dir=tmp_path)
     for fault in (DockerPause.from_params("p", {}), DockerCpuLimit.from_params("c", {"cpus": 1.0, "period": 0.1})):

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import yaml
 
-from chaos.containers import LABEL_RUN_DIR
+from chaos.targets.containers import LABEL_RUN_DIR
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]  # a real daemon or cluster: the slow tier
+pytestmark = pytest.mark.timeout(180)
 
 EXPERIMENT = {
     "name": "docker-killed", "seed": 1,
@@ -64,7 +64,7 @@ def watchdog_pids(run_dir: Path) -> list[int]:
                 cmdline = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"chaos.watchdog" in cmdline and str(run_dir).encode() in cmdline:
+            if b"chaos.execution.watchdog" in cmdline and str(run_dir).encode() in cmdline:
                 pids.append(int(entry.name))
     return pids
 
@@ -73,7 +73,8 @@ def run_containers(docker_client: Any, run_dir: Path) -> list[Any]:
     return docker_client.containers.list(all=True, filters={"label": f"{LABEL_RUN_DIR}={run_dir.resolve()}"})
 
 
-def start_run(tmp_path: Path, docker_client: Any, experiment: dict[str, Any]) -> tuple[subprocess.Popen[bytes], Path, Any]:
+def start_run(tmp_path: Path, docker_client: Any,
+              experiment: dict[str, Any]) -> tuple[subprocess.Popen[bytes], Path, Any]:
     """A runner with every fault of its first phase injected and its watchdog up; (runner, run_dir, container)."""
     exp, run_dir = tmp_path / "exp.yaml", tmp_path / "run"
     exp.write_text(yaml.safe_dump(experiment), encoding="utf-8")
@@ -103,13 +104,15 @@ def test_sigkill_of_runner_and_watchdog_then_rollback_leaves_nothing(tmp_path: P
     time.sleep(0.5)
     container.reload()
     assert container.status == "paused"  # the killed run left its container frozen, throttled and running
-    done = subprocess.run([sys.executable, "-m", "chaos", "rollback", str(run_dir)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "chaos", "rollback", str(run_dir)], capture_output=True, text=True,
+                          timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "rolled back docker.pause" in done.stdout and "rolled back docker.cpu_limit" in done.stdout
     assert "rolled back target (docker.container)" in done.stdout
     assert run_containers(docker_client, run_dir) == []
     assert list(run_dir.glob("container-*.log"))  # its logs kept in the run directory
-    again = subprocess.run([sys.executable, "-m", "chaos", "rollback", str(run_dir)], capture_output=True, text=True, timeout=60)
+    again = subprocess.run([sys.executable, "-m", "chaos", "rollback", str(run_dir)], capture_output=True, text=True,
+                           timeout=60)
     assert again.returncode == 0 and "nothing to roll back" in again.stdout
 
 
@@ -125,3 +128,34 @@ def test_sigkill_of_the_runner_alone_the_watchdog_removes_the_container(tmp_path
     wait_for(lambda: not run_containers(docker_client, run_dir), 60, "the watchdog to remove the container")
     assert "runner process gone" in (run_dir / "watchdog.log").read_text()
     assert [r["action"] for r in records(run_dir, "resource")][-1] == "rollback"
+
+
+def test_a_runner_killed_while_its_container_starts_leaves_nothing(tmp_path: Path, docker_client: Any,
+                                                                  leftovers: list[str]) -> None:
+    """The container exists long before it answers (here it never does: it only sleeps): a runner
+    killed in that window must not leave it running, so the watchdog guards it from creation."""
+    from dockerd import free_port
+
+    from chaos.targets.host_image import host_image
+
+    run_dir = tmp_path / "run"
+    leftovers.append(str(run_dir))
+    sleeper = {**EXPERIMENT, "phases": [{"name": "plain", "duration": "5s"}],
+               "target": {"kind": "docker", "image": host_image(docker_client), "command": ["/usr/bin/sleep", "300"],
+                          "volumes": ["/usr:/usr:ro"], "port": free_port(), "startup_timeout": "90s"}}
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump(sleeper), encoding="utf-8")
+    runner = subprocess.Popen([sys.executable, "-m", "chaos", "run", str(exp), "--out", str(run_dir), "--quiet"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: any("container_id" in (r.get("undo") or {}) for r in records(run_dir, "resource"))
+                 and watchdog_pids(run_dir), 60, "the container created and a watchdog guarding it")
+        [container] = run_containers(docker_client, run_dir)
+        container.reload()
+        assert container.status == "running"
+        assert not any(r.get("topic") == "warmup" for r in records(run_dir, "note"))  # still starting: no answer yet
+    finally:
+        runner.kill()
+        runner.wait(timeout=10)
+    wait_for(lambda: not run_containers(docker_client, run_dir), 60, "the watchdog to remove the starting container")
+    assert "runner process gone" in (run_dir / "watchdog.log").read_text()

@@ -10,15 +10,15 @@ from typing import Any
 
 import httpx
 import pytest
-
-from chaos.containers import LABEL_RUN_DIR, LABEL_RUN_ID, run_labels
-from chaos.errors import SetupFailed
-from chaos.experiment import experiment_from_dict
-from chaos.host_image import host_image, host_mounts
-from chaos.targets import running_target
 from dockerd import free_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # a real daemon or cluster: the slow tier
+from chaos.experiment import experiment_from_dict
+from chaos.model.errors import SetupFailed
+from chaos.targets.containers import LABEL_RUN_DIR, LABEL_RUN_ID, run_labels
+from chaos.targets.host_image import host_image, host_mounts
+from chaos.targets.registry import running_target
+
+pytestmark = pytest.mark.timeout(120)
 
 
 def spec(**target: Any) -> Any:
@@ -37,7 +37,8 @@ async def test_builtin_stack_in_a_container_is_labelled_hardened_reached_and_rem
     run_dir.mkdir()
     leftovers.append(str(run_dir))
     records, record = journal()
-    async with running_target(spec(), target_url=None, run_dir=run_dir, seed=3, run_id="feedc0de", record=record) as target:
+    async with running_target(spec(), target_url=None, run_dir=run_dir, seed=3, run_id="feedc0de",
+                              record=record) as target:
         info = target.info
         assert info.kind == "docker" and info.container_id and info.admin_url and info.admin_token
         attrs = docker_client.containers.get(info.container_id).attrs
@@ -65,7 +66,8 @@ async def test_builtin_stack_in_a_container_is_labelled_hardened_reached_and_rem
     assert records[0]["undo"]["labels"] == run_labels("feedc0de", run_dir, "target")
 
 
-async def test_an_image_target_gets_its_command_env_volumes_and_port(tmp_path: Path, docker_client: Any, leftovers: list[str]) -> None:
+async def test_an_image_target_gets_its_command_env_volumes_and_port(tmp_path: Path, docker_client: Any,
+                                                                     leftovers: list[str]) -> None:
     """The image path, with this host's skeleton image standing in for a served image such as vLLM's."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -115,7 +117,8 @@ async def test_an_image_the_daemon_lacks_is_refused_without_a_pull(tmp_path: Pat
     assert [r["action"] for r in records] == ["plan", "release"] and records[1]["evidence"]["why"] == "never created"
 
 
-async def test_a_missing_volume_source_is_refused_before_anything_is_created(tmp_path: Path, leftovers: list[str]) -> None:
+async def test_a_missing_volume_source_is_refused_before_anything_is_created(tmp_path: Path,
+                                                                             leftovers: list[str]) -> None:
     leftovers.append(str(tmp_path))
     records, record = journal()
     with pytest.raises(SetupFailed, match="/no/such/dir does not exist"):

@@ -13,13 +13,6 @@ from chaos.stack.process import StackProcess
 HERE = Path(__file__).parent
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Everything here runs whole experiments or kills real runs: the slow tier (`./scripts/test --quick` skips it)."""
-    for item in items:
-        if HERE in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.slow)
-
-
 def start_stack(command: list[str], timeout: float = 60.0) -> StackProcess:
     """Start a stack process (planted or real) and wait for its ready line."""
     return StackProcess.start(command=command, timeout=timeout)

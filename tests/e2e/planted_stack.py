@@ -80,7 +80,8 @@ class ReplacementChars(_Wrapper):
         async def corrupting(message: Message) -> None:
             if message["type"] == "http.response.body":
                 body = message.get("body", b"")
-                body = body.replace(b'"text":"', '"text":"\ufffd'.encode(), 1).replace(b'"content":"', '"content":"\ufffd'.encode(), 1)
+                body = body.replace(b'"text":"', '"text":"\ufffd'.encode(), 1) \
+                    .replace(b'"content":"', '"content":"\ufffd'.encode(), 1)
                 message = {**message, "body": body}
             await send(message)
 
@@ -166,8 +167,8 @@ async def _json(send: Send, status: int, body: bytes) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-WRAPPERS: dict[str, type[_Wrapper]] = {"buffer": Buffering, "no_done": DropDone, "fffd": ReplacementChars, "stall": Stall,
-                                       "hf_dialect": HfDialect}
+WRAPPERS: dict[str, type[_Wrapper]] = {"buffer": Buffering, "no_done": DropDone, "fffd": ReplacementChars,
+                                       "stall": Stall, "hf_dialect": HfDialect}
 
 
 def main(argv: list[str]) -> int:

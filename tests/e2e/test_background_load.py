@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from chaos.api import run
 from chaos.experiment import experiment_from_dict
-from chaos.runner import run
 
 
 @pytest.mark.timeout(120)
@@ -19,7 +19,8 @@ def test_hog_streams_hold_kv_and_stay_out_of_the_slas(tmp_path: Path) -> None:
         "load": {"concurrency": 2, "max_tokens": 16},
         "phases": [
             {"name": "hogged", "duration": "3s", "faults": [
-                {"kind": "kv.pressure", "method": "hog", "hog_streams": 3, "hog_prompt_chars": 400, "hog_max_tokens": 600},
+                {"kind": "kv.pressure", "method": "hog", "hog_streams": 3, "hog_prompt_chars": 400,
+                 "hog_max_tokens": 600},
             ]},
             {"name": "after", "duration": "1500ms"},
         ],
@@ -35,7 +36,8 @@ def test_hog_streams_hold_kv_and_stay_out_of_the_slas(tmp_path: Path) -> None:
     assert all(s.complete for s in background if s.hangup is None)
     hogged = result.observations.phase("hogged")
     assert hogged is not None and hogged.t_end is not None
-    used = [m.value for m in result.observations.series("streamchaos_kv_blocks_used") if hogged.t_start < m.t < hogged.t_end]
+    used = [m.value for m in result.observations.series("streamchaos_kv_blocks_used")
+            if hogged.t_start < m.t < hogged.t_end]
     assert max(used) >= 3 * 400 / 4 / 16  # the hogs' prompts alone hold this many blocks
     assert {v.sla: v.status for v in result.verdicts} == {"errors": "pass", "kv_cleanup": "pass"}
     assert all(not s.background for s in result.observations.population())

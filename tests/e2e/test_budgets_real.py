@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from chaos.budgets import load_baselines, propose, write_budgets
+from chaos.api import run
+from chaos.execution.budgets import load_baselines, propose, write_budgets
 from chaos.experiment import load_experiment
-from chaos.runner import run
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+pytestmark = pytest.mark.timeout(300)
 
 EXPERIMENT = """\
 # A short healthy run whose budgets are placeholders until `streamchaos budgets` fills them in.

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from chaos.api import runner as make_runner
 from chaos.experiment import experiment_from_dict
-from chaos.runner import Runner
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.timeout(180)
 
 EXPERIMENT = {
     "name": "twice", "seed": 5,
@@ -30,7 +30,7 @@ def test_the_same_experiment_runs_twice_concurrently(tmp_path: Path) -> None:
     before = repr(experiment)
 
     async def both() -> list:
-        runners = [Runner(experiment, out_dir=tmp_path / f"run{i}", handle_signals=False) for i in range(2)]
+        runners = [make_runner(experiment, out_dir=tmp_path / f"run{i}", handle_signals=False) for i in range(2)]
         return await asyncio.gather(*(r.run() for r in runners))
 
     results = asyncio.run(both())
@@ -41,7 +41,8 @@ def test_the_same_experiment_runs_twice_concurrently(tmp_path: Path) -> None:
         assert [a for a, _ in events] == ["plan", "inject", "revert"]
         # each run reserved and released its own 20 blocks on its own stack
         assert events[1][1]["reserved"] == 20 and events[2][1]["released"] == 20
-        assert events[2][1]["reserved_at_revert"] == 20 and "note" not in events[2][1]  # its own tally, not the other run's
+        # its own tally, not the other run's
+        assert events[2][1]["reserved_at_revert"] == 20 and "note" not in events[2][1]
     assert results[0].target is not None and results[1].target is not None
     assert results[0].target.base_url != results[1].target.base_url
     assert repr(experiment) == before  # the experiment is exactly as it was

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from chaos.api import run
 from chaos.experiment import experiment_from_dict
-from chaos.runner import run
+from chaos.output.replay import replay
 from chaos.stack.process import StackProcess
-from chaos.verify import replay
 
 pytestmark = pytest.mark.timeout(180)
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,6 +58,9 @@ def test_an_engine_that_refuses_ignore_eos_and_sends_no_done_is_judged_right(pla
     assert all(not s.done_seen for s in result.observations.population())  # really no [DONE] on the wire
     kv = verdicts["kv_cleanup"]
     assert kv.status == "inconclusive" and "HTTP 404" in kv.evidence["reason"], kv.evidence
+    assert kv.evidence["reason"].startswith("transformers serve exports no Prometheus metrics, "
+                                            "so KV cleanup cannot be judged")
+    assert "metrics_url" not in kv.evidence["reason"]  # no endpoint elsewhere to point at
     assert result.exit_code == 3
     # `verify` re-judges by the rule the journal recorded, not a global one
     again = replay(exp, tmp_path / "run")
@@ -73,6 +76,30 @@ def test_a_profile_set_by_hand_that_wants_done_is_warned_about_at_the_preflight(
     assert "no [DONE], which the openai profile requires" in preflight["warning"]
     assert list(preflight["dropped"]) == ["ignore_eos"]  # refused by the server, dropped all the same
     assert {v.sla: v.status for v in result.verdicts}["early_close"] == "fail"  # as warned: target.engine said so
+
+
+def test_streams_far_longer_than_the_run_start_the_load_instead_of_exiting_4(tmp_path: Path) -> None:
+    """Before: the preflight waited for its 20,000-token stream to end (~2 minutes on the tiny stack),
+    hit request_timeout and the run exited 4 before any load. Now it judges the stream at its first
+    events, hangs up on it, says so, and the load and its phase run."""
+    body = _experiment("endless",
+                       target={"kind": "builtin", "model": "tiny", "max_model_len": 24000, "kv_blocks": 2048},
+                       load={"concurrency": 2, "max_tokens": 20000, "ignore_eos": True, "request_timeout": "20s"},
+                       phases=[{"name": "steady", "duration": "2s"}],
+                       sla=[{"kind": "ttft", "quantile": 0.99, "budget": "15s"}],
+                       safety={"max_duration": "90s", "cleanup_window": "1s", "drain_timeout": "2s"})
+    result = run(experiment_from_dict(body), out_dir=tmp_path / "run", handle_signals=False)
+    assert result.exit_code != 4, result.error
+    preflight = result.observations.notes_on("preflight")[-1].data
+    assert preflight["cut"].startswith("stream cut by the preflight after") and preflight["content_events"] >= 1, \
+        preflight
+    assert preflight["finish_reason"] is None and "rule is assumed: a complete stream ends with" in preflight["warning"]
+    streams = result.observations.population()
+    assert streams and all(s.phase == "steady" for s in streams)
+    assert any(s.t_first_content is not None for s in streams)  # the load streamed in its phase
+    assert not any(s.complete for s in streams)  # they were as long as asked: none could end in the run
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["target"]["engine"]["end_of_stream_assumed"] == preflight["cut"]
 
 
 def test_a_refused_request_stops_the_run_before_the_load_with_the_servers_words(tmp_path: Path) -> None:

@@ -66,7 +66,8 @@ def write_experiment(world: dict[str, Any], path: Path) -> None:
         "load": {"concurrency": 3, "max_tokens": 32},
         "phases": [{"name": "chaos", "duration": "6s", "faults": FAULTS}],
         "sla": [{"kind": "errors", "budget": "100%"}],
-        "safety": {"max_duration": "60s", "cleanup_window": "200ms", "drain_timeout": "2s", "allow_gpu_clock_changes": True},
+        "safety": {"max_duration": "60s", "cleanup_window": "200ms", "drain_timeout": "2s",
+                   "allow_gpu_clock_changes": True},
     }
     path.write_text(yaml.safe_dump(experiment), encoding="utf-8")
 
@@ -114,7 +115,8 @@ def assert_nothing_left(world: dict[str, Any], run_dir: Path, state_file: Path) 
 
 @pytest.mark.parametrize("when", ["inject", "mid-phase"])
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["SIGINT", "SIGTERM", "SIGKILL"])
-def test_interrupted_run_leaves_nothing_changed(world: dict[str, Any], sig: signal.Signals, when: str, tmp_path: Path) -> None:
+def test_interrupted_run_leaves_nothing_changed(world: dict[str, Any], sig: signal.Signals, when: str,
+                                                tmp_path: Path) -> None:
     exp, run_dir, state_file = tmp_path / "exp.yaml", tmp_path / "run", tmp_path / "nvml.state"
     write_experiment(world, exp)
     # the stack's admin token reaches the runner (and its watchdog) by environment, as an operator's would
@@ -132,8 +134,10 @@ def test_interrupted_run_leaves_nothing_changed(world: dict[str, Any], sig: sign
             assert read_state(state_file).get("dev0.locked_max", 0) > 0
             assert httpx.get(f"{world['tpx']}/proxies/streamchaos/toxics", timeout=5).json() != []
             headers = world["admin_headers"]
-            assert set(httpx.get(world["stack"] + "/admin/faults", headers=headers, timeout=5).json()["faults"]) == {"server.stall", "server.timeout"}
-            assert httpx.get(world["stack"] + "/admin/state", headers=headers, timeout=5).json()["kv_blocks_reserved"] > 0
+            assert set(httpx.get(world["stack"] + "/admin/faults", headers=headers, timeout=5).json()["faults"]) \
+                == {"server.stall", "server.timeout"}
+            assert httpx.get(world["stack"] + "/admin/state", headers=headers,
+                             timeout=5).json()["kv_blocks_reserved"] > 0
             tags = [p["undo"]["tag"] for p in fault_events(run_dir, "plan") if p.get("undo", {}).get("tag")]
             assert any(find_burners(tag) for tag in tags)
         runner.send_signal(sig)
@@ -144,7 +148,8 @@ def test_interrupted_run_leaves_nothing_changed(world: dict[str, Any], sig: sign
     if sig == signal.SIGKILL:
         assert runner.returncode == -signal.SIGKILL
         # the target and Toxiproxy come from configuration (the flags), never from the journal alone
-        command = [sys.executable, "-m", "chaos", "rollback", str(run_dir), "--target-url", world["stack"], "--toxiproxy-url", world["tpx"]]
+        command = [sys.executable, "-m", "chaos", "rollback", str(run_dir), "--target-url", world["stack"],
+                   "--toxiproxy-url", world["tpx"]]
         rollback = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
         assert rollback.returncode == 0, rollback.stdout + rollback.stderr
         again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
@@ -166,7 +171,7 @@ def _watchdog_pids(run_dir: Path) -> list[int]:
                 cmdline = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"chaos.watchdog" in cmdline and str(run_dir).encode() in cmdline:
+            if b"chaos.execution.watchdog" in cmdline and str(run_dir).encode() in cmdline:
                 pids.append(int(entry.name))
     return pids
 
@@ -180,14 +185,16 @@ def test_rollback_restores_a_killed_gpu_throttle_run(world: dict[str, Any], tmp_
     exp.write_text(yaml.safe_dump({
         "name": "gpu-killed", "target": {"kind": "builtin", "url": world["stack"]},
         "load": {"concurrency": 1, "max_tokens": 8},
-        "phases": [{"name": "throttle", "duration": "30s", "faults": [{"kind": "gpu.throttle", "backend": "nvml", "sm_clock_mhz": 900}]}],
+        "phases": [{"name": "throttle", "duration": "30s",
+                    "faults": [{"kind": "gpu.throttle", "backend": "nvml", "sm_clock_mhz": 900}]}],
         "safety": {"max_duration": "60s", "allow_gpu_clock_changes": True},
     }), encoding="utf-8")
     env = {**os.environ, "STREAMCHAOS_NVML_LIB": str(world["lib"]), "FAKE_NVML_STATE": str(state_file)}
     runner = subprocess.Popen([sys.executable, "-m", "chaos", "run", str(exp), "--out", str(run_dir), "--quiet"],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: fault_events(run_dir, "inject") and _watchdog_pids(run_dir), 60, "the clock lock and its watchdog")
+        wait_for(lambda: fault_events(run_dir, "inject") and _watchdog_pids(run_dir), 60,
+                 "the clock lock and its watchdog")
         for pid in _watchdog_pids(run_dir):
             os.kill(pid, signal.SIGKILL)  # the dead-man's switch is gone too: only the journal is left
         runner.kill()
@@ -197,7 +204,8 @@ def test_rollback_restores_a_killed_gpu_throttle_run(world: dict[str, Any], tmp_
             runner.kill()
     locked = read_state(state_file)
     assert locked.get("dev0.locked_max", 0) > 0, locked  # the killed run left the GPU throttled
-    rollback = subprocess.run([sys.executable, "-m", "chaos", "rollback", str(run_dir)], env=env, capture_output=True, text=True, timeout=60)
+    rollback = subprocess.run([sys.executable, "-m", "chaos", "rollback", str(run_dir)], env=env, capture_output=True,
+                              text=True, timeout=60)
     assert rollback.returncode == 0 and "rolled back" in rollback.stdout, rollback.stdout + rollback.stderr
     assert read_state(state_file).get("dev0.locked_max", 0) == 0
     assert [e["action"] for e in journal(run_dir) if e.get("type") == "fault"][-1] == "rollback"

@@ -12,12 +12,15 @@ from typing import Any
 import pytest
 import yaml
 
-from chaos.runner import run
+from chaos.api import run
+
+SHIPPED = Path(__file__).resolve().parents[2] / "experiments"
 
 pytestmark = pytest.mark.timeout(180)
 
 
-def experiment(name: str, *, load: dict[str, Any], phases: list[dict[str, Any]], sla: list[dict[str, Any]], cleanup: str = "2s") -> dict[str, Any]:
+def experiment(name: str, *, load: dict[str, Any], phases: list[dict[str, Any]], sla: list[dict[str, Any]],
+               cleanup: str = "2s") -> dict[str, Any]:
     return {
         "name": name, "seed": 3,
         "target": {"kind": "openai", "model": "tiny"},
@@ -40,7 +43,8 @@ def run_dict(exp: dict[str, Any], url: str, tmp_path: Path) -> Any:
 LEAK_EXPERIMENT = experiment(
     "planted-leak",
     load={"concurrency": 6, "max_tokens": 600},
-    phases=[{"name": "storm", "duration": "3s", "faults": [{"kind": "client.disconnect", "fraction": "100%", "after_tokens": 2}]}],
+    phases=[{"name": "storm", "duration": "3s",
+             "faults": [{"kind": "client.disconnect", "fraction": "100%", "after_tokens": 2}]}],
     sla=[{"kind": "kv_cleanup", "within": "1s"}],
     cleanup="2500ms",
 )
@@ -70,13 +74,37 @@ def test_same_storm_on_the_real_stack_cleans_up(tmp_path: Path) -> None:
     assert verdicts_by_kind(result)["kv_cleanup"].status == "pass", result.verdicts
 
 
+def test_a_server_that_never_aborts_fails_abort_propagation_in_the_shipped_storm(planted: Any, tmp_path: Path) -> None:
+    """The shipped disconnect-storm against a server that keeps generating for departed clients: its
+    running requests outnumber the 8 open streams through the storm (measured: up to 23 running, a mean
+    excess of 8, 95% of scrapes over, for 5 s against a 1 s budget), while kv_cleanup, which looks once
+    load ends, passes. The unmodified stack passes the same experiment in test_shipped_experiments."""
+    from chaos.experiment import load_experiment
+
+    url = planted("leak")
+    result = run(load_experiment(SHIPPED / "disconnect-storm.yaml"), target_url=url, out_dir=tmp_path / "run",
+                 handle_signals=False)
+    verdict = verdicts_by_kind(result)["abort_propagation"]
+    assert verdict.status == "fail", verdict.evidence
+    ev = verdict.evidence
+    assert ev["max_excess_seen"] >= 4 and ev["share_in_excess"] >= 0.5, ev
+    assert ev["longest_run_s"] >= 2 * ev["sustain_s"], ev
+    assert ev["worst_scrape"]["running"] > ev["worst_scrape"]["allowed"], ev
+    assert result.exit_code == 1
+
+
 def test_buffering_server_fails_ttft(planted: Any, tmp_path: Path) -> None:
     url = planted("buffer")
-    # Streams sent together are buffered alike, so in send order their TTFTs come in pairs and are
-    # worth about half as many independent samples: 6 s of 200-token responses give ~20, worth ~10.
+    # Streams sent together are buffered alike, so in send order their TTFTs come in groups of 4 and
+    # are worth about a quarter as many independent samples (measured: 28 TTFTs worth 6.9, lag-1
+    # autocorrelation 0.68; a busy CI box gave 24 worth under 6, too few to bound a p50: inconclusive).
+    # 400-token responses put the buffered TTFT (0.75 s here, ~1 s on a busy box) far above the budget,
+    # beyond what a busy box's client lag (0.2-0.6 s) could explain (200 tokens gave 0.34 s: inconclusive
+    # there); 4 streams for 16 s give ~80 TTFTs, worth ~20. One length made them finish together, in
+    # waves worth one sample each (CI: 52 TTFTs at 1.3 s, inconclusive): a range of lengths breaks the waves.
     exp = experiment(
-        "planted-buffer", load={"concurrency": 2, "max_tokens": 200},
-        phases=[{"name": "steady", "duration": "6s"}],
+        "planted-buffer", load={"concurrency": 4, "max_tokens": [300, 500]},
+        phases=[{"name": "steady", "duration": "16s"}],
         sla=[{"kind": "ttft", "quantile": "p50", "budget": "150ms"}],
     )
     result = run_dict(exp, url, tmp_path)
@@ -104,24 +132,26 @@ def test_replacement_characters_fail_integrity(planted: Any, tmp_path: Path) -> 
 
 
 # varied lengths keep the 8 streams out of lockstep (a lockstep wave's TTFTs count as about one sample)
-STALL_LOAD = {"concurrency": 8, "max_tokens": [40, 56]}
+STALL_LOAD = {"concurrency": 8, "max_tokens": [56, 72]}
 STALL_SLA = [
     {"kind": "ttft", "quantile": "p50", "budget": "500ms"},
     {"kind": "itl", "quantile": "p90", "budget": "100ms"},
-    {"kind": "fluidity", "pace": "50ms", "ttft": "300ms", "min_on_time": "90%", "max_missed_run": 5},
+    {"kind": "fluidity", "pace": "60ms", "ttft": "300ms", "min_on_time": "90%", "max_missed_run": 5},
     {"kind": "goodput", "ttft": "500ms", "tpot": "12ms", "min_share": "50%"},
 ]
 
 
 def test_fluidity_tells_an_early_stall_from_a_late_one_and_goodput_catches_both(planted: Any, tmp_path: Path) -> None:
-    """Every stream stalls 0.8 s once: at its 2nd content event, or at its 25th. 40 tokens arrive
-    in 28 to 40 content events (a multibyte character waits for its last byte), so the late stall
-    hits every stream too. The gap distribution is the same (one long gap in about 40), so the
+    """Every stream stalls 0.8 s once: at its 2nd content event, or at its 30th. 56 tokens arrive
+    in 40 to 56 content events (a multibyte character waits for its last byte), so the late stall
+    hits every stream too. The gap distribution is the same (one long gap in about 50), so the
     p90 gap passes both; fluidity fails the early stall, which no slack hides, and passes the
-    late one, which 24 fast tokens' slack absorbs. goodput's TPOT objective (12 ms; the stall
-    adds at least 14 ms per token) fails both while TTFT stays far under its budget."""
+    late one, which 29 tokens' slack absorbs: the TTFT's unused budget plus 29 x (60 ms pace - the
+    gap), 1.1 s at a busy box's 30 ms gaps and still 0.8 s at 40 ms (at 50 ms pace and the 25th
+    event a CI box's slack fell under the stall). goodput's TPOT objective (12 ms; the stall adds
+    11-14 ms per token to gaps of 5 ms and more) fails both while TTFT stays far under its budget."""
     outcomes = {}
-    for where, at in (("early", 2), ("late", 25)):
+    for where, at in (("early", 2), ("late", 30)):
         url = planted("stall", "--stall-at", str(at), "--stall-for", "0.8")
         exp = experiment(f"planted-stall-{where}", load=STALL_LOAD, phases=[{"name": "steady", "duration": "5s"}],
                          sla=STALL_SLA)
@@ -139,7 +169,8 @@ def test_fluidity_tells_an_early_stall_from_a_late_one_and_goodput_catches_both(
     assert early["fluidity"].status == "fail", early["fluidity"]
     assert early["fluidity"].evidence["longest_missed_run"] > 5
     assert late["fluidity"].status == "pass", late["fluidity"].evidence
-    assert late["fluidity"].evidence["missed"] == 0
+    # the stall itself is absorbed: no run of misses (a starved box may still be late with a token or three)
+    assert late["fluidity"].evidence["longest_missed_run"] <= 5, late["fluidity"].evidence
 
 
 def test_goodput_fails_a_stack_whose_streams_never_complete(planted: Any, tmp_path: Path) -> None:

@@ -24,7 +24,8 @@ safety: {cleanup_window: 500ms}
 def test_yaml_experiments_are_collected_and_judged(pytester: pytest.Pytester) -> None:
     pytester.makeini("[pytest]\nstreamchaos_experiments = exps\n")
     exps = pytester.mkdir("exps")
-    (exps / "good.yaml").write_text(EXPERIMENT.replace("  - {kind: errors, name: impossible, budget: 0%, expect: fail}\n", ""))
+    (exps / "good.yaml").write_text(
+        EXPERIMENT.replace("  - {kind: errors, name: impossible, budget: 0%, expect: fail}\n", ""))
     (exps / "bad.yaml").write_text(EXPERIMENT)  # expects errors to fail on a healthy stack: it won't
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q")
     result.assert_outcomes(passed=1, failed=1)

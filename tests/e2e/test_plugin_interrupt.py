@@ -40,7 +40,8 @@ def test_ctrl_c_in_pytest_reverts_the_faults(tmp_path: Path) -> None:
         inner = subprocess.Popen(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "faulthandler_timeout=50",
              str(tmp_path / "test_inner.py")],  # a hang prints every thread's stack (in the failure below)
-            cwd=tmp_path, env={**os.environ, "TPX_URL": tpx.url}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            cwd=tmp_path, env={**os.environ, "TPX_URL": tpx.url}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True,
             preexec_fn=_ctrl_c_as_in_a_terminal,
         )
         try:
@@ -56,7 +57,8 @@ def test_ctrl_c_in_pytest_reverts_the_faults(tmp_path: Path) -> None:
                 output, _ = inner.communicate(timeout=60)
             except subprocess.TimeoutExpired as hung:
                 said = hung.output.decode(errors="replace") if isinstance(hung.output, bytes) else hung.output or ""
-                raise AssertionError(f"Ctrl-C did not end the inner run within 60s:\n{_signal_state(inner.pid)}\n{said}") from None
+                raise AssertionError(f"Ctrl-C did not end the inner run within 60s:\n{_signal_state(inner.pid)}\n"
+                                     f"{said}") from None
         finally:
             if inner.poll() is None:
                 inner.kill()
@@ -81,5 +83,6 @@ def _signal_state(pid: int) -> str:
     for status in sorted(Path(f"/proc/{pid}/task").glob("*/status")):
         with contextlib.suppress(OSError):
             fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
-            lines.append(" ".join(f"{k}={fields.get(k, '?').strip()}" for k in ("Name", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")))
+            lines.append(" ".join(f"{k}={fields.get(k, '?').strip()}"
+                                  for k in ("Name", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")))
     return "\n".join(lines)

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from chaos.api import runner as make_runner
 from chaos.experiment import experiment_from_dict
-from chaos.observations import Observations
-from chaos.runner import Runner
-from chaos.verify import replay
+from chaos.model.observations import Observations
+from chaos.output.replay import replay
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.timeout(180)
 
 EXPERIMENT = {
     "name": "sharded", "seed": 9,
@@ -36,7 +36,8 @@ EXPERIMENT = {
 
 
 def test_a_sharded_run_is_merged_and_judged_as_one(tmp_path: Path) -> None:
-    result = asyncio.run(Runner(experiment_from_dict(EXPERIMENT), out_dir=tmp_path / "run", handle_signals=False).run())
+    result = asyncio.run(make_runner(experiment_from_dict(EXPERIMENT), out_dir=tmp_path / "run",
+                                     handle_signals=False).run())
     assert result.status == "completed", result.error
     assert result.ok, [v.to_dict() for v in result.failing()]
     run = tmp_path / "run"
@@ -51,7 +52,8 @@ def test_a_sharded_run_is_merged_and_judged_as_one(tmp_path: Path) -> None:
     storm = [s for s in streams if s.phase == "storm"]
     hung_up = [s for s in storm if s.hangup is not None]
     assert {s.id.split("-")[0] for s in hung_up} == {"0", "1"}
-    assert len(storm) - len(hung_up) <= EXPERIMENT["load"]["concurrency"], [(s.id, s.t_sent) for s in storm if s.hangup is None]
+    assert len(storm) - len(hung_up) <= EXPERIMENT["load"]["concurrency"], [(s.id, s.t_sent) for s in storm
+                                                                            if s.hangup is None]
     assert all(s.hangup is None for s in streams if s.phase == "baseline")
     background = [s for s in result.observations.streams if s.background]
     assert {s.id.split("-")[0] for s in background} == {"0", "1"}  # the hog's streams split across the shards too

@@ -10,18 +10,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 import yaml
 
-from chaos.observations import Observations
+from chaos.execution.verify import CLIENT_SATURATED, HOST_CHANGED
+from chaos.model.observations import Observations
+from chaos.pytest_plugin import failure_message
 
 
-def _needs_a_cluster(path: Path) -> bool:
-    """kind: kubernetes experiments run in tests/k8s, against the fake API server (or a real cluster)."""
-    return (yaml.safe_load(path.read_text(encoding="utf-8")).get("target") or {}).get("kind") == "kubernetes"
+def _runs_elsewhere(path: Path) -> bool:
+    """kind: kubernetes experiments run in tests/k8s, against the fake API server (or a real cluster);
+    kind: vllm ones in tests/vllm, against real vLLM."""
+    return (yaml.safe_load(path.read_text(encoding="utf-8")).get("target") or {}).get("kind") in ("kubernetes", "vllm")
 
 
-EXPERIMENTS = [p for p in sorted((Path(__file__).parents[2] / "experiments").glob("*.yaml")) if not _needs_a_cluster(p)]
+EXPERIMENTS = [p for p in sorted((Path(__file__).parents[2] / "experiments").glob("*.yaml")) if not _runs_elsewhere(p)]
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -53,7 +55,8 @@ def check_network_jitter(result: Any) -> None:
     longest = {phase: statistics.median(max(s.gaps_ns) / 1e6 for s in obs.population(phase) if len(s.gaps_ns) > 1)
                for phase in ("baseline", "jitter")}
     widening = longest["jitter"] - longest["baseline"]
-    assert 10 <= widening <= 150 and longest["jitter"] >= 2 * longest["baseline"], f"longest gap per stream (median): {longest}"
+    assert 10 <= widening <= 150 and longest["jitter"] >= 2 * longest["baseline"], \
+        f"longest gap per stream (median): {longest}"
 
 
 def check_tiny_packets(result: Any) -> None:
@@ -86,15 +89,19 @@ def check_buffering_proxy(result: Any) -> None:
 
 def check_disconnect_storm(result: Any) -> None:
     kinds = {v.sla for v in result.verdicts}
-    assert {"ttft", "early_close", "kv_cleanup"} <= kinds
+    assert {"ttft", "early_close", "kv_cleanup", "abort_propagation"} <= kinds
     assert any(s.hangup is not None for s in result.observations.streams)
+    # the stack aborts every hung-up request: the running gauge never outnumbers the open streams for long
+    aborts = next(v for v in result.verdicts if v.sla == "abort_propagation")
+    assert aborts.status == "pass" and aborts.samples >= 20, aborts.evidence
 
 
 def check_event_loop_stall(result: Any) -> None:
     """Every stream stalls at once: the longest gap under the fault is about the stall length."""
     longest = {v.phase: v.evidence["longest_stall_s"] for v in result.verdicts if v.name in ("itl", "itl_outside")}
     assert longest["stalls"] >= 0.12, longest
-    stalled = {phase: sum(1 for g in gaps(result.observations, phase) if g >= 120) for phase in ("baseline", "stalls", "recovery")}
+    stalled = {phase: sum(1 for g in gaps(result.observations, phase) if g >= 120)
+               for phase in ("baseline", "stalls", "recovery")}
     assert stalled["stalls"] >= 5 > stalled["recovery"], stalled  # 5 stalls hit every stream in flight
 
 
@@ -119,7 +126,8 @@ def check_server_timeouts(result: Any) -> None:
 def check_gpu_throttle(result: Any) -> None:
     """The report says which backend acted and why (auto on a CPU machine picks a CPU backend)."""
     injects = [e for e in result.observations.faults if e.action == "inject"]
-    assert injects and injects[0].evidence["backend"] in ("nvml", "contention", "cpu_duty") and injects[0].evidence.get("why")
+    assert injects and injects[0].evidence["backend"] in ("nvml", "contention", "cpu_duty") \
+        and injects[0].evidence.get("why")
 
 
 def check_engine_crash(result: Any) -> None:
@@ -134,7 +142,8 @@ def check_nagle(result: Any) -> None:
     sockets, and its revert turned it on again; ttft caught it only in the nagle phase."""
     inject = next(e for e in result.observations.faults if e.action == "inject")
     revert = next(e for e in result.observations.faults if e.action == "revert")
-    assert inject.evidence["connections_nagle_on"] >= 1 and inject.evidence["connections_nagle_on"] == inject.evidence["connections_open"]
+    assert inject.evidence["connections_nagle_on"] >= 1 \
+        and inject.evidence["connections_nagle_on"] == inject.evidence["connections_open"]
     assert revert.evidence["after"]["nagle_on"] == 0 and revert.evidence["after"]["nagle_wanted"] is False
     status = {v.name or v.sla: v.status for v in result.verdicts if v.sla == "ttft"}
     assert status == {"ttft": "pass", "ttft_sees_nagle": "fail"}, status
@@ -159,7 +168,7 @@ def check_html_report(result: Any) -> None:
 def check_container_freeze(result: Any) -> None:
     """The daemon saw the container paused, with no CPU time used while frozen; requests sent into the
     freeze got nothing until it ended, then completed; the container is gone and its log kept."""
-    from chaos.containers import LABEL_RUN_DIR, docker_client
+    from chaos.targets.containers import LABEL_RUN_DIR, docker_client
 
     events = {e.action: e for e in result.observations.faults if e.kind == "docker.pause"}
     assert events["inject"].evidence["paused"] is True and events["revert"].evidence["unpaused"] is True
@@ -167,8 +176,10 @@ def check_container_freeze(result: Any) -> None:
     # the whole engine was frozen: nothing sent after the pause took effect got a token before the
     # phase's 2s were over (the unpause cannot come earlier), however loaded the machine
     window = result.observations.phase("freeze")
-    frozen = [s for s in result.observations.population("freeze") if s.t_sent is not None and s.t_sent > events["inject"].t]
-    assert frozen and all(s.t_first_content is not None and s.t_first_content >= window.t_start + 2_000_000_000 for s in frozen)
+    frozen = [s for s in result.observations.population("freeze")
+              if s.t_sent is not None and s.t_sent > events["inject"].t]
+    assert frozen and all(s.t_first_content is not None and s.t_first_content >= window.t_start + 2_000_000_000
+                          for s in frozen)
     assert "streamchaos stack ready" in (result.out_dir / "container.log").read_text()
     client = docker_client()
     try:
@@ -193,6 +204,15 @@ EXTRA: dict[str, Callable[[Any], None]] = {
 }
 
 
+def box_noise_only(result: Any) -> bool:
+    """Every verdict not as expected is an inconclusive the verdict code put down to this box:
+    never a fail, never an inconclusive for want of samples (a real defect of the experiment)."""
+    failing = result.failing()
+    return result.status == "completed" and bool(failing) and all(
+        v.status == "inconclusive" and v.evidence.get("inconclusive_cause") in (CLIENT_SATURATED, HOST_CHANGED)
+        for v in failing)
+
+
 def needs_docker(path: Path) -> bool:
     import yaml
 
@@ -208,7 +228,14 @@ def test_shipped_experiment_runs_green(chaos_run: Callable[..., Any], path: Path
         reason = docker_skip_reason()
         if reason is not None:
             pytest.skip(f"no Docker here: {reason}")
-    result = chaos_run(path, check=True)
+    result = chaos_run(path)
+    if not result.ok and box_noise_only(result):
+        # the tool itself said the box, not the stack, decided it (a saturated load generator, or a
+        # neighbour that took the host between the phases compared): one more run, said in the log
+        print(f"rerun: {path.stem} was inconclusive because of this box: {failure_message(result)}")
+        result = chaos_run(path)
+    if not result.ok:
+        raise AssertionError(failure_message(result))
     assert result.status == "completed" and result.exit_code == 0
     assert (result.out_dir / "report.json").is_file() and (result.out_dir / "junit.xml").is_file()
     check_html_report(result)

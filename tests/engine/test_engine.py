@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from chaos.errors import ChaosError
+from chaos.model.errors import ChaosError
 from chaos.stack.engine import (
     AsyncEngine,
     DuplicateRequest,
@@ -74,7 +74,8 @@ def test_sampling_reproducible_with_seed(engine_factory, run_all, prompts):
 
 def test_outputs_are_valid_utf8_and_detokenize_cleanly(engine_factory, run_all, prompts):
     eng = engine_factory()
-    col = run_all(eng, [(f"r{i}", p, SamplingParams(max_tokens=40, ignore_eos=True)) for i, p in enumerate(prompts(eng, 8))])
+    col = run_all(eng, [(f"r{i}", p, SamplingParams(max_tokens=40, ignore_eos=True))
+                        for i, p in enumerate(prompts(eng, 8))])
     held = 0
     for i in range(8):
         detok = IncrementalDetokenizer(eng.tokenizer)
@@ -185,7 +186,7 @@ def test_step_hook_fails_requests(engine_factory, Collector, prompts):
         return {"victim": "hooked"} if "victim" in ids else {}
 
     eng.step_hook = hook
-    for rid, p in zip(("victim", "bystander"), prompts(eng, 2)):
+    for rid, p in zip(("victim", "bystander"), prompts(eng, 2), strict=True):
         col.expect(rid)
         eng.add_request(rid, p, SamplingParams(max_tokens=8, ignore_eos=True), col)
     col.wait(["victim", "bystander"])
@@ -296,7 +297,7 @@ def test_async_engine_generate_and_cancel(engine_factory, prompts):
         assert last.finished and last.finish_reason == "length" and len(toks) == 10
 
         gen = aeng.generate("b", p, SamplingParams(max_tokens=100000, ignore_eos=True))
-        async for out in gen:
+        async for _out in gen:
             break  # consumer goes away early
         await gen.aclose()
 

@@ -8,9 +8,9 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from chaos.stack.engine.block_manager import BlockManager
+from chaos.stack.engine.forward import forward_batch
 from chaos.stack.engine.kv_cache import KVCache
 from chaos.stack.engine.model import load_hf
-from chaos.stack.engine.runner import forward_batch
 
 CPU = torch.device("cpu")
 
@@ -77,7 +77,7 @@ def test_logits_match_transformers(kind, tmp_path):
 def test_engine_runs_hf_checkpoint(tmp_path, run_all):
     import shutil
 
-    from chaos.errors import SetupFailed
+    from chaos.model.errors import SetupFailed
     from chaos.stack.engine import Engine, EngineConfig, SamplingParams
     from chaos.stack.engine.tokenizer import DEFAULT_TOKENIZER
 

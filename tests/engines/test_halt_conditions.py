@@ -6,15 +6,27 @@ from typing import Any
 
 import pytest
 
-from chaos.context import HaltSpec, SafetySpec
-from chaos.halt import DEAD_FIRST, Ended, HaltWatcher, check, dead_target, error_share, target_down, top_errors, ttft_quantile
-from chaos.observations import NS, ErrorInfo, Hangup, Note, StreamRecord
+from chaos.execution.halt import (
+    DEAD_FIRST,
+    Ended,
+    HaltWatcher,
+    check,
+    dead_target,
+    error_share,
+    target_down,
+    top_errors,
+    ttft_quantile,
+)
+from chaos.model.context import HaltSpec, SafetySpec
+from chaos.model.observations import NS, ErrorInfo, FaultEvent, Hangup, Note, StreamRecord
 
 pytestmark = pytest.mark.timeout(30)
 
 
-def _e(t: float, failed: bool = False, answered: bool = True, ttft: float | None = 0.05, msg: str | None = None) -> Ended:
-    return Ended(int(t * NS), failed, answered, None if ttft is None else int(ttft * NS), msg or ("boom" if failed else None))
+def _e(t: float, failed: bool = False, answered: bool = True, ttft: float | None = 0.05,
+       msg: str | None = None) -> Ended:
+    return Ended(int(t * NS), failed, answered, None if ttft is None else int(ttft * NS),
+                 msg or ("boom" if failed else None))
 
 
 def test_dead_from_the_start_all_of_the_first_20_failed() -> None:
@@ -54,7 +66,8 @@ def test_check_respects_the_switch_and_the_order() -> None:
 
 
 def test_top_errors_counts_and_orders() -> None:
-    assert top_errors(["a", "b", "a", None, "a", "b", "c"], n=2) == [{"message": "a", "count": 3}, {"message": "b", "count": 2}]
+    assert top_errors(["a", "b", "a", None, "a", "b", "c"], n=2) == [{"message": "a", "count": 3},
+                                                                     {"message": "b", "count": 2}]
 
 
 def test_the_watcher_halts_once_with_the_reason_and_ignores_hangups() -> None:
@@ -79,3 +92,51 @@ def test_an_experiment_without_conditions_never_halts() -> None:
     for i in range(50):
         watcher.on_event(StreamRecord(id=str(i), phase="p", t_end=i, error=ErrorInfo("connect", "refused")))
     assert not halts and not watcher.active
+
+
+def test_a_kill_with_restart_is_a_planned_outage_until_one_window_after_its_revert() -> None:
+    """vLLM takes tens of seconds to come back: the dead-target default must not halt the run the
+    experiment asked for, and must halt again once the restart is over and the target stays dead."""
+    halts: list[str] = []
+    clock = [0]
+    watcher = HaltWatcher(SafetySpec(), halts.append, lambda n: None, clock=lambda: clock[0])
+
+    def stream(i: int, t_s: float, failed: bool) -> None:
+        clock[0] = int(t_s * NS)
+        watcher.on_event(StreamRecord(id=str(i), phase="p", t_end=clock[0],
+                                      error=ErrorInfo("connect", "refused") if failed else None))
+
+    for i in range(30):
+        stream(i, i * 0.05, failed=False)  # a healthy start
+    watcher.on_event(FaultEvent("kill", "process.kill", "plan", clock[0], undo={"pid": 1, "restart": True}))
+    for i in range(300):
+        stream(100 + i, 2 + i * 0.1, failed=True)  # 30 s of refusals while vLLM restarts
+    assert not halts
+    watcher.on_event(FaultEvent("kill", "process.kill", "revert", clock[0]))
+    stream(500, 32.5, failed=True)  # within one window of the revert: still the restart's outage
+    assert not halts
+    for i in range(40):
+        stream(600 + i, 35 + i * 0.05, failed=True)  # the restarted target is dead too: now it halts
+    assert len(halts) == 1 and "looks dead" in halts[0]
+    # without restart the same refusals halt at once
+    plain = HaltWatcher(SafetySpec(), halts.append, lambda n: None, clock=lambda: clock[0])
+    plain.on_event(FaultEvent("kill", "process.kill", "plan", 0, undo={"pid": 1, "restart": False}))
+    for i in range(30):
+        clock[0] = int(i * 0.05 * NS)
+        plain.on_event(StreamRecord(id=str(i), phase="p", t_end=clock[0], error=ErrorInfo("connect", "refused")))
+    assert len(halts) == 2
+
+
+def test_target_down_sees_streams_in_flight_that_get_no_byte() -> None:
+    """A frozen target (SIGSTOP) accepts connections and ends no stream: the in-flight stamps decide."""
+    down = HaltSpec("target_down", window=5.0, min_streams=10, name="down")
+    answered = [Ended(int(1 * NS), False, True, 100, None)]
+    silent = [int(2 * NS), int(2.5 * NS)]
+    assert "none of the 2 streams in flight got a byte" in (target_down(answered, int(7.6 * NS), down, silent) or "")
+    assert target_down(answered, int(7.0 * NS), down, silent) is None  # one got a byte 4.5 s ago
+    assert target_down(answered, int(9 * NS), down, [int(2 * NS), int(8 * NS)]) is None  # one is still streaming
+    # one just answered
+    assert target_down([Ended(int(8 * NS), False, True, 1, None)], int(9 * NS), down, silent) is None
+    assert target_down(answered, int(9 * NS), down, ()) is None  # nothing in flight, too few ended
+    safety = SafetySpec(halt_on=(down,), halt_on_dead_target=False)
+    assert "got a byte" in (check(answered, int(9 * NS), safety, silent) or "")

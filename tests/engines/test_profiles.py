@@ -6,12 +6,12 @@ from dataclasses import replace
 
 import pytest
 
-from chaos.credentials import resolve
-from chaos.engines import PROFILES, Evidence, identify
-from chaos.errors import UsageError
-from chaos.experiment.model import LoadSpec
-from chaos.observations import EndRule, StreamRecord
-from chaos.preflight import rejected_fields, sent_fields, shape_for
+from chaos.execution.credentials import resolve
+from chaos.execution.preflight import END_WAIT_S, end_assumed, rejected_fields, sent_fields, shape_for, should_cut
+from chaos.model.engines import PROFILES, Evidence, identify
+from chaos.model.errors import UsageError
+from chaos.model.experiment import LoadSpec
+from chaos.model.observations import EndRule, StreamRecord
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -26,9 +26,11 @@ pytestmark = pytest.mark.timeout(30)
         (Evidence(info={"model_id": "m", "router": "text-generation-router"}), "tgi", "/info router"),
         (Evidence(headers={"x-litellm-version": "1.108.7"}), "litellm", "x-litellm-version"),
         (Evidence(liveliness='"I\'m alive!"', owned_by=("openai",)), "litellm", "/health/liveliness"),
-        (Evidence(owned_by=("local",), preflight_error='{"detail":"Unexpected fields in the request: {\'ignore_eos\'}"}'),
+        (Evidence(owned_by=("local",),
+                  preflight_error='{"detail":"Unexpected fields in the request: {\'ignore_eos\'}"}'),
          "transformers-serve", "preflight refused"),
-        (Evidence(metric_names=("process_cpu_seconds", "sglang:num_running_reqs")), "sglang", "metric sglang:num_running_reqs"),
+        (Evidence(metric_names=("process_cpu_seconds", "sglang:num_running_reqs")), "sglang",
+         "metric sglang:num_running_reqs"),
         (Evidence(metric_names=("tgi_queue_size",)), "tgi", "metric tgi_queue_size"),
         (Evidence(owned_by=("openai",), server_header="uvicorn"), "openai", "no engine-specific sign"),
         (Evidence(), "openai", "no engine-specific sign"),
@@ -62,7 +64,8 @@ def test_shape_for_leaves_out_what_a_profile_does_not_accept() -> None:
     "message,present,named",
     [
         ("Unexpected fields in the request: {'ignore_eos'}", ["ignore_eos", "stream_options"], ["ignore_eos"]),
-        ("1 validation error: stream_options Extra inputs are not permitted", ["ignore_eos", "stream_options"], ["stream_options"]),
+        ("1 validation error: stream_options Extra inputs are not permitted", ["ignore_eos", "stream_options"],
+         ["stream_options"]),
         ("Unrecognized request argument supplied: ignore eos", ["ignore_eos"], ["ignore_eos"]),
         ("max_tokens must be at most 64", ["ignore_eos", "stream_options"], []),
         ("Unexpected fields: {'ignore_eos'}", ["stream_options"], []),  # not sent: cannot be the cause
@@ -70,6 +73,30 @@ def test_shape_for_leaves_out_what_a_profile_does_not_accept() -> None:
 )
 def test_rejected_fields_reads_the_refusal(message: str, present: list[str], named: list[str]) -> None:
     assert rejected_fields(message, present) == named
+
+
+@pytest.mark.parametrize(
+    "since_s,events,max_tokens,cut",
+    [
+        (0.5, 50, 100_000, False),  # too soon to judge the rate
+        (1.0, 100, 100_000, True),  # 100 events/s: the end is ~1000 s away
+        (1.0, 100, 150, False),  # 100 events/s: the end is half a second away, so it is awaited
+        (1.0, 100, 1_500, False),  # ~15 s at this rate: within twice the wait, awaited until the wait is up
+        (END_WAIT_S, 900, 1_500, True),  # the wait is up
+        (1.0, 3, None, True),  # no max_tokens: endless, nothing to wait for
+        (3.0, 0, 100_000, False),  # no content event yet counted: nothing to project from
+    ],
+)
+def test_the_preflight_cuts_a_stream_only_when_its_end_is_far_off(since_s: float, events: int, max_tokens: int | None,
+                                                                   cut: bool) -> None:
+    assert should_cut(since_s, events, max_tokens) is cut
+
+
+def test_a_cut_preflight_says_which_end_of_stream_rule_is_assumed() -> None:
+    assert end_assumed(PROFILES["vllm"]).endswith("the vllm profile's rule is assumed: a complete stream ends with "
+                                                  "a finish_reason, then [DONE]")
+    assert "a finish_reason ([DONE] not required)" in end_assumed(PROFILES["transformers-serve"])
+    assert end_assumed(PROFILES["builtin"]).startswith("the end-of-stream rule was not observed")
 
 
 def test_a_stream_without_done_is_complete_only_under_a_rule_that_does_not_require_it() -> None:

@@ -129,7 +129,8 @@ target:
 phases:
   - name: freeze
     duration: 2s
-    faults: [{kind: docker.pause}, {kind: docker.cpu_limit, cpus: 0.5}, {kind: docker.kill, signal: SIGTERM, at: 1s, restart: true}]
+    faults: [{kind: docker.pause}, {kind: docker.cpu_limit, cpus: 0.5},
+             {kind: docker.kill, signal: SIGTERM, at: 1s, restart: true}]
 """)
 
 GOOD_CASES = (MINIMAL, FULL, ANCHORS, PROXY_OFF, DOCKER)
@@ -304,7 +305,8 @@ safety:
   scrape_interval: 50ms
   max_duration: 1m
 """, ((4, 20, "safety.scrape_interval", "must lie between 100ms and 1s, found 50ms"),
-      (5, 17, "safety.max_duration", "the run needs 103s (phases 90s + drain_timeout 10s + cleanup_window 2s + 1s baseline), more than max_duration 60s")))
+      (5, 17, "safety.max_duration", "the run needs 103s (phases 90s + drain_timeout 10s + cleanup_window 2s "
+       "+ 1s baseline), more than max_duration 60s")))
 
 TARGET = Bad("target-kind-and-url", """\
 name: x
@@ -312,7 +314,8 @@ target:
   kind: opneai
   url: localhost:8000
 phases: [{name: a, duration: 1s}]
-""", ((3, 9, "target.kind", "expected one of builtin, openai, vllm, docker, kubernetes, found 'opneai' (did you mean 'openai'?)"),
+""", ((3, 9, "target.kind",
+       "expected one of builtin, openai, vllm, docker, kubernetes, found 'opneai' (did you mean 'openai'?)"),
       (4, 8, "target.url", "expected an http(s) URL")))
 
 DOCKER_ONLY_KEYS = Bad("docker-keys-on-another-kind", """\
@@ -323,7 +326,8 @@ target:
   image: vllm/vllm-openai
   gpus: all
 phases: [{name: a, duration: 1s}]
-""", ((5, 10, "target.image", "only a docker target takes 'image' (target.kind is openai); set kind: docker, or remove it"),
+""", ((5, 10, "target.image",
+       "only a docker target takes 'image' (target.kind is openai); set kind: docker, or remove it"),
       (6, 9, "target.gpus", "only a docker target takes 'gpus' (target.kind is openai)")))
 
 DOCKER_TARGET = Bad("docker-target", """\
@@ -433,7 +437,8 @@ phases: [{name: a, duration: 1s}]
 ))
 
 BAD_CASES = (
-    ALLOWED_TARGETS, LOAD_SHARDS, LOAD_SHARD_LISTEN, SYNTAX, TAB, NOT_A_MAPPING, EMPTY, DUPLICATE_KEY, UNKNOWN_SECTION, MISSING_REQUIRED, BARE_DURATION,
+    ALLOWED_TARGETS, LOAD_SHARDS, LOAD_SHARD_LISTEN, SYNTAX, TAB, NOT_A_MAPPING, EMPTY, DUPLICATE_KEY,
+    UNKNOWN_SECTION, MISSING_REQUIRED, BARE_DURATION,
     UNKNOWN_FAULT_KIND, UNKNOWN_FAULT_PARAM, BAD_FAULT_VALUE, ONE_OF, FAULT_CROSS_CHECK, DUPLICATE_PHASE,
     NO_PHASES, SLA_UNKNOWN_PHASE, SLA_BAD_ENTRY, LOAD_BOTH, PROMPTS, SAFETY, TARGET, DOCKER_ONLY_KEYS, DOCKER_TARGET,
     DUPLICATE_FAULT_NAME, MANY,

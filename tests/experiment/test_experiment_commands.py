@@ -9,9 +9,9 @@ from pathlib import Path
 import experiment_cases as cases
 import pytest
 
-from chaos.catalogue import catalogue_markdown, fault_kinds, render_catalogue, sla_kinds
-from chaos.errors import ExperimentInvalid
 from chaos.experiment import validate_command
+from chaos.model.errors import ExperimentInvalid
+from chaos.output.catalogue import catalogue_markdown, fault_kinds, render_catalogue, sla_kinds
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -9,8 +9,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chaos.errors import ExperimentInvalid, Problem
 from chaos.experiment import Experiment, experiment_from_dict, parse_experiment
+from chaos.model.errors import ExperimentInvalid, Problem
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -107,6 +107,7 @@ def test_any_near_experiment_dict_is_an_experiment_or_invalid(doc: dict[str, Any
         _check(exc.problems)
     else:
         assert isinstance(result, Experiment)
+        assert result.text is not None and parse_experiment(result.text) == result  # the copy a run keeps for `verify`
 
 
 @settings(max_examples=200, deadline=None)
@@ -145,3 +146,74 @@ def test_every_registered_kind_survives_arbitrary_parameters(data: st.DataObject
         experiment_from_dict(doc)
     except ExperimentInvalid as exc:
         _check(exc.problems)
+
+
+# ---- through `streamchaos validate`, in process (issue 23.6 and the fuzz of 200 mutated experiments) ----
+
+import io  # noqa: E402 - this part's own imports
+import random  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from chaos.experiment import validate_command  # noqa: E402
+
+_SHIPPED = sorted((Path(__file__).resolve().parents[2] / "experiments").glob("*.yaml"))
+
+
+def _validate(path: Path) -> tuple[int, str]:
+    out = io.StringIO()
+    return validate_command([str(path)], out), out.getvalue()
+
+
+@pytest.mark.parametrize("char", ["\x01", "\x07", "\x1b", "\x7f", "\ufffe"])
+def test_a_control_character_is_a_located_error_not_a_traceback(tmp_path: Path, char: str) -> None:
+    path = tmp_path / "ctl.yaml"
+    path.write_text(f"name: x\nphases:\n  - name: p{char}\n    duration: 1s\n", encoding="utf-8")
+    code, out = _validate(path)
+    assert code == 2 and out.startswith(f"{path}:3:") and "is not allowed" in out, out
+
+
+_WEIRD = [None, True, -1, 0, 10**40, 1e308, float("nan"), "", "\x00\x1b[31m", "1e999s", "5 parsecs", "-3s", "999999h",
+          "150%", "10KB/s", [], {}, [1, [2, [3]]], {"<<": {"a": 1}}, "$x$", "app in (", "!!", "p99.9.9"]
+
+
+def _mutate(doc: Any, rng: random.Random) -> Any:
+    """One seeded mutation somewhere in ``doc``: delete, duplicate or retype a key, or replace a value."""
+    if isinstance(doc, dict) and doc and rng.random() < 0.7:
+        key = rng.choice(list(doc))
+        roll = rng.random()
+        if roll < 0.2:
+            del doc[key]
+        elif roll < 0.3:
+            doc[f"{key}_copy" if rng.random() < 0.5 else key.upper()] = doc[key]
+        elif roll < 0.5:
+            doc[key] = rng.choice(_WEIRD)
+        else:
+            doc[key] = _mutate(doc[key], rng)
+        return doc
+    if isinstance(doc, list) and doc and rng.random() < 0.7:
+        i = rng.randrange(len(doc))
+        if rng.random() < 0.2:
+            doc.append(doc[i])
+        else:
+            doc[i] = _mutate(doc[i], rng)
+        return doc
+    return rng.choice(_WEIRD)
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_a_mutated_shipped_experiment_validates_or_is_a_located_error(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    source = _SHIPPED[seed % len(_SHIPPED)]
+    doc = yaml.safe_load(source.read_text(encoding="utf-8"))
+    for _ in range(1 + rng.randrange(3)):
+        doc = _mutate(doc, rng)
+    text = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True) if not isinstance(doc, str) else doc
+    if rng.random() < 0.1:  # a raw control character where the dump put a quoted one
+        cut = rng.randrange(len(text) + 1)
+        text = text[:cut] + rng.choice("\x01\x08\x1b") + text[cut:]
+    path = tmp_path / f"m{seed}.yaml"
+    path.write_text(text, encoding="utf-8")
+    code, out = _validate(path)  # any other exception fails the test with its traceback
+    assert code in (0, 2), out
+    if code == 2:
+        assert out.startswith(str(path)) and "Traceback" not in out, out

@@ -9,7 +9,6 @@ from pathlib import Path
 import experiment_cases as cases
 import pytest
 
-from chaos.errors import ExperimentInvalid
 from chaos.experiment import (
     Experiment,
     LoadSpec,
@@ -18,6 +17,7 @@ from chaos.experiment import (
     parse_experiment,
     validate_file,
 )
+from chaos.model.errors import ExperimentInvalid
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -107,7 +107,8 @@ def test_experiment_is_immutable_and_picklable() -> None:
 
 def test_from_dict_reports_key_paths_without_positions() -> None:
     with pytest.raises(ExperimentInvalid) as info:
-        experiment_from_dict({"name": "x", "phases": [{"name": "a", "duration": "1s", "faults": [{"kind": "test.hangup"}]}]})
+        experiment_from_dict({"name": "x", "phases": [{"name": "a", "duration": "1s",
+                                                       "faults": [{"kind": "test.hangup"}]}]})
     (problem,) = info.value.problems
     assert (problem.file, problem.line, problem.column) == ("<dict>", 0, 0)
     assert problem.path == "phases[0].faults[0]"
@@ -116,7 +117,8 @@ def test_from_dict_reports_key_paths_without_positions() -> None:
 
 def test_from_dict_rejects_non_string_keys() -> None:
     with pytest.raises(ExperimentInvalid) as info:
-        experiment_from_dict({"name": "x", "phases": [{"name": "a", "duration": "1s"}], 3: "x"})  # type: ignore[dict-item]
+        experiment_from_dict({"name": "x", "phases": [{"name": "a", "duration": "1s"}],
+                              3: "x"})  # type: ignore[dict-item]
     assert [p.message for p in info.value.problems] == ["keys must be names (strings), found 3"]
 
 

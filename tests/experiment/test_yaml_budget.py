@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from chaos.errors import ExperimentInvalid
 from chaos.experiment import parse_experiment
 from chaos.experiment.yamlpos import Budget, YamlSyntaxError, YamlTooLarge, load_bounded, load_located
+from chaos.model.errors import ExperimentInvalid
 
 # The interpreter plus numpy/scipy (imported by the SLA registry) reserve about 300 MiB of address
 # space with one BLAS thread; 512 MiB leaves room for a few MB of YAML and nothing like an alias bomb.
@@ -58,7 +58,8 @@ CASES: dict[str, tuple[Callable[[], str], str]] = {
     "merge-key-bomb": (_merge_bomb, "expand the document to more than"),
     "10MB-file": (_ten_megabytes, "experiment files may be at most 256 KiB"),
     "100k-deep": (lambda: "name: x\nseed: " + "[" * 100_000 + "\n", "nested more than 64 levels deep"),
-    "5000-digit-int": (lambda: "name: x\nphases: [{name: a, duration: 1s}]\nseed: " + "7" * 5000 + "\n", "at most 32 are read"),
+    "5000-digit-int": (lambda: "name: x\nphases: [{name: a, duration: 1s}]\nseed: " + "7" * 5000 + "\n",
+                       "at most 32 are read"),
 }
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from chaos.errors import UsageError
 from chaos.experiment.yamledit import apply_edits
+from chaos.model.errors import UsageError
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -27,7 +27,8 @@ sla:
 
 
 def test_scalars_are_replaced_in_place_and_everything_else_is_kept() -> None:
-    out = apply_edits(TEXT, {("sla", 0, "budget"): "61.3ms", ("sla", 1, "budget"): "26.2ms", ("sla", 3, "min_share"): "87.2%"})
+    out = apply_edits(TEXT, {("sla", 0, "budget"): "61.3ms", ("sla", 1, "budget"): "26.2ms",
+                             ("sla", 3, "min_share"): "87.2%"})
     expected = (TEXT.replace("budget: 500ms}", "budget: 61.3ms}").replace('budget: "100ms"', 'budget: "26.2ms"')
                 .replace("min_share: 90%}", "min_share: 87.2%}"))
     assert out == expected

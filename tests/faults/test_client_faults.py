@@ -12,9 +12,9 @@ import pytest
 
 from chaos.load.client import make_http_client, stream_request
 from chaos.load.mock import ThreadedMockServer
-from chaos.observations import StreamRecord
-from chaos.context import ClientPlan, ClientPolicy, RunContext, TargetInfo
 from chaos.load.rules import DisconnectRule, SlowReaderRule, TimeoutRule
+from chaos.model.context import ClientPlan, ClientPolicy, RunContext, TargetInfo
+from chaos.model.observations import StreamRecord
 from faults.base import REGISTRY
 
 
@@ -146,7 +146,8 @@ def test_draws_replay_with_the_same_seed_and_differ_with_another() -> None:
 
 
 def test_rules_pickle_for_worker_processes() -> None:
-    for rule in (DisconnectRule("a", 0.2, after_s=1.0), SlowReaderRule("b", 1.0, read_rate_bps=2000.0), TimeoutRule("c", 0.1, 0.2)):
+    for rule in (DisconnectRule("a", 0.2, after_s=1.0), SlowReaderRule("b", 1.0, read_rate_bps=2000.0),
+                 TimeoutRule("c", 0.1, 0.2)):
         assert pickle.loads(pickle.dumps(rule)) == rule
 
 

@@ -26,10 +26,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "nvml"))
 from fakenvml import build_fake_nvml, fake_env, gcc, read_state, reset_pynvml
 
-from chaos.errors import FaultPermissionDenied, FaultUnsupported
+from chaos.execution.telemetry import GpuTelemetry
+from chaos.model.context import RunContext, SafetySpec, TargetInfo
+from chaos.model.errors import FaultPermissionDenied, FaultUnsupported
 from faults import burner
-from chaos.context import RunContext, SafetySpec, TargetInfo
-from chaos.telemetry import GpuTelemetry
 from faults.gpu import GpuPowerCap, GpuThrottle, choose_backend, clock_at_or_below, contention_shape
 from faults.nvml import Nvml, nvml_available
 
@@ -130,7 +130,8 @@ def test_load_time_refusal_without_allow_gpu_clock_changes() -> None:
     assert problems and problems[0][0] == "backend" and "safety.allow_gpu_clock_changes" in problems[0][1]
     assert throttle(backend="nvml", fraction_of_max=0.5).problems(allowed) == []
     assert throttle(backend="auto", fraction_of_max=0.5).problems(denied) == []
-    assert "safety.allow_gpu_clock_changes" in GpuPowerCap.from_params("cap", {"device": 0, "watts": 300.0}).problems(denied)[0][1]
+    assert "safety.allow_gpu_clock_changes" in GpuPowerCap.from_params("cap", {"device": 0, "watts": 300.0}) \
+        .problems(denied)[0][1]
     assert throttle(fraction_of_max=0.01).problems(allowed)[0][0] == "fraction_of_max"
 
 
@@ -245,12 +246,13 @@ INJECT_NVML = textwrap.dedent(
     """
     import asyncio, json, sys, time
     from pathlib import Path
-    from chaos.context import RunContext, SafetySpec, TargetInfo
+    from chaos.model.context import RunContext, SafetySpec, TargetInfo
     from faults.gpu import GpuThrottle
 
-    fault = GpuThrottle.from_params("throttle", {"device": 0, "sm_clock_mhz": None, "fraction_of_max": 0.5, "backend": "nvml", "period": 0.1})
-    env = RunContext(seed=1, target=TargetInfo(kind="builtin", base_url="http://x/v1", device="cuda:0"), run_dir=Path(sys.argv[1]),
-                     safety=SafetySpec(allow_gpu_clock_changes=True))
+    fault = GpuThrottle.from_params("throttle", {"device": 0, "sm_clock_mhz": None, "fraction_of_max": 0.5,
+                                                 "backend": "nvml", "period": 0.1})
+    env = RunContext(seed=1, target=TargetInfo(kind="builtin", base_url="http://x/v1", device="cuda:0"),
+                     run_dir=Path(sys.argv[1]), safety=SafetySpec(allow_gpu_clock_changes=True))
     fault = fault.activate(env)
     undo = fault.plan()
     evidence = asyncio.run(fault.inject())
@@ -259,11 +261,13 @@ INJECT_NVML = textwrap.dedent(
     """
 )
 
-ROLLBACK = "import json, sys; from faults.base import REGISTRY; import faults; print(json.dumps(REGISTRY[sys.argv[1]].rollback(json.loads(sys.argv[2]))))"
+ROLLBACK = ("import json, sys; from faults.base import REGISTRY; import faults; "
+            "print(json.dumps(REGISTRY[sys.argv[1]].rollback(json.loads(sys.argv[2]))))")
 
 
 def test_rollback_from_another_process_after_sigkill_resets_clocks(fake: SimpleNamespace, tmp_path: Path) -> None:
-    injector = subprocess.Popen([sys.executable, "-c", INJECT_NVML, str(tmp_path)], stdout=subprocess.PIPE, env=child_env(**fake.env))
+    injector = subprocess.Popen([sys.executable, "-c", INJECT_NVML, str(tmp_path)], stdout=subprocess.PIPE,
+                                env=child_env(**fake.env))
     try:
         assert injector.stdout is not None
         undo = json.loads(injector.stdout.readline())
@@ -290,7 +294,8 @@ def test_rollback_from_another_process_after_sigkill_resets_clocks(fake: SimpleN
 # ---- contention on CPU -----------------------------------------------------------------------
 
 
-async def test_cpu_contention_helpers_live_while_injected_and_go_on_revert(tmp_path: Path, busy_child: subprocess.Popen[bytes]) -> None:
+async def test_cpu_contention_helpers_live_while_injected_and_go_on_revert(tmp_path: Path,
+                                                                           busy_child: subprocess.Popen[bytes]) -> None:
     env = gpu_env(tmp_path, allow=False, device="cpu", pid=busy_child.pid)
     fault = throttle(fraction_of_max=0.9, backend="contention")
     fault = fault.activate(env)
@@ -313,11 +318,13 @@ INJECT_CONTENTION = textwrap.dedent(
     """
     import asyncio, json, sys, time
     from pathlib import Path
-    from chaos.context import RunContext, TargetInfo
+    from chaos.model.context import RunContext, TargetInfo
     from faults.gpu import GpuThrottle
 
-    fault = GpuThrottle.from_params("throttle", {"device": 0, "sm_clock_mhz": None, "fraction_of_max": 0.9, "backend": "contention", "period": 0.1})
-    env = RunContext(seed=1, target=TargetInfo(kind="builtin", base_url="http://x/v1", device="cpu"), run_dir=Path(sys.argv[1]))
+    fault = GpuThrottle.from_params("throttle", {"device": 0, "sm_clock_mhz": None, "fraction_of_max": 0.9,
+                                                 "backend": "contention", "period": 0.1})
+    env = RunContext(seed=1, target=TargetInfo(kind="builtin", base_url="http://x/v1", device="cpu"),
+                     run_dir=Path(sys.argv[1]))
     fault = fault.activate(env)
 
     async def main():
@@ -332,7 +339,8 @@ INJECT_CONTENTION = textwrap.dedent(
 
 
 def start_contention_injector(tmp_path: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
-    injector = subprocess.Popen([sys.executable, "-c", INJECT_CONTENTION, str(tmp_path)], stdout=subprocess.PIPE, env=child_env())
+    injector = subprocess.Popen([sys.executable, "-c", INJECT_CONTENTION, str(tmp_path)], stdout=subprocess.PIPE,
+                                env=child_env())
     assert injector.stdout is not None
     line = injector.stdout.readline()
     if not line:
@@ -364,7 +372,8 @@ def test_rollback_stops_live_helpers_but_never_a_recycled_pid(tmp_path: Path) ->
     try:
         # A watchdog's view: the runner is alive but its lease expired. One recorded pid now
         # belongs to an unrelated process (pid reuse): it must be left alone.
-        record = dict(undo, helpers=undo["helpers"] + [{"pid": stranger.pid, "starttime": burner.start_time(stranger.pid)}])
+        record = dict(undo, helpers=undo["helpers"] + [{"pid": stranger.pid,
+                                                        "starttime": burner.start_time(stranger.pid)}])
         out = subprocess.run([sys.executable, "-c", ROLLBACK, "gpu.throttle", json.dumps(record)], env=child_env(),
                              capture_output=True, text=True, timeout=30, check=True)
         result = json.loads(out.stdout)
@@ -382,7 +391,8 @@ def test_rollback_stops_live_helpers_but_never_a_recycled_pid(tmp_path: Path) ->
 # ---- cpu_duty against a real CPU-bound process ----------------------------------------------------
 
 
-async def test_cpu_duty_slows_the_target_and_revert_leaves_it_running(tmp_path: Path, busy_child: subprocess.Popen[bytes]) -> None:
+async def test_cpu_duty_slows_the_target_and_revert_leaves_it_running(tmp_path: Path,
+                                                                      busy_child: subprocess.Popen[bytes]) -> None:
     env = gpu_env(tmp_path, allow=False, device="cpu", pid=busy_child.pid)
     fault = throttle(fraction_of_max=0.3)  # auto on a CPU engine with a pid → cpu_duty
     fault = fault.activate(env)
@@ -409,7 +419,8 @@ async def test_cpu_duty_slows_the_target_and_revert_leaves_it_running(tmp_path: 
     assert burner.find_burners(undo["tag"]) == []
 
 
-async def test_cpu_duty_rollback_after_the_cycler_is_sigkilled(tmp_path: Path, busy_child: subprocess.Popen[bytes]) -> None:
+async def test_cpu_duty_rollback_after_the_cycler_is_sigkilled(tmp_path: Path,
+                                                               busy_child: subprocess.Popen[bytes]) -> None:
     env = gpu_env(tmp_path, allow=False, device="cpu", pid=busy_child.pid)
     fault = throttle(fraction_of_max=0.1, backend="cpu_duty", period=1.0)  # stopped 0.9 s of every second
     fault = fault.activate(env)
@@ -417,12 +428,14 @@ async def test_cpu_duty_rollback_after_the_cycler_is_sigkilled(tmp_path: Path, b
     evidence = await fault.inject()
     try:
         cycler = evidence["cycler_pid"]
-        await asyncio.to_thread(wait_for, lambda: burner.proc_state(busy_child.pid) == "T", 5, "the target to be stopped")
+        await asyncio.to_thread(wait_for, lambda: burner.proc_state(busy_child.pid) == "T", 5,
+                                "the target to be stopped")
         os.kill(cycler, signal.SIGKILL)  # no chance to SIGCONT: the target stays stopped
         await asyncio.sleep(0.3)
         assert burner.proc_state(busy_child.pid) == "T"
         record = undo | evidence["undo"]
-        out = await asyncio.to_thread(subprocess.run, [sys.executable, "-c", ROLLBACK, "gpu.throttle", json.dumps(record)],
+        out = await asyncio.to_thread(subprocess.run,
+                                      [sys.executable, "-c", ROLLBACK, "gpu.throttle", json.dumps(record)],
                                       env=child_env(), capture_output=True, text=True, timeout=30, check=True)
         result = json.loads(out.stdout)
         assert result["target_resumed"] and result["target_state"] in ("R", "S")

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
+from chaos.execution.proxy import start_proxy
 from chaos.experiment import experiment_from_dict
-from chaos.proxy import start_proxy
-from chaos.context import RunContext, TargetInfo
+from chaos.model.context import RunContext, TargetInfo
 from faults.base import REGISTRY
 from faults.toxiproxy_server import ToxiproxyThread
 
@@ -44,7 +44,8 @@ def env(tmp_path: Path) -> Any:
         handle = asyncio.run(start_proxy(experiment({"server": "external", "url": tpx.url}), target, tmp_path))
         # it is our embedded server, so the non-standard buffer toxic is there
         info = replace(handle.info, supports_buffer=True)
-        yield RunContext(seed=1, target=target, run_dir=tmp_path, proxy=info), experiment({"server": "embedded"}), tpx.url
+        yield RunContext(seed=1, target=target, run_dir=tmp_path, proxy=info), experiment({"server": "embedded"}), \
+            tpx.url
         asyncio.run(handle.stop())
 
 
@@ -98,4 +99,5 @@ def test_bad_attributes_that_crash_real_toxiproxy_are_rejected_at_validation() -
     assert REGISTRY["network.slicer"].schema.parse({"average_size": "0B"})[1]  # average_size 0 crashes the real server
     assert REGISTRY["network.bandwidth"].schema.parse({"rate": "0KB/s"})[1]
     buffer = REGISTRY["network.buffer"]
-    assert any("embedded" in message for _, message in buffer.from_params("b", buffer.schema.parse({})[0]).problems(exp))
+    assert any("embedded" in message
+               for _, message in buffer.from_params("b", buffer.schema.parse({})[0]).problems(exp))

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from chaos.errors import FaultUnsupported
-from chaos.context import RunContext, TargetInfo
+from chaos.model.context import RunContext, TargetInfo
+from chaos.model.errors import FaultUnsupported
 from faults.process import ProcessKill, describe_status
 
 pytestmark = pytest.mark.timeout(60)
@@ -46,7 +46,8 @@ def env_for(pid: int | None, tmp_path: Path) -> RunContext:
 
 
 def kill(**params: Any) -> ProcessKill:
-    return ProcessKill.from_params("crash", {"target": "server", "signal": "SIGKILL", "at": 0.0, "restart": False} | params)
+    return ProcessKill.from_params("crash", {"target": "server", "signal": "SIGKILL", "at": 0.0,
+                                             "restart": False} | params)
 
 
 async def test_sigkill_at_phase_start(tmp_path: Path, children: list[subprocess.Popen[bytes]]) -> None:

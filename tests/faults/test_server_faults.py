@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from chaos.errors import FaultUnsupported
+from chaos.model.context import RunContext, TargetInfo
+from chaos.model.errors import FaultUnsupported
 from chaos.stack.process import StackProcess
-from chaos.context import RunContext, TargetInfo
 from faults.server import ServerNagle, ServerStall, ServerTimeout
 
 pytestmark = pytest.mark.timeout(60)
@@ -30,7 +30,8 @@ def stack() -> Iterator[StackProcess]:
 
 @pytest.fixture
 def env(stack: StackProcess, tmp_path: Path) -> Iterator[RunContext]:
-    target = TargetInfo(kind="builtin", base_url=stack.base_url, metrics_url=stack.metrics_url, admin_url=stack.admin_url, admin_token=stack.admin_token)
+    target = TargetInfo(kind="builtin", base_url=stack.base_url, metrics_url=stack.metrics_url,
+                        admin_url=stack.admin_url, admin_token=stack.admin_token)
     yield RunContext(seed=7, target=target, run_dir=tmp_path)
     httpx.delete(stack.admin_url + "/faults", headers=stack.admin_headers, timeout=5)
     _wait_idle(stack)
@@ -60,10 +61,12 @@ def _fault(cls: Any, name: str, raw: dict[str, Any]) -> Any:
 
 def _stream_events(stack: StackProcess, max_tokens: int = 400) -> tuple[list[Any], list[float]]:
     """One streamed completion read over a bare socket: its events and the arrival time of each read."""
-    body = json.dumps({"model": "tiny", "prompt": "go", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}).encode()
+    body = json.dumps({"model": "tiny", "prompt": "go", "max_tokens": max_tokens, "ignore_eos": True,
+                       "stream": True}).encode()
     host, port = stack.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=15) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                     b"Content-Type: application/json\r\n"
                      + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
         raw, times = b"", []
         while chunk := sock.recv(65536):
@@ -126,7 +129,8 @@ def test_timeout_fraction_hits_some_requests(stack: StackProcess, env: RunContex
     fault = _fault(ServerTimeout, "half", {"where": "engine_step", "fraction": 0.5})
     fault = fault.activate(env)
     asyncio.run(fault.inject())
-    statuses = [httpx.post(stack.base_url + "/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 3}, timeout=10).status_code
+    statuses = [httpx.post(stack.base_url + "/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 3},
+                           timeout=10).status_code
                 for _ in range(16)]
     assert 0 < statuses.count(504) < 16 and statuses.count(504) + statuses.count(200) == 16
     listed = asyncio.run(fault.revert())["last_seen"]
@@ -165,7 +169,8 @@ def test_stall_schema_problems() -> None:
 @pytest.mark.parametrize("where", ["event_loop", "engine"])
 def test_stall_makes_a_gap_in_token_arrival(stack: StackProcess, env: RunContext, where: str) -> None:
     stall = 0.4
-    fault = _fault(ServerStall, f"stall-{where}", {"where": where, "duration": f"{stall}s", "every": "30s"}).activate(env)
+    fault = _fault(ServerStall, f"stall-{where}",
+                   {"where": where, "duration": f"{stall}s", "every": "30s"}).activate(env)
     result: dict[str, Any] = {}
 
     async def go() -> None:
@@ -189,7 +194,8 @@ def test_stall_makes_a_gap_in_token_arrival(stack: StackProcess, env: RunContext
 
 
 @pytest.mark.asyncio
-async def test_nagle_inject_turns_nodelay_off_on_live_connections_and_revert_restores(stack: StackProcess, env: RunContext) -> None:
+async def test_nagle_inject_turns_nodelay_off_on_live_connections_and_revert_restores(stack: StackProcess,
+                                                                                      env: RunContext) -> None:
     fault = _fault(ServerNagle, "nagle", {}).activate(env)
     host, port = stack.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=15) as live:

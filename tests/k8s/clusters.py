@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
-from chaos.children import first_line, spawn
+from chaos.host.children import first_line, spawn
 from chaos.k8s.rbac import Rule
 
 HERE = Path(__file__).resolve().parent
@@ -37,11 +37,15 @@ REAL_KUBECONFIG = os.environ.get("STREAMCHAOS_TEST_KUBECONFIG", "").strip()
 IMAGE = os.environ.get("STREAMCHAOS_TEST_IMAGE", "streamchaos:latest")
 
 fake_only = pytest.mark.skipif(bool(REAL_KUBECONFIG), reason="needs the fake's loopback pod addresses or its processes")
+# the fake's timings set per object by annotation (schedule delay, budget sync, namespace finalizing)
+fake_timings = pytest.mark.skipif(bool(REAL_KUBECONFIG),
+                                  reason="sets the fake's scheduler, disruption-controller or finalizer timings")
 
 # A light pod (no torch): the loopback mock speaks OpenAI streaming, /health and /metrics.
 MOCK_POD = ["python", "-m", "chaos.load.mock", "--host", "0.0.0.0", "--port", "8000", "--tick", "0.02"]
 # The builtin stack as a pod (the tiny model on CPU), as manifests/demo-stack.yaml runs it.
-STACK_POD = ["streamchaos", "stack", "serve", "--host", "0.0.0.0", "--port", "8000", "--model", "tiny", "--device", "cpu"]
+STACK_POD = ["streamchaos", "stack", "serve", "--host", "0.0.0.0", "--port", "8000", "--model", "tiny",
+             "--device", "cpu"]
 
 
 def _client(kubeconfig: Path) -> Any:
@@ -74,7 +78,8 @@ class ClusterUnderTest:
     # -- namespaces ------------------------------------------------------------------------------------
     def new_namespace(self, prefix: str = "streamchaos-test") -> str:
         name = f"{prefix}-{secrets.token_hex(3)}"
-        self.core.create_namespace({"metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "streamchaos-tests"}}})
+        self.core.create_namespace({"metadata": {"name": name,
+                                                 "labels": {"app.kubernetes.io/part-of": "streamchaos-tests"}}})
         self.namespaces.append(name)
         return name
 
@@ -84,20 +89,24 @@ class ClusterUnderTest:
 
     # -- workloads ---------------------------------------------------------------------------------------
     def deploy(self, namespace: str, name: str, *, replicas: int = 3, command: Sequence[str] = MOCK_POD,
-               grace_s: int = 2, budget: dict[str, Any] | None = None, service: bool = True) -> None:
+               grace_s: int = 2, budget: dict[str, Any] | None = None, service: bool = True,
+               annotations: dict[str, str] | None = None, probe_path: str = "/health") -> None:
         """A Deployment of ``replicas`` pods running ``command`` on port 8000 (named ``http``), its Service,
-        and optionally a PodDisruptionBudget (``{"minAvailable": 3}``)."""
+        and optionally a PodDisruptionBudget (``{"minAvailable": 3}``). ``annotations`` go on the pod
+        template (the fake's timings: ``fake_apiserver.SCHEDULE_DELAY``...; a real cluster ignores them)."""
         labels = {"app": name}
         container = {
             "name": "server", "image": IMAGE, "imagePullPolicy": "IfNotPresent", "command": list(command),
             "ports": [{"name": "http", "containerPort": 8000}],
-            "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1, "failureThreshold": 1},
+            "readinessProbe": {"httpGet": {"path": probe_path, "port": "http"}, "periodSeconds": 1,
+                               "failureThreshold": 1},
             "env": [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}],
         }
         self.apps.create_namespaced_deployment(namespace, {
             "metadata": {"name": name, "labels": labels},
             "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
-                     "template": {"metadata": {"labels": labels},
+                     "template": {"metadata": {"labels": labels,
+                                               **({"annotations": annotations} if annotations else {})},
                                   "spec": {"containers": [container], "terminationGracePeriodSeconds": grace_s,
                                            "automountServiceAccountToken": False}}},
         })
@@ -141,6 +150,19 @@ class ClusterUnderTest:
                   timeout, f"{count} ready pods of {app} in {namespace}")
         return self.ready_pods(namespace, app)
 
+    def audit(self, user: str | None = None, namespace: str | None = None) -> list[dict[str, str]]:
+        """The fake's audit log: every request as {user, verb, resource, namespace, name}, in order (a real
+        cluster's is in its audit backend: the tests check it on the fake only)."""
+        import urllib.request
+
+        config = yaml.safe_load(self.kubeconfig.read_text(encoding="utf-8"))
+        server, token = config["clusters"][0]["cluster"]["server"], config["users"][0]["user"]["token"]
+        request = urllib.request.Request(server + "/_fake/audit", headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request, timeout=15) as response:  # noqa: S310 - the fake on loopback
+            data = json.loads(response.read())
+        return [r for r in data
+                if (user is None or r["user"] == user) and (namespace is None or r["namespace"] == namespace)]
+
     def replicas(self, namespace: str, name: str) -> int:
         return int(self.apps.read_namespaced_deployment_scale(name, namespace).spec.replicas)
 
@@ -150,20 +172,24 @@ class ClusterUnderTest:
         that acts as it (a token from the TokenRequest API)."""
         from chaos.k8s.rbac import merge_rules
 
-        self.core.create_namespaced_service_account(namespace, {"metadata": {"name": name}, "automountServiceAccountToken": False})
+        self.core.create_namespaced_service_account(namespace, {"metadata": {"name": name},
+                                                                "automountServiceAccountToken": False})
         self.rbac.create_namespaced_role(namespace, {"metadata": {"name": name}, "rules": [
-            {"apiGroups": [r.group], "resources": [r.resource], "verbs": list(r.verbs)} for r in merge_rules(rules)]})
+            {"apiGroups": [r.group], "resources": [r.resource], **({"resourceNames": list(r.names)} if r.names else {}),
+             "verbs": list(r.verbs)} for r in merge_rules(rules)]})
         self.rbac.create_namespaced_role_binding(namespace, {
             "metadata": {"name": name},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
             "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]})
-        token = self.core.create_namespaced_service_account_token(name, namespace, {"spec": {"expirationSeconds": 3600}}).status.token
+        token = self.core.create_namespaced_service_account_token(name, namespace,
+                                                                  {"spec": {"expirationSeconds": 3600}}).status.token
         config = yaml.safe_load(self.kubeconfig.read_text(encoding="utf-8"))
         context = next(c for c in config["contexts"] if c["name"] == config["current-context"])
         cluster = next(c for c in config["clusters"] if c["name"] == context["context"]["cluster"])
         runner = {"apiVersion": "v1", "kind": "Config", "current-context": "runner",
                   "clusters": [cluster], "users": [{"name": "runner", "user": {"token": token}}],
-                  "contexts": [{"name": "runner", "context": {"cluster": cluster["name"], "user": "runner", "namespace": namespace}}]}
+                  "contexts": [{"name": "runner",
+                                "context": {"cluster": cluster["name"], "user": "runner", "namespace": namespace}}]}
         path = self.workdir / f"runner-{namespace}-{name}.kubeconfig"
         path.write_text(json.dumps(runner), encoding="utf-8")
         path.chmod(0o600)
@@ -201,16 +227,17 @@ def open_cluster(workdir: Path) -> Iterator[ClusterUnderTest]:
         cluster.close()
 
 
-async def started_target(cluster: ClusterUnderTest, namespace: str, experiment: Any, rules: Sequence[Rule] | None = None,
+async def started_target(cluster: ClusterUnderTest, namespace: str, experiment: Any,
+                         rules: Sequence[Rule] | None = None,
                          run_dir: Path | None = None) -> tuple[Any, Any]:
     """The experiment's Kubernetes target started as a runner outside the cluster would (a port-forward
     unless the experiment says otherwise), acting as a ServiceAccount granted ``rules`` (default: what
     ``streamchaos manifests rbac --outside`` generates for it); ``(target, RunContext)``."""
     from dataclasses import replace
 
-    from chaos.context import RunContext
     from chaos.k8s.manifests import experiment_rules
-    from chaos.k8s.target import KubernetesTarget
+    from chaos.model.context import RunContext
+    from chaos.targets.kubernetes import KubernetesTarget
 
     granted = experiment_rules(experiment, in_cluster=False) if rules is None else rules
     kubeconfig = cluster.runner_kubeconfig(namespace, granted, name=f"runner-{secrets.token_hex(3)}")
@@ -224,7 +251,8 @@ async def started_target(cluster: ClusterUnderTest, namespace: str, experiment: 
     return target, RunContext(seed=experiment.seed, target=target.info, run_dir=run_dir or cluster.workdir)
 
 
-def kube_experiment(namespace: str, faults: Sequence[dict[str, Any]] = (), *, access: str = "port-forward", service: str = "web",
+def kube_experiment(namespace: str, faults: Sequence[dict[str, Any]] = (), *, access: str = "port-forward",
+                    service: str = "web",
                     **target: Any) -> Any:
     """A validated experiment whose target is ``service`` in ``namespace``, with ``faults`` in one phase."""
     from chaos.experiment import experiment_from_dict

@@ -16,7 +16,9 @@ updates, pod replacement and scaling were compared with a real kube-apiserver 1.
 - create, get, update (409 ``Conflict`` on a stale resourceVersion), merge/strategic/JSON patch, delete;
 - the ``pods/eviction`` subresource (201; 429 ``TooManyRequests`` with a ``DisruptionBudget`` cause when
   a PodDisruptionBudget allows no disruption), ``deployments/scale`` (``autoscaling/v1`` Scale),
-  ``serviceaccounts/token`` (TokenRequest), ``pods/portforward`` over WebSocket (``v4.channel.k8s.io``);
+  ``serviceaccounts/token`` (TokenRequest), ``pods/portforward`` over WebSocket (``v4.channel.k8s.io``),
+  authorized as a real 1.30+ server does: ``get`` in the authorization filter, then ``create`` on the upgrade;
+- an audit log of every request (user, verb, resource, namespace, name), read by the admin at ``/_fake/audit``;
 - RBAC: a token from TokenRequest acts as its ServiceAccount and may do exactly what the Roles bound
   to it in that namespace allow; the admin token (in the kubeconfig this server writes) may do all;
 - controllers: a Deployment keeps one ReplicaSet whose pods it replaces as soon as one terminates and
@@ -28,9 +30,21 @@ process (the image is ignored: ``python`` is this interpreter, ``streamchaos`` i
 gives each pod its own loopback address as its pod IP (``127.X.Y.Z``; every process shares this
 host's network namespace, so an argument ``0.0.0.0`` -- all of the pod's interfaces -- becomes that
 address), expands ``$(VAR)`` and the downward API (``status.podIP``, ``metadata.name``...), probes
-``readinessProbe.httpGet``/``tcpSocket`` every ``periodSeconds``, restarts a container that exits
-(``restartCount``), and on delete sends SIGTERM, then SIGKILL after the grace period (0: at once).
-So a deleted pod really cuts its streams, and its replacement really starts and becomes Ready.
+``readinessProbe.httpGet``/``tcpSocket`` every ``periodSeconds`` from the node (this process, to
+the pod's IP), restarts a container that exits after a CrashLoopBackOff wait (``restartCount``; a
+replacement can become Ready and drop again), and on delete sends SIGTERM to the container's first
+process, then SIGKILL to all of them after the grace period. So a deleted pod really cuts its
+streams, and its replacement really starts and becomes Ready.
+
+Where a fault or a verdict depends on it, it behaves as a real 1.36 cluster was seen to
+(reference/nvml-k8s.md, "How a real cluster behaved"): a delete with ``gracePeriodSeconds: 0``
+emits MODIFIED (``deletionTimestamp`` set) then DELETED at once, while the process keeps running,
+holding its connections and port, up to the kubelet's minimum grace (2 s); a new pod is Pending
+until the scheduler binds it; a PodDisruptionBudget's status is written by its controller after a
+delay (until then, and while it allows none, an eviction is a 429), a pod that is Running but not
+Ready is evicted as ``unhealthyPodEvictionPolicy: IfHealthyBudget`` says; a deleted namespace stays
+Terminating a while. Each timing has an annotation to set it per object (``SCHEDULE_DELAY``,
+``CRASH_BACKOFF``, ``CRASH_BACKOFF_MAX``, ``PDB_SYNC``, ``NAMESPACE_FINALIZE`` below).
 
 Run: ``python tests/k8s/fake_apiserver.py --dir DIR`` prints ``READY <port>`` once it listens and
 writes ``DIR/kubeconfig`` (admin). It stops its pods on SIGTERM/SIGINT, and they die with it.
@@ -43,6 +57,7 @@ import asyncio
 import contextlib
 import copy
 import ctypes
+import fcntl
 import hashlib
 import itertools
 import json
@@ -55,6 +70,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections import deque
@@ -98,7 +114,26 @@ BY_PATH = {(k.group, k.version, k.plural): k for k in KINDS}
 SUBRESOURCES = {("pods", "eviction"), ("pods", "portforward"), ("deployments", "scale"), ("serviceaccounts", "token"),
                 ("pods", "status"), ("deployments", "status")}
 EVENT_LOG = 4000  # watch events kept; an older resourceVersion gets 410 Expired
+# the kubelet's minimum grace: a delete with gracePeriodSeconds 0 still gets it (logged gracePeriod=2)
+MIN_GRACE_S = 2.0
+# Timings a real cluster has, each overridable per pod (or budget, or namespace) by an annotation:
+SCHEDULE_DELAY = "fake.streamchaos.dev/schedule-delay-s"  # a new pod is Pending this long before the scheduler binds it
+CRASH_BACKOFF = "fake.streamchaos.dev/crash-backoff-s"  # CrashLoopBackOff's first wait (doubling up to the most)
+# the most (kubelet crashLoopBackOff.maxContainerRestartPeriod)
+CRASH_BACKOFF_MAX = "fake.streamchaos.dev/crash-backoff-max-s"
+PDB_SYNC = "fake.streamchaos.dev/pdb-sync-s"  # a new PodDisruptionBudget's status is first written this long after
+NAMESPACE_FINALIZE = "fake.streamchaos.dev/finalize-s"  # a deleted namespace stays Terminating at least this long
+DEFAULTS = {SCHEDULE_DELAY: 0.2, CRASH_BACKOFF: 10.0, CRASH_BACKOFF_MAX: 300.0, PDB_SYNC: 1.0, NAMESPACE_FINALIZE: 1.0}
 POD_NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # what the ReplicaSet controller's suffixes are made of
+
+
+def timing(obj: dict[str, Any], key: str) -> float:
+    """One of the timings above for ``obj``: its annotation, else the default."""
+    value = ((obj.get("metadata") or {}).get("annotations") or {}).get(key)
+    try:
+        return float(value) if value is not None else DEFAULTS[key]
+    except ValueError:
+        return DEFAULTS[key]
 
 
 def now_rfc3339(offset_s: float = 0.0) -> str:
@@ -219,7 +254,8 @@ def json_patch(target: Any, ops: list[dict[str, Any]]) -> Any:
                 parent[last] = op["value"]
         elif op["op"] == "remove":
             del parent[int(last) if isinstance(parent, list) else last]
-        elif op["op"] == "test" and (parent[int(last)] if isinstance(parent, list) else parent.get(last)) != op["value"]:
+        elif op["op"] == "test" and (parent[int(last)] if isinstance(parent, list)
+                                     else parent.get(last)) != op["value"]:
             raise ApiError(422, "Invalid", f"the test operation on {op['path']} failed")
     return doc
 
@@ -268,7 +304,8 @@ class Store:
         self.log.append((int(obj["metadata"]["resourceVersion"]), etype, kind, snapshot))
         ns = obj["metadata"].get("namespace")
         for w in list(self.watchers):
-            if w.kind is kind and (w.namespace is None or w.namespace == ns) and w.selector(obj["metadata"].get("labels") or {}):
+            if w.kind is kind and (w.namespace is None or w.namespace == ns) \
+                    and w.selector(obj["metadata"].get("labels") or {}):
                 w.queue.put_nowait({"type": etype, "object": snapshot})
         self.changed.set()
 
@@ -280,18 +317,20 @@ class Store:
             else:
                 raise invalid(kind, "", "metadata.name", "Required value: name or generateName is required")
         if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", meta["name"]) or len(meta["name"]) > 253:
-            raise invalid(kind, meta["name"], "metadata.name", f'Invalid value: "{meta["name"]}": a lowercase RFC 1123 subdomain')
+            raise invalid(kind, meta["name"], "metadata.name",
+                          f'Invalid value: "{meta["name"]}": a lowercase RFC 1123 subdomain')
         key = (kind.plural, ns if kind.namespaced else "", meta["name"])
         if key in self.objects:
-            raise ApiError(409, "AlreadyExists", f'{kind.plural}{"." + kind.group if kind.group else ""} "{meta["name"]}" already exists',
+            raise ApiError(409, "AlreadyExists",
+                           f'{kind.plural}{"." + kind.group if kind.group else ""} "{meta["name"]}" already exists',
                            {"name": meta["name"], "group": kind.group, "kind": kind.plural})
         if kind.namespaced:
             namespace = self.get(BY_PATH[("", "v1", "namespaces")], "", ns)
             if namespace is None:
                 raise ApiError(404, "NotFound", f'namespaces "{ns}" not found', {"name": ns, "kind": "namespaces"})
             if namespace["status"].get("phase") == "Terminating":
-                raise ApiError(403, "Forbidden", f'{kind.plural} "{meta["name"]}" is forbidden: unable to create new content in '
-                               f'namespace {ns} because it is being terminated')
+                raise ApiError(403, "Forbidden", f'{kind.plural} "{meta["name"]}" is forbidden: unable to create new '
+                               f'content in namespace {ns} because it is being terminated')
             meta["namespace"] = ns
         obj["apiVersion"], obj["kind"] = kind.api_version, kind.kind
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=now_rfc3339(), resourceVersion=self.next_rv())
@@ -341,6 +380,7 @@ class PodRuntime:
     probe_failed: int = 0
     next_probe: float = 0.0
     restart_at: float | None = None
+    backoff: float = 0.0  # the next CrashLoopBackOff wait (0: none yet)
     terminating_until: float | None = None
     started_at: float = 0.0
     probing: bool = False
@@ -370,6 +410,28 @@ def expand(text: str, env: dict[str, str]) -> str:
     return _VAR.sub(lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
 
 
+def claim_octet() -> tuple[int, Any]:
+    """A second octet (``127.X.*.*``) no other fake on this host uses, and the open lock that holds it.
+
+    Every fake counts its pod IPs and ClusterIPs from the same start, so two fakes with one octet (two
+    xdist workers, or a test's own fake beside its worker's) hand out the same addresses: one's readiness
+    probe then reaches the other's pod and a crashed pod reads Ready, or a ClusterIP answers for another
+    cluster's Service. An exclusive ``flock`` per octet, held for the fake's life, rules that out; the
+    kernel drops it when the process dies, so a killed fake frees its octet.
+    """
+    directory = Path(tempfile.gettempdir()) / "streamchaos-fake-k8s"
+    directory.mkdir(exist_ok=True)
+    for octet in random.sample(range(100, 251), 151):
+        claim = open(directory / f"octet-{octet}.lock", "w")  # held open for the fake's life
+        try:
+            fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            claim.close()
+            continue
+        return octet, claim
+    raise RuntimeError(f"every loopback octet 100..250 is claimed by another fake ({directory})")
+
+
 class Kubelet:
     """Runs pods as processes on loopback addresses and reports their status."""
 
@@ -377,7 +439,8 @@ class Kubelet:
         self.store = store
         self.log_dir = log_dir
         self.pods: dict[str, PodRuntime] = {}  # pod uid -> runtime
-        self.octet = random.randint(100, 250)
+        self.dying: dict[str, PodRuntime] = {}  # pods gone from the API whose processes are still stopping
+        self.octet, self._octet_claim = claim_octet()
         self.ips = itertools.count(2)
         self.session: aiohttp.ClientSession | None = None
         self.tasks: set[asyncio.Future[Any]] = set()
@@ -396,7 +459,8 @@ class Kubelet:
     def pod_env(self, pod: dict[str, Any], container: dict[str, Any], ip: str) -> dict[str, str]:
         field_values = {"status.podIP": ip, "metadata.name": pod["metadata"]["name"], "status.hostIP": "127.0.0.1",
                         "metadata.namespace": pod["metadata"]["namespace"], "spec.nodeName": "fake-node",
-                        "metadata.uid": pod["metadata"]["uid"], "spec.serviceAccountName": pod["spec"].get("serviceAccountName", "default")}
+                        "metadata.uid": pod["metadata"]["uid"],
+                        "spec.serviceAccountName": pod["spec"].get("serviceAccountName", "default")}
         env: dict[str, str] = {}
         for item in container.get("env") or []:
             if "value" in item:
@@ -423,7 +487,8 @@ class Kubelet:
             command = _resolve_command(words)
         except ValueError as exc:
             status["phase"] = "Pending"
-            status["containerStatuses"] = [self._container_status(container, pod, ready=False, waiting=("CreateContainerError", str(exc)))]
+            status["containerStatuses"] = [self._container_status(container, pod, ready=False,
+                                                                  waiting=("CreateContainerError", str(exc)))]
             self.store.update(KIND["pods"], pod)
             return
         with open(runtime.log, "ab") as log:
@@ -459,7 +524,8 @@ class Kubelet:
             if prev and prev["status"] == text:
                 conditions.append(prev)
             else:
-                conditions.append({"type": ctype, "status": text, "lastProbeTime": None, "lastTransitionTime": now_rfc3339()})
+                conditions.append({"type": ctype, "status": text, "lastProbeTime": None,
+                                   "lastTransitionTime": now_rfc3339()})
         pod["status"]["conditions"] = conditions
 
     def set_ready(self, pod: dict[str, Any], ready: bool) -> None:
@@ -503,7 +569,8 @@ class Kubelet:
                 ok = True
         else:
             ok = True
-        if pod["metadata"]["uid"] not in self.pods or self.store.get(KIND["pods"], pod["metadata"]["namespace"], pod["metadata"]["name"]) is not pod:
+        if pod["metadata"]["uid"] not in self.pods \
+                or self.store.get(KIND["pods"], pod["metadata"]["namespace"], pod["metadata"]["name"]) is not pod:
             return  # deleted while probing
         if ok:
             runtime.probe_ok, runtime.probe_failed = runtime.probe_ok + 1, 0
@@ -549,7 +616,12 @@ class Kubelet:
                 runtime.ready = False
                 self._conditions(pod, ready=False)
                 self.store.update(KIND["pods"], pod)
-                runtime.restart_at = now + 0.5
+                # CrashLoopBackOff: the kubelet waits before each restart, doubling (10 s, 20 s, ... 300 s); a
+                # container that ran 10 minutes starts again from the first wait
+                first, most = timing(pod, CRASH_BACKOFF), timing(pod, CRASH_BACKOFF_MAX)
+                ran_long = now - runtime.started_at > 600
+                runtime.backoff = min(most, first if not runtime.backoff or ran_long else runtime.backoff * 2)
+                runtime.restart_at = now + runtime.backoff
             elif now >= runtime.restart_at:
                 runtime.restart_at = None
                 self.start(pod)
@@ -560,14 +632,33 @@ class Kubelet:
             task.add_done_callback(self.tasks.discard)
 
     def terminate(self, pod: dict[str, Any], grace: int) -> None:
-        runtime = self.pods.get(pod["metadata"]["uid"])
-        if runtime is None or runtime.process is None or grace <= 0:  # gone from the API at once, killed right after
+        """Stop a pod's container as the kubelet does: SIGTERM to its first process only, SIGKILL to all
+        at the end of the grace, which is never under ``MIN_GRACE_S`` for the process. With grace 0 the
+        API object goes at once (the caller has emitted MODIFIED), but the process keeps running, holding
+        its connections and port, until it exits or the minimum grace ends."""
+        uid = pod["metadata"]["uid"]
+        runtime = self.pods.get(uid)
+        if runtime is None or runtime.process is None or runtime.process.poll() is not None:
             self.store.remove(KIND["pods"], pod)
-            self.kill(pod["metadata"]["uid"])
+            self.kill(uid)
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(runtime.process.pid, signal.SIGTERM)
-        runtime.terminating_until = time.monotonic() + grace
+        now = time.monotonic()
+        if runtime.terminating_until is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(runtime.process.pid, signal.SIGTERM)
+        until = now + max(float(grace), MIN_GRACE_S)
+        runtime.terminating_until = min(until, runtime.terminating_until or until)
+        if grace <= 0:
+            self.store.remove(KIND["pods"], pod)
+            self.dying[uid] = self.pods.pop(uid)
+
+    def reap(self) -> None:
+        """The processes of pods already gone from the API: SIGKILL once they exit or their grace ends."""
+        now = time.monotonic()
+        for uid, runtime in list(self.dying.items()):
+            if runtime.process is None or runtime.process.poll() is not None or now >= (runtime.terminating_until or 0):
+                self.pods[uid] = self.dying.pop(uid)
+                self.kill(uid)
 
     def kill(self, uid: str, *, reap: bool = False) -> None:
         """SIGKILL the pod's processes; reaped in a thread (or here, with ``reap``) so the API never waits."""
@@ -584,6 +675,8 @@ class Kubelet:
                 task.add_done_callback(self.tasks.discard)
 
     def kill_all(self) -> None:
+        self.pods.update(self.dying)
+        self.dying.clear()
         for uid in list(self.pods):
             self.kill(uid, reap=True)
 
@@ -612,7 +705,12 @@ class Cluster:
         self.proxies: dict[str, list[asyncio.AbstractServer]] = {}  # service uid -> kube-proxy listeners
         self.cluster_ips = itertools.count(1)
         self.rr = itertools.count()
-        self.requests: deque[tuple[str, str, str, str]] = deque(maxlen=10000)  # (user, verb, resource, namespace)
+        # the audit log: every authorized-or-not request as (user, verb, resource, namespace, name), read at
+        # /_fake/audit
+        self.requests: deque[tuple[str, str, str, str, str]] = deque(maxlen=10000)
+        self.unscheduled: dict[str, float] = {}  # pod uid -> when the scheduler binds it
+        self.pdb_seen: dict[str, float] = {}  # budget uid -> when the disruption controller first saw it
+        self.namespace_deleted: dict[str, float] = {}  # namespace uid -> when its deletion was asked
 
     # -- controllers ------------------------------------------------------------------------------------
     async def controllers(self) -> None:
@@ -620,8 +718,11 @@ class Cluster:
             self.store.changed.clear()
             try:
                 self.reconcile_deployments()
+                self.schedule()
                 for pod in self.store.list(KIND["pods"]):
-                    self.kubelet.tick(pod)
+                    if pod["spec"].get("nodeName"):
+                        self.kubelet.tick(pod)
+                self.kubelet.reap()
                 self.reconcile_pdbs()
                 self.reconcile_namespaces()
                 await self.reconcile_services()
@@ -630,6 +731,21 @@ class Cluster:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.store.changed.wait(), 0.05)
 
+    def schedule(self) -> None:
+        """The scheduler: a pod without a node stays Pending for its schedule delay, then is bound."""
+        now = time.monotonic()
+        for pod in self.store.list(KIND["pods"]):
+            if pod["spec"].get("nodeName") or pod["metadata"].get("deletionTimestamp"):
+                continue
+            due = self.unscheduled.setdefault(pod["metadata"]["uid"], now + timing(pod, SCHEDULE_DELAY))
+            if now < due:
+                continue
+            del self.unscheduled[pod["metadata"]["uid"]]
+            pod["spec"]["nodeName"] = "fake-node"
+            pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True", "lastProbeTime": None,
+                                            "lastTransitionTime": now_rfc3339()}]
+            self.store.update(KIND["pods"], pod)
+
     def reconcile_deployments(self) -> None:
         for dep in self.store.list(KIND["deployments"]):
             if dep["metadata"].get("deletionTimestamp"):
@@ -637,16 +753,21 @@ class Cluster:
             ns, name = dep["metadata"]["namespace"], dep["metadata"]["name"]
             template = dep["spec"]["template"]
             digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()
-            template_hash = "".join(POD_NAME_CHARS[int(digest[i:i + 2], 16) % len(POD_NAME_CHARS)] for i in range(0, 20, 2))
+            template_hash = "".join(POD_NAME_CHARS[int(digest[i:i + 2], 16) % len(POD_NAME_CHARS)]
+                                    for i in range(0, 20, 2))
             rs_name = f"{name}-{template_hash}"
             rs = self.store.get(KIND["replicasets"], ns, rs_name)
             replicas = int(dep["spec"].get("replicas", 1))
             if rs is None:
                 labels = {**(template["metadata"].get("labels") or {}), "pod-template-hash": template_hash}
                 rs = self.store.create(KIND["replicasets"], ns, {
-                    "metadata": {"name": rs_name, "labels": labels, "ownerReferences": [self.owner(KIND["deployments"], dep)]},
+                    "metadata": {"name": rs_name, "labels": labels,
+                                 "ownerReferences": [self.owner(KIND["deployments"], dep)]},
                     "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
-                             "template": {"metadata": {"labels": labels}, "spec": template["spec"]}},
+                             "template": {"metadata": {"labels": labels,
+                                                       **({"annotations": template["metadata"]["annotations"]}
+                                                          if template["metadata"].get("annotations") else {})},
+                                          "spec": template["spec"]}},
                 })
             elif rs["spec"]["replicas"] != replicas:
                 rs["spec"]["replicas"] = replicas
@@ -656,9 +777,12 @@ class Cluster:
             for _ in range(replicas - len(active)):
                 self.store.create(KIND["pods"], ns, {
                     "metadata": {"name": f"{rs_name}-{''.join(random.choice(POD_NAME_CHARS) for _ in range(5))}",
-                                 "generateName": f"{rs_name}-", "labels": dict(rs["spec"]["template"]["metadata"]["labels"]),
-                                 "ownerReferences": [self.owner(KIND["replicasets"], rs)]},
-                    "spec": {**copy.deepcopy(rs["spec"]["template"]["spec"]), "nodeName": "fake-node"},
+                                 "generateName": f"{rs_name}-",
+                                 "labels": dict(rs["spec"]["template"]["metadata"]["labels"]),
+                                 "ownerReferences": [self.owner(KIND["replicasets"], rs)],
+                                 **({"annotations": dict(rs["spec"]["template"]["metadata"]["annotations"])}
+                                    if rs["spec"]["template"]["metadata"].get("annotations") else {})},
+                    "spec": copy.deepcopy(rs["spec"]["template"]["spec"]),  # no nodeName: the scheduler binds it
                     "status": {"phase": "Pending", "qosClass": "BestEffort"},
                 })
             if len(active) > replicas:  # not-ready first, then the newest (as the ReplicaSet controller ranks them)
@@ -690,7 +814,8 @@ class Cluster:
 
     def pdb_status(self, pdb: dict[str, Any]) -> dict[str, Any]:
         ns = pdb["metadata"]["namespace"]
-        pods = [p for p in self.store.list(KIND["pods"], ns) if match_labels(pdb["spec"].get("selector"), p["metadata"].get("labels") or {})]
+        pods = [p for p in self.store.list(KIND["pods"], ns)
+                if match_labels(pdb["spec"].get("selector"), p["metadata"].get("labels") or {})]
         expected = len([p for p in pods if not p["metadata"].get("deletionTimestamp")])
         healthy = sum(1 for p in pods if serving(p))
 
@@ -706,17 +831,25 @@ class Cluster:
             desired = max(0, expected - amount(spec["maxUnavailable"]))
         else:
             desired = expected
-        return {"observedGeneration": pdb["metadata"]["generation"], "currentHealthy": healthy, "desiredHealthy": desired,
-                "expectedPods": expected, "disruptionsAllowed": max(0, healthy - desired)}
+        return {"observedGeneration": pdb["metadata"]["generation"], "currentHealthy": healthy,
+                "desiredHealthy": desired, "expectedPods": expected,
+                "disruptionsAllowed": max(0, healthy - desired)}
 
     def reconcile_pdbs(self) -> None:
+        """The disruption controller: a budget's status is written only once it has been seen for its
+        sync delay (a new budget allows no disruption until then), and kept up to date after."""
+        now = time.monotonic()
         for pdb in self.store.list(KIND["poddisruptionbudgets"]):
+            seen = self.pdb_seen.setdefault(pdb["metadata"]["uid"], now)
+            if now < seen + timing(pdb, PDB_SYNC):
+                continue
             status = self.pdb_status(pdb)
             if {k: v for k, v in pdb["status"].items() if k != "conditions"} != status:
                 pdb["status"] = {**status, "conditions": [{"type": "DisruptionAllowed", "reason": "SufficientPods"
                                  if status["disruptionsAllowed"] else "InsufficientPods",
                                  "status": "True" if status["disruptionsAllowed"] else "False",
-                                 "lastTransitionTime": now_rfc3339(), "message": "", "observedGeneration": pdb["metadata"]["generation"]}]}
+                                 "lastTransitionTime": now_rfc3339(), "message": "",
+                                 "observedGeneration": pdb["metadata"]["generation"]}]}
                 self.store.update(KIND["poddisruptionbudgets"], pdb)
 
     def reconcile_namespaces(self) -> None:
@@ -724,6 +857,7 @@ class Cluster:
             if ns["status"].get("phase") != "Terminating":
                 continue
             name = ns["metadata"]["name"]
+            asked = self.namespace_deleted.setdefault(ns["metadata"]["uid"], time.monotonic())
             left = [(k, o) for k in KINDS if k.namespaced for o in self.store.list(k, name)]
             for kind, obj in left:
                 if kind.plural == "pods":
@@ -731,7 +865,9 @@ class Cluster:
                         self.delete_pod(obj, None)
                 else:
                     self.store.remove(kind, obj)
-            if not any(k.plural == "pods" for k, _ in left):
+            # the namespace controller's finalizer: the namespace goes only after its pods, and not at once
+            if not any(k.plural == "pods" for k, _ in left) \
+                    and time.monotonic() >= asked + timing(ns, NAMESPACE_FINALIZE):
                 self.store.remove(KIND["namespaces"], ns)
 
     async def reconcile_services(self) -> None:
@@ -752,11 +888,13 @@ class Cluster:
             for server in self.proxies.pop(uid):
                 server.close()
 
-    async def kube_proxy(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, svc: dict[str, Any], port: dict[str, Any]) -> None:
+    async def kube_proxy(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, svc: dict[str, Any],
+                         port: dict[str, Any]) -> None:
         """A Service's ClusterIP: each connection to a ready pod, round robin (what kube-proxy does)."""
         ns = svc["metadata"]["namespace"]
         pods = [p for p in self.store.list(KIND["pods"], ns)
-                if serving(p) and match_labels({"matchLabels": svc["spec"].get("selector") or {}}, p["metadata"].get("labels") or {})]
+                if serving(p) and match_labels({"matchLabels": svc["spec"].get("selector") or {}},
+                                               p["metadata"].get("labels") or {})]
         if not pods:
             writer.close()
             return
@@ -777,12 +915,13 @@ class Cluster:
         if meta.get("deletionTimestamp"):  # already terminating: a shorter grace period wins
             if grace < meta.get("deletionGracePeriodSeconds", grace + 1):
                 meta["deletionGracePeriodSeconds"] = grace
+                self.store.update(KIND["pods"], pod)
                 self.kubelet.terminate(pod, grace)
             return
-        if grace > 0:
-            meta["deletionTimestamp"] = now_rfc3339(grace)
-            meta["deletionGracePeriodSeconds"] = grace
-            self.store.update(KIND["pods"], pod)
+        # the watch sees MODIFIED (deletionTimestamp set) first, even with grace 0; then DELETED
+        meta["deletionTimestamp"] = now_rfc3339(grace)
+        meta["deletionGracePeriodSeconds"] = grace
+        self.store.update(KIND["pods"], pod)
         self.kubelet.terminate(pod, grace)
 
     # -- RBAC ------------------------------------------------------------------------------------------
@@ -798,7 +937,7 @@ class Cluster:
 
     def authorize(self, user: str, verb: str, kind: Kind, sub: str | None, ns: str, name: str | None) -> None:
         resource = kind.plural + (f"/{sub}" if sub else "")
-        self.requests.append((user, verb, resource, ns))
+        self.requests.append((user, verb, resource, ns, name or ""))
         if user == "admin":
             return
         _, _, sa_ns, sa = user.split(":", 3)
@@ -811,13 +950,15 @@ class Cluster:
                 role = self.store.get(KIND["roles"], ns, ref["name"]) if ref.get("kind") == "Role" else None
                 for rule in (role or {}).get("rules") or []:
                     if kind.group in rule.get("apiGroups", []) and resource in rule.get("resources", []) \
-                            and verb in rule.get("verbs", []) and (not rule.get("resourceNames") or name in rule["resourceNames"]):
+                            and verb in rule.get("verbs", []) \
+                            and (not rule.get("resourceNames") or name in rule["resourceNames"]):
                         return
         what = f'{kind.plural}{"." + kind.group if kind.group else ""}'
         subject = f'{what} "{name}"' if name else what
         where = f' in the namespace "{ns}"' if kind.namespaced else " at the cluster scope"
         raise ApiError(403, "Forbidden",
-                       f'{subject} is forbidden: User "{user}" cannot {verb} resource "{resource}" in API group "{kind.group}"{where}',
+                       f'{subject} is forbidden: User "{user}" cannot {verb} resource "{resource}" '
+                       f'in API group "{kind.group}"{where}',
                        {"name": name or "", "group": kind.group, "kind": kind.plural})
 
     # -- HTTP --------------------------------------------------------------------------------------------
@@ -827,14 +968,22 @@ class Cluster:
         except ApiError as exc:
             return web.json_response(exc.status(), status=exc.code)
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            return web.json_response(ApiError(400, "BadRequest", f"the request could not be read: {exc!r}").status(), status=400)
+            return web.json_response(ApiError(400, "BadRequest", f"the request could not be read: {exc!r}").status(),
+                                     status=400)
 
     async def dispatch(self, request: web.Request) -> web.StreamResponse:
         path = request.path.rstrip("/")
+        # the test's view of the audit log (admin only), as a real cluster's audit backend keeps it
+        if path == "/_fake/audit":
+            if self.user(request) != "admin":
+                raise ApiError(403, "Forbidden", "the audit log is for the admin")
+            return web.json_response([dict(zip(("user", "verb", "resource", "namespace", "name"), r, strict=True))
+                                      for r in self.requests])
         if path in ("/version", "/api", "/apis", "/healthz", "/readyz", "/livez"):
             self.user(request)
             return web.json_response({"major": "1", "minor": "33", "gitVersion": "v1.33.0-fake"} if path == "/version"
-                                     else {"kind": "APIVersions", "versions": ["v1"]} if path == "/api" else {"status": "ok"})
+                                     else {"kind": "APIVersions", "versions": ["v1"]} if path == "/api"
+                                     else {"status": "ok"})
         parts = path.strip("/").split("/")
         if parts[0] == "api" and len(parts) >= 3:
             group, version, rest = "", parts[1], parts[2:]
@@ -861,7 +1010,8 @@ class Cluster:
             verb = {"GET": "watch" if query.get("watch") in ("true", "1") else "list", "POST": "create",
                     "DELETE": "deletecollection"}.get(method)
         elif sub == "portforward":
-            verb = "create"  # a WebSocket upgrade is a GET, authorized as create (AuthorizePodWebsocketUpgradeCreatePermission)
+            # a WebSocket upgrade is a GET: the authorization filter checks `get`; the handler then `create`
+            verb = "get"
         else:
             verb = {"GET": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete", "POST": "create"}.get(method)
         if verb is None:
@@ -883,6 +1033,8 @@ class Cluster:
                                      "metadata": {"resourceVersion": str(self.store.rv)}, "items": items})
             raise ApiError(405, "MethodNotAllowed", "deletecollection is not supported by this server")
         if sub == "portforward":
+            # 1.30+: the upgrade is authorized again as `create` (AuthorizePodWebsocketUpgradeCreatePermission)
+            self.authorize(user, "create", kind, sub, ns, name)
             return await self.portforward(request, ns, name)
         if sub == "eviction":
             return self.evict(ns, name, body or {})
@@ -892,7 +1044,8 @@ class Cluster:
             self.tokens[token] = (ns, name)
             return self.respond({"kind": "TokenRequest", "apiVersion": "authentication.k8s.io/v1",
                                  "metadata": {"name": name, "namespace": ns, "creationTimestamp": None},
-                                 "spec": {**(body or {}).get("spec", {}), "audiences": ["https://kubernetes.default.svc"]},
+                                 "spec": {**(body or {}).get("spec", {}),
+                                          "audiences": ["https://kubernetes.default.svc"]},
                                  "status": {"token": token, "expirationTimestamp": now_rfc3339(3600)}}, 201)
         if sub == "scale":
             return self.scale(request, ns, name, verb, body)
@@ -917,11 +1070,14 @@ class Cluster:
         if kind.plural == "deployments":
             spec = body.get("spec") or {}
             if not spec.get("selector") or not spec.get("template"):
-                raise invalid(kind, name, "spec.selector" if not spec.get("selector") else "spec.template", "Required value")
+                raise invalid(kind, name, "spec.selector" if not spec.get("selector") else "spec.template",
+                              "Required value")
             if not match_labels(spec["selector"], (spec["template"].get("metadata") or {}).get("labels") or {}):
-                raise invalid(kind, name, "spec.template.metadata.labels", "Invalid value: `selector` does not match template `labels`")
+                raise invalid(kind, name, "spec.template.metadata.labels",
+                              "Invalid value: `selector` does not match template `labels`")
             spec.setdefault("replicas", 1)
-        if kind.plural == "poddisruptionbudgets" and "minAvailable" in body.get("spec", {}) and "maxUnavailable" in body.get("spec", {}):
+        if kind.plural == "poddisruptionbudgets" and "minAvailable" in body.get("spec", {}) \
+                and "maxUnavailable" in body.get("spec", {}):
             raise invalid(kind, name, "spec", "Invalid value: minAvailable and maxUnavailable cannot be both set")
         if kind.plural == "pods":
             body.setdefault("status", {"phase": "Pending"})
@@ -931,8 +1087,10 @@ class Cluster:
         grace = query.get("gracePeriodSeconds", body.get("gracePeriodSeconds"))
         preconditions = body.get("preconditions") or {}
         if preconditions.get("uid") and preconditions["uid"] != obj["metadata"]["uid"]:
-            raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {kind.plural} "{obj["metadata"]["name"]}": '
-                           f'Precondition failed: UID in precondition: {preconditions["uid"]}, UID in object meta: {obj["metadata"]["uid"]}')
+            raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {kind.plural} '
+                           f'"{obj["metadata"]["name"]}": '
+                           f'Precondition failed: UID in precondition: {preconditions["uid"]}, '
+                           f'UID in object meta: {obj["metadata"]["uid"]}')
         if kind.plural == "pods":
             self.delete_pod(obj, None if grace is None else int(grace))
             return self.respond(obj)
@@ -951,12 +1109,15 @@ class Cluster:
                              "details": {"name": obj["metadata"]["name"], "group": kind.group, "kind": kind.plural,
                                          "uid": obj["metadata"]["uid"]}})
 
-    def write(self, request: web.Request, kind: Kind, obj: dict[str, Any], verb: str, body: Any, status_only: bool = False) -> dict[str, Any]:
+    def write(self, request: web.Request, kind: Kind, obj: dict[str, Any], verb: str, body: Any,
+              status_only: bool = False) -> dict[str, Any]:
         if verb == "update":
             sent_rv = (body.get("metadata") or {}).get("resourceVersion")
             if sent_rv and sent_rv != obj["metadata"]["resourceVersion"]:
-                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {kind.plural}{"." + kind.group if kind.group else ""} '
-                               f'"{obj["metadata"]["name"]}": the object has been modified; please apply your changes to the latest version and try again',
+                raise ApiError(409, "Conflict", 'Operation cannot be fulfilled on '
+                               f'{kind.plural}{"." + kind.group if kind.group else ""} '
+                               f'"{obj["metadata"]["name"]}": the object has been modified; '
+                               'please apply your changes to the latest version and try again',
                                {"name": obj["metadata"]["name"], "group": kind.group, "kind": kind.plural})
             new = copy.deepcopy(body)
         else:
@@ -966,8 +1127,9 @@ class Cluster:
             elif ctype in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
                 new = merge_patch(obj, body)
             else:
-                raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format - accepted media types include: "
-                               f"application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json (got {ctype})")
+                raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format - "
+                               f"accepted media types include: application/json-patch+json, "
+                               f"application/merge-patch+json, application/strategic-merge-patch+json (got {ctype})")
         meta = obj["metadata"]
         before = json.dumps(obj.get("spec"), sort_keys=True)
         if status_only:
@@ -990,9 +1152,11 @@ class Cluster:
 
         def as_scale() -> dict[str, Any]:
             meta = dep["metadata"]
-            selector = ",".join(f"{k}={v}" for k, v in sorted((dep["spec"]["selector"].get("matchLabels") or {}).items()))
+            selector = ",".join(f"{k}={v}"
+                                for k, v in sorted((dep["spec"]["selector"].get("matchLabels") or {}).items()))
             return {"kind": "Scale", "apiVersion": "autoscaling/v1",
-                    "metadata": {"name": name, "namespace": ns, "uid": meta["uid"], "resourceVersion": meta["resourceVersion"],
+                    "metadata": {"name": name, "namespace": ns, "uid": meta["uid"],
+                                 "resourceVersion": meta["resourceVersion"],
                                  "creationTimestamp": meta["creationTimestamp"]},
                     "spec": {"replicas": int(dep["spec"].get("replicas", 1))},
                     "status": {"replicas": int(dep.get("status", {}).get("replicas", 0)), "selector": selector}}
@@ -1002,16 +1166,19 @@ class Cluster:
         if verb == "update":
             sent_rv = (body.get("metadata") or {}).get("resourceVersion")
             if sent_rv and sent_rv != dep["metadata"]["resourceVersion"]:
-                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on deployments.apps "{name}": the object has been modified; '
+                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on deployments.apps "{name}": '
+                               "the object has been modified; "
                                "please apply your changes to the latest version and try again",
                                {"name": name, "group": "apps", "kind": "deployments"})
             wanted = (body.get("spec") or {}).get("replicas", 0)
         else:
             current = as_scale()
-            patched = json_patch(current, body) if request.content_type == "application/json-patch+json" else merge_patch(current, body)
+            patched = json_patch(current, body) if request.content_type == "application/json-patch+json" \
+                else merge_patch(current, body)
             wanted = patched["spec"].get("replicas", 0)
         if not isinstance(wanted, int) or wanted < 0:
-            raise invalid(KIND["deployments"], name, "spec.replicas", f"Invalid value: {wanted}: must be greater than or equal to 0")
+            raise invalid(KIND["deployments"], name, "spec.replicas",
+                          f"Invalid value: {wanted}: must be greater than or equal to 0")
         if wanted != dep["spec"].get("replicas"):
             dep["spec"]["replicas"] = wanted
             self.store.update(KIND["deployments"], dep, spec_changed=True)
@@ -1026,18 +1193,39 @@ class Cluster:
             budgets = [pdb for pdb in self.store.list(KIND["poddisruptionbudgets"], ns)
                        if match_labels(pdb["spec"].get("selector"), pod["metadata"].get("labels") or {})]
             if len(budgets) > 1:
-                raise ApiError(500, "InternalError", "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.")
-            if budgets and serving(pod):
-                status = self.pdb_status(budgets[0])
-                if status["disruptionsAllowed"] <= 0:
-                    pdb_name = budgets[0]["metadata"]["name"]
-                    raise ApiError(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.",
-                                   {"causes": [{"reason": "DisruptionBudget", "message":
-                                                f"The disruption budget {pdb_name} needs {status['desiredHealthy']} healthy pods "
-                                                f"and has {status['currentHealthy']} currently"}]})
+                raise ApiError(500, "InternalError", "This pod has more than one PodDisruptionBudget, "
+                               "which the eviction subresource does not support.")
+            running = pod["status"].get("phase") == "Running"
+            if budgets and running:  # a Pending or finished pod is evicted whatever the budget says
+                self.check_budget(budgets[0], healthy=serving(pod))
         grace = options.get("gracePeriodSeconds")
         self.delete_pod(pod, None if grace is None else int(grace))
-        return self.respond({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, 201)
+        return self.respond({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201},
+                            201)
+
+    def check_budget(self, pdb: dict[str, Any], *, healthy: bool) -> None:
+        """What the eviction subresource asks of a budget, from the status its controller wrote: none yet
+        is a 429; a Ready pod needs a disruption allowed (and takes one); a Running pod that is not Ready
+        follows unhealthyPodEvictionPolicy (default IfHealthyBudget: only while the budget is healthy)."""
+        name, status = pdb["metadata"]["name"], pdb.get("status") or {}
+
+        def refuse(message: str) -> ApiError:
+            return ApiError(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.",
+                            {"causes": [{"reason": "DisruptionBudget", "message": message}]})
+
+        if int(status.get("observedGeneration", 0)) < int(pdb["metadata"].get("generation", 1)):
+            raise refuse(f"The disruption budget {name} is still being processed by the server.")
+        needs = (f"The disruption budget {name} needs {status.get('desiredHealthy', 0)} healthy pods "
+                 f"and has {status.get('currentHealthy', 0)} currently")
+        if not healthy:
+            policy = (pdb.get("spec") or {}).get("unhealthyPodEvictionPolicy", "IfHealthyBudget")
+            if policy == "AlwaysAllow" or int(status.get("currentHealthy", 0)) >= int(status.get("desiredHealthy", 0)):
+                return
+            raise refuse(needs)
+        if int(status.get("disruptionsAllowed", 0)) <= 0:
+            raise refuse(needs)
+        status["disruptionsAllowed"] = int(status["disruptionsAllowed"]) - 1  # the eviction takes it (DisruptedPods)
+        self.store.update(KIND["poddisruptionbudgets"], pdb)
 
     async def watch(self, request: web.Request, kind: Kind, ns: str | None) -> web.StreamResponse:
         query = request.query
@@ -1063,12 +1251,14 @@ class Cluster:
                            if erv > rv and k is kind and (ns is None or obj["metadata"].get("namespace") == ns)
                            and matches(obj["metadata"].get("labels") or {})]
         self.store.watchers.add(watcher)
-        response = web.StreamResponse(status=200, headers={"Content-Type": "application/json", "Cache-Control": "no-cache"})
+        response = web.StreamResponse(status=200,
+                                      headers={"Content-Type": "application/json", "Cache-Control": "no-cache"})
         response.enable_chunked_encoding()
         await response.prepare(request)
         try:
             if expired:
-                status = ApiError(410, "Expired", f"too old resource version: {since} ({self.store.log[0][0]})").status()
+                status = ApiError(410, "Expired",
+                                  f"too old resource version: {since} ({self.store.log[0][0]})").status()
                 await response.write(json.dumps({"type": "ERROR", "object": status}).encode() + b"\n")
                 return response
             for event in initial:
@@ -1140,7 +1330,8 @@ class Cluster:
         return ws
 
 
-async def pipe_both(r1: asyncio.StreamReader, w1: asyncio.StreamWriter, r2: asyncio.StreamReader, w2: asyncio.StreamWriter) -> None:
+async def pipe_both(r1: asyncio.StreamReader, w1: asyncio.StreamWriter,
+                    r2: asyncio.StreamReader, w2: asyncio.StreamWriter) -> None:
     async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         with contextlib.suppress(Exception):
             while data := await r.read(65536):
@@ -1160,7 +1351,8 @@ def kubeconfig(server: str, token: str, name: str = "fake") -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def serving_cluster(directory: Path, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[tuple[Cluster, int]]:
+async def serving_cluster(directory: Path, host: str = "127.0.0.1",
+                          port: int = 0) -> AsyncIterator[tuple[Cluster, int]]:
     cluster = Cluster(directory)
     (directory / "pods").mkdir(parents=True, exist_ok=True)
     cluster.kubelet.session = aiohttp.ClientSession()

@@ -39,7 +39,8 @@ def test_objects_carry_identity_and_ownership(cluster: ClusterUnderTest, namespa
         rs = cluster.apps.read_namespaced_replica_set(owner["name"], namespace)
         assert rs.metadata.uid == owner["uid"]
         assert [(o.kind, o.uid) for o in rs.metadata.owner_references] == [("Deployment", dep["metadata"]["uid"])]
-        assert pod["status"]["podIP"] and any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"]["conditions"])
+        assert pod["status"]["podIP"] and any(c["type"] == "Ready" and c["status"] == "True"
+                                              for c in pod["status"]["conditions"])
 
 
 def test_errors_are_status_objects(cluster: ClusterUnderTest, namespace: str) -> None:
@@ -80,7 +81,8 @@ def test_a_deleted_pod_is_replaced_and_the_watch_says_so(cluster: ClusterUnderTe
         for event in w.stream(cluster.core.list_namespaced_pod, namespace, label_selector="app=web",
                               resource_version=listed.metadata.resource_version, timeout_seconds=20):
             obj = event["raw_object"]
-            events.append((event["type"], obj["metadata"]["name"], obj["metadata"]["uid"], bool(obj["metadata"].get("deletionTimestamp"))))
+            events.append((event["type"], obj["metadata"]["name"], obj["metadata"]["uid"],
+                           bool(obj["metadata"].get("deletionTimestamp"))))
             if event["type"] == "DELETED" and obj["metadata"]["uid"] == victim["uid"]:
                 w.stop()
 
@@ -99,16 +101,19 @@ def test_a_deleted_pod_is_replaced_and_the_watch_says_so(cluster: ClusterUnderTe
 
 @fake_only  # a real server expires versions at etcd compaction (every 5 minutes by default): not at once
 def test_an_expired_resource_version_is_a_410_error_event(cluster: ClusterUnderTest, namespace: str) -> None:
-    response = cluster.core.list_namespaced_pod(namespace, watch=True, resource_version="1", timeout_seconds=2, _preload_content=False)
+    response = cluster.core.list_namespaced_pod(namespace, watch=True, resource_version="1", timeout_seconds=2,
+                                                _preload_content=False)
     first = json.loads(response.readline() or b"{}")
     response.release_conn()
-    assert first["type"] == "ERROR" and first["object"]["code"] == 410 and first["object"]["reason"] in ("Expired", "Gone")
+    assert first["type"] == "ERROR" and first["object"]["code"] == 410 \
+        and first["object"]["reason"] in ("Expired", "Gone")
 
 
 def test_eviction_honours_a_disruption_budget(cluster: ClusterUnderTest, namespace: str) -> None:
     cluster.deploy(namespace, "web", replicas=2, budget={"minAvailable": 2})
     pods = cluster.wait_ready(namespace, "web", 2)
-    cluster.wait(lambda: (cluster.policy.read_namespaced_pod_disruption_budget("web", namespace).status.expected_pods or 0) == 2,
+    cluster.wait(lambda: (cluster.policy.read_namespaced_pod_disruption_budget("web", namespace)
+                          .status.expected_pods or 0) == 2,
                  20, "the budget's status")
     name = pods[0]["metadata"]["name"]
     body = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace))
@@ -120,11 +125,13 @@ def test_eviction_honours_a_disruption_budget(cluster: ClusterUnderTest, namespa
     assert any(c["reason"] == "DisruptionBudget" and "web" in c["message"] for c in said["details"]["causes"])
 
     cluster.policy.patch_namespaced_pod_disruption_budget("web", namespace, {"spec": {"minAvailable": 1}})
-    cluster.wait(lambda: (cluster.policy.read_namespaced_pod_disruption_budget("web", namespace).status.disruptions_allowed or 0) == 1,
+    cluster.wait(lambda: (cluster.policy.read_namespaced_pod_disruption_budget("web", namespace)
+                          .status.disruptions_allowed or 0) == 1,
                  20, "a disruption to be allowed")
     response = cluster.core.create_namespaced_pod_eviction(name, namespace, body, _preload_content=False)
     assert response.status in (200, 201)
-    cluster.wait(lambda: name not in {p["metadata"]["name"] for p in cluster.pods(namespace, "web")}, 30, "the evicted pod to go")
+    cluster.wait(lambda: name not in {p["metadata"]["name"] for p in cluster.pods(namespace, "web")}, 30,
+                 "the evicted pod to go")
 
 
 def test_a_service_account_may_do_only_what_its_role_allows(cluster: ClusterUnderTest, namespace: str) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from chaos.load.client import make_http_client, stream_request
 from chaos.load.mock import ThreadedMockServer
-from chaos.observations import StreamRecord
+from chaos.model.observations import StreamRecord
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
 

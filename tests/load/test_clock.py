@@ -7,7 +7,6 @@ import random
 
 import pytest
 
-from chaos.errors import ChaosError
 from chaos.load.clock import Exchange, estimate, shift_record
 from chaos.load.rules import DisconnectRule, SlowReaderRule, TimeoutRule
 from chaos.load.wire import (
@@ -21,7 +20,8 @@ from chaos.load.wire import (
     settings_to_json,
 )
 from chaos.load.workload import LoadSettings, PromptSettings
-from chaos.observations import Hangup, StreamRecord
+from chaos.model.errors import ChaosError
+from chaos.model.observations import Hangup, StreamRecord
 
 MS = 1_000_000
 
@@ -63,8 +63,8 @@ def test_shift_record_moves_every_stamp_and_no_duration() -> None:
     record = StreamRecord(id="1-3", phase="p", t_scheduled=1, t_sent=2, t_headers=3, t_first_byte=4, t_first_event=5,
                           t_first_content=6, t_content=[6, 7, 9], t_end=10, hangup=Hangup("dc", "after_tokens", 8))
     moved = shift_record(record, -1000)
-    assert (moved.t_scheduled, moved.t_sent, moved.t_headers, moved.t_first_byte, moved.t_first_event, moved.t_first_content,
-            moved.t_end) == (-999, -998, -997, -996, -995, -994, -990)
+    assert (moved.t_scheduled, moved.t_sent, moved.t_headers, moved.t_first_byte, moved.t_first_event,
+            moved.t_first_content, moved.t_end) == (-999, -998, -997, -996, -995, -994, -990)
     assert moved.t_content == [-994, -993, -991] and moved.hangup == Hangup("dc", "after_tokens", -992)
     assert moved.ttft_ns == record.ttft_ns and moved.gaps_ns == record.gaps_ns
     assert record.t_sent == 2  # the original is untouched
@@ -91,7 +91,8 @@ def test_only_known_rule_types_are_built() -> None:
 def test_load_settings_cross_the_wire() -> None:
     import json
 
-    settings = LoadSettings(concurrency=3, max_tokens=(2, 9), prompts=PromptSettings(mix=(("ascii", 0.5), ("cjk", 0.5))))
+    settings = LoadSettings(concurrency=3, max_tokens=(2, 9),
+                            prompts=PromptSettings(mix=(("ascii", 0.5), ("cjk", 0.5))))
     assert settings_from_json(json.loads(json.dumps(settings_to_json(settings)))) == settings
     with pytest.raises(ProtocolError):
         settings_from_json({"prompts": 3})

@@ -11,10 +11,10 @@ import pytest
 
 from chaos.load.generator import LoadGenerator
 from chaos.load.mock import ThreadedMockServer
-from chaos.load.workload import LoadSettings, LoadTarget
-from chaos.observations import StreamRecord
-from chaos.context import ClientPolicy
 from chaos.load.rules import DisconnectRule
+from chaos.load.workload import LoadSettings, LoadTarget
+from chaos.model.context import ClientPolicy
+from chaos.model.observations import StreamRecord
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
 S = 1_000_000_000
@@ -22,7 +22,8 @@ S = 1_000_000_000
 
 def generator(spec: LoadSettings, server: ThreadedMockServer, records: list[StreamRecord],
               policy: ClientPolicy | None = None, seed: int = 1) -> LoadGenerator:
-    return LoadGenerator(spec, LoadTarget(server.base_url, "m", seed), policy=policy or ClientPolicy(), sink=records.append)
+    return LoadGenerator(spec, LoadTarget(server.base_url, "m", seed), policy=policy or ClientPolicy(),
+                         sink=records.append)
 
 
 async def test_closed_loop_keeps_concurrency_in_flight_until_the_deadline(
@@ -49,7 +50,8 @@ async def test_closed_loop_keeps_concurrency_in_flight_until_the_deadline(
     assert all(r.t_sent - deadline < int(0.25 * S) for r in late)  # type: ignore[operator]
 
 
-async def test_closed_loop_stops_at_max_requests(mock_server: ThreadedMockServer, make_spec: Callable[..., LoadSettings]) -> None:
+async def test_closed_loop_stops_at_max_requests(mock_server: ThreadedMockServer,
+                                                 make_spec: Callable[..., LoadSettings]) -> None:
     records: list[StreamRecord] = []
     gen = generator(make_spec(concurrency=2, max_requests=5), mock_server, records)
     start = time.monotonic_ns()
@@ -73,14 +75,15 @@ async def test_open_loop_follows_the_rate_and_stamps_the_schedule(
     scheduled = sorted(r.t_scheduled for r in records)  # type: ignore[type-var]
     # 90 arrivals expected; a Poisson count has sd ~9.5, so ±35 is a > 3.5 sigma band
     assert 55 <= len(records) <= 125
-    gaps = [b - a for a, b in zip(scheduled, scheduled[1:])]
+    gaps = [b - a for a, b in zip(scheduled, scheduled[1:], strict=False)]
     assert statistics.fmean(gaps) / S == pytest.approx(1 / rate, rel=0.35)
     late = sorted((r.t_sent - r.t_scheduled) / 1e6 for r in records)  # type: ignore[operator]
     assert late[0] >= 0 and late[len(late) // 2] < 50  # sent on schedule (ms), queueing kept apart
     assert gen.overflows == 0
 
 
-async def test_open_loop_never_waits_for_a_slow_server(mock_server: ThreadedMockServer, make_spec: Callable[..., LoadSettings]) -> None:
+async def test_open_loop_never_waits_for_a_slow_server(mock_server: ThreadedMockServer,
+                                                       make_spec: Callable[..., LoadSettings]) -> None:
     records: list[StreamRecord] = []
     # an in-flight cap of 2 against 0.3 s streams at 40 req/s: arrivals queue client-side
     spec = make_spec(concurrency=2, rate=40.0, max_tokens=(30, 30))
@@ -97,7 +100,8 @@ async def test_open_loop_never_waits_for_a_slow_server(mock_server: ThreadedMock
     assert all(r.t_scheduled < start + S for r in records)  # type: ignore[operator]
 
 
-async def test_open_loop_stops_at_max_requests(mock_server: ThreadedMockServer, make_spec: Callable[..., LoadSettings]) -> None:
+async def test_open_loop_stops_at_max_requests(mock_server: ThreadedMockServer,
+                                               make_spec: Callable[..., LoadSettings]) -> None:
     records: list[StreamRecord] = []
     gen = generator(make_spec(concurrency=None, rate=200.0, max_requests=7), mock_server, records)
     start = time.monotonic_ns()
@@ -122,7 +126,8 @@ async def test_drain_cancels_what_is_left_and_the_server_sees_it(
     assert mock_server.wait_for(lambda: sum(q.disconnected for q in mock_server.requests) == 3)
 
 
-async def test_phase_is_taken_when_each_request_is_sent(mock_server: ThreadedMockServer, make_spec: Callable[..., LoadSettings]) -> None:
+async def test_phase_is_taken_when_each_request_is_sent(mock_server: ThreadedMockServer,
+                                                        make_spec: Callable[..., LoadSettings]) -> None:
     records: list[StreamRecord] = []
     gen = generator(make_spec(concurrency=2), mock_server, records)
     gen.phase = "a"
@@ -137,12 +142,14 @@ async def test_phase_is_taken_when_each_request_is_sent(mock_server: ThreadedMoc
     assert max(r.t_sent for r in by_phase["a"]) < min(r.t_sent for r in by_phase["b"])  # type: ignore[type-var]
 
 
-async def test_client_rules_apply_per_request_and_replay(mock_server: ThreadedMockServer, make_spec: Callable[..., LoadSettings]) -> None:
+async def test_client_rules_apply_per_request_and_replay(mock_server: ThreadedMockServer,
+                                                         make_spec: Callable[..., LoadSettings]) -> None:
     async def one_run() -> dict[str, str | None]:
         records: list[StreamRecord] = []
         policy = ClientPolicy()
         policy.install(DisconnectRule("dc", 0.5, after_tokens=(1, 2)))
-        gen = generator(make_spec(concurrency=4, max_requests=24, max_tokens=(6, 6)), mock_server, records, policy, seed=9)
+        gen = generator(make_spec(concurrency=4, max_requests=24, max_tokens=(6, 6)), mock_server, records, policy,
+                        seed=9)
         await gen.run(time.monotonic_ns() + 20 * S)
         await gen.drain(10)
         await gen.aclose()
@@ -154,7 +161,8 @@ async def test_client_rules_apply_per_request_and_replay(mock_server: ThreadedMo
     assert 4 <= hung <= 20
 
 
-async def test_background_load_is_marked_and_stopped(mock_server: ThreadedMockServer, make_spec: Callable[..., LoadSettings]) -> None:
+async def test_background_load_is_marked_and_stopped(mock_server: ThreadedMockServer,
+                                                     make_spec: Callable[..., LoadSettings]) -> None:
     records: list[StreamRecord] = []
     gen = generator(make_spec(concurrency=1), mock_server, records)
     mock_server.server.tick_s = 0.02
@@ -169,7 +177,8 @@ async def test_background_load_is_marked_and_stopped(mock_server: ThreadedMockSe
     assert mock_server.wait_for(lambda: sum(q.disconnected for q in mock_server.requests) == 3)
 
 
-async def test_lag_stats_report_the_generator_itself(mock_server: ThreadedMockServer, make_spec: Callable[..., LoadSettings]) -> None:
+async def test_lag_stats_report_the_generator_itself(mock_server: ThreadedMockServer,
+                                                     make_spec: Callable[..., LoadSettings]) -> None:
     gen = generator(make_spec(concurrency=1, lag_threshold=10.0), mock_server, [])
     await gen.run(time.monotonic_ns() + int(0.5 * S))
     await gen.drain(5)

@@ -12,7 +12,7 @@ import pytest
 from chaos.load.client import make_http_client, stream_request
 from chaos.load.http1 import parse_target
 from chaos.load.mock import ThreadedMockServer
-from chaos.observations import StreamRecord
+from chaos.model.observations import StreamRecord
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
 
@@ -21,12 +21,14 @@ EVENTS = (b'data: {"choices":[{"index":0,"text":"a","finish_reason":null}]}\n\n'
 
 
 @asynccontextmanager
-async def raw_server(reply: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]) -> AsyncIterator[str]:
+async def raw_server(reply: Callable[[asyncio.StreamReader, asyncio.StreamWriter],
+                                     Awaitable[None]]) -> AsyncIterator[str]:
     """A one-behaviour HTTP server on loopback: ``reply`` gets each connection after its request head."""
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await reader.readuntil(b"\r\n\r\n")
-            length = next((int(v) for k, _, v in (ln.partition(b":") for ln in head.split(b"\r\n")) if k.lower() == b"content-length"), 0)
+            length = next((int(v) for k, _, v in (ln.partition(b":") for ln in head.split(b"\r\n"))
+                           if k.lower() == b"content-length"), 0)
             await reader.readexactly(length)
             await reply(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -43,7 +45,8 @@ async def raw_server(reply: Callable[[asyncio.StreamReader, asyncio.StreamWriter
 
 async def fetch(url: str, **kwargs: object) -> StreamRecord:
     async with make_http_client(2) as http:
-        return await stream_request(http, url, {"stream": True}, StreamRecord(id="h", phase="p"), request_timeout=10, **kwargs)  # type: ignore[arg-type]
+        return await stream_request(http, url, {"stream": True}, StreamRecord(id="h", phase="p"),
+                                    request_timeout=10, **kwargs)  # type: ignore[arg-type]
 
 
 async def test_a_body_without_length_or_chunks_ends_with_the_connection() -> None:
@@ -58,7 +61,8 @@ async def test_a_body_without_length_or_chunks_ends_with_the_connection() -> Non
 
 async def test_a_content_length_body_is_framed_by_its_length() -> None:
     async def reply(_r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n" + f"Content-Length: {len(EVENTS)}\r\n\r\n".encode() + EVENTS)
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                + f"Content-Length: {len(EVENTS)}\r\n\r\n".encode() + EVENTS)
         await w.drain()
         await asyncio.sleep(5)  # keeps the connection open: the length alone ends the response
 
@@ -95,14 +99,15 @@ async def test_urls_and_headers_it_cannot_send_are_clear_errors(mock_server: Thr
     assert rec.error is not None and rec.error.kind == "protocol" and "CR, LF" in rec.error.message
     assert not mock_server.requests  # nothing was sent
     target = parse_target("http://[::1]:8000/v1/completions?x=1")
-    assert (target.host, target.port, target.host_header, target.path) == ("::1", 8000, "[::1]:8000", "/v1/completions?x=1")
+    assert (target.host, target.port, target.host_header, target.path) \
+        == ("::1", 8000, "[::1]:8000", "/v1/completions?x=1")
 
 
 async def test_closing_the_client_fails_its_open_streams(mock_server: ThreadedMockServer) -> None:
     http = make_http_client(2)
     body = {"stream": True, "max_tokens": 100, "mock": {"tick_s": 0.1}}
-    task = asyncio.create_task(stream_request(http, mock_server.base_url + "/completions", body, StreamRecord(id="c", phase="p"),
-                                              request_timeout=20))
+    task = asyncio.create_task(stream_request(http, mock_server.base_url + "/completions", body,
+                                              StreamRecord(id="c", phase="p"), request_timeout=20))
     assert await mock_server.until(lambda: bool(mock_server.requests) and mock_server.requests[0].tokens_sent >= 1)
     await http.aclose()
     rec = await asyncio.wait_for(task, 5)
@@ -114,9 +119,10 @@ async def test_requests_beyond_the_limit_wait_for_a_slot(mock_server: ThreadedMo
     body = {"stream": True, "max_tokens": 5, "mock": {"tick_s": 0.02}}
     async with make_http_client(1) as http:
         recs = await asyncio.gather(*(stream_request(http, mock_server.base_url + "/completions", body,
-                                                     StreamRecord(id=f"l{i}", phase="p"), request_timeout=20) for i in range(3)))
+                                                     StreamRecord(id=f"l{i}", phase="p"), request_timeout=20)
+                                      for i in range(3)))
         assert http.connects == 1  # one slot, one connection, taken in turn
     assert all(r.complete for r in recs) and mock_server.server.max_active == 1
     # the wait for the slot is the client's: each t_sent is after the previous stream ended
     ordered = sorted(recs, key=lambda r: r.t_sent or 0)
-    assert all((a.t_end or 0) <= (b.t_sent or 0) for a, b in zip(ordered, ordered[1:]))
+    assert all((a.t_end or 0) <= (b.t_sent or 0) for a, b in zip(ordered, ordered[1:], strict=False))

@@ -13,14 +13,15 @@ from chaos.load import generator as generator_module
 from chaos.load.generator import LoadGenerator
 from chaos.load.mock import ThreadedMockServer
 from chaos.load.workload import LoadSettings, LoadTarget
-from chaos.observations import StreamRecord
-from chaos.context import ClientPolicy
+from chaos.model.context import ClientPolicy
+from chaos.model.observations import StreamRecord
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 S = 1_000_000_000
 
 
-async def run_against_a_stall(server: ThreadedMockServer, spec: LoadSettings, seconds: float) -> tuple[LoadGenerator, list[StreamRecord], int]:
+async def run_against_a_stall(server: ThreadedMockServer, spec: LoadSettings,
+                              seconds: float) -> tuple[LoadGenerator, list[StreamRecord], int]:
     """Drive ``spec`` for ``seconds`` while every response stalls; the most tasks seen on the loop."""
     server.server.tick_s = 30.0  # each stream sends one token, then nothing for the rest of the test
     records: list[StreamRecord] = []
@@ -44,7 +45,8 @@ async def run_against_a_stall(server: ThreadedMockServer, spec: LoadSettings, se
     return gen, records, most
 
 
-async def test_queued_arrivals_are_not_tasks(mock_server: ThreadedMockServer, make_spec: Callable[..., LoadSettings]) -> None:
+async def test_queued_arrivals_are_not_tasks(mock_server: ThreadedMockServer,
+                                             make_spec: Callable[..., LoadSettings]) -> None:
     # 400 arrivals/s for 1.5 s against a cap of 4 in-flight streams that never end: ~600 arrivals
     # queue client-side. One task per queued arrival (the old _admit) would put ~600 tasks on the loop.
     spec = make_spec(concurrency=4, rate=400.0, max_tokens=(50, 50), request_timeout=30.0)

@@ -20,14 +20,14 @@ from typing import Any
 
 import pytest
 
-from chaos.context import ClientPolicy
-from chaos.experiment.model import LoadSpec, PromptSpec
 from chaos.load.mock import ThreadedMockServer
 from chaos.load.rules import DisconnectRule
-from chaos.load.shard import SKEW_ENV, TOKEN_ENV
-from chaos.load.shards import ShardPool, merge_journal_shard
+from chaos.load.shard_pool import ShardPool, merge_journal_shard
+from chaos.load.shard_process import SKEW_ENV, TOKEN_ENV
 from chaos.load.workload import LoadTarget
-from chaos.observations import Note, StreamRecord
+from chaos.model.context import ClientPolicy
+from chaos.model.experiment import LoadSpec, PromptSpec
+from chaos.model.observations import Note, StreamRecord
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(90)]
 
@@ -44,7 +44,8 @@ def _spec(**overrides: Any) -> LoadSpec:
     return LoadSpec(**values)
 
 
-def _start_shard(address: str, index: int, journal_dir: Path, token: str, skew_ns: int = 0, count: int = 2) -> subprocess.Popen[str]:
+def _start_shard(address: str, index: int, journal_dir: Path, token: str, skew_ns: int = 0,
+                 count: int = 2) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if k not in (TOKEN_ENV, SKEW_ENV)}
     env[TOKEN_ENV] = token
     if skew_ns:
@@ -146,13 +147,15 @@ async def test_two_shards_with_skewed_clocks_merge_into_one_aligned_record_strea
     raw, why = merge_journal_shard(tmp_path / "journal.shard-1.jsonl", 0, set(), "run-1")
     assert why is None and raw and min(r.t_sent or 0 for r in raw) < t_first - 7 * S
     assert '"type":"clock"' in (tmp_path / "journal.shard-1.jsonl").read_text()
-    assert merge_journal_shard(tmp_path / "journal.shard-1.jsonl", 0, set(), "another-run") == ([], "journal.shard-1.jsonl "
-                                                                                                  "belongs to run 'run-1', not 'another-run'")
+    assert merge_journal_shard(tmp_path / "journal.shard-1.jsonl", 0, set(), "another-run") == (
+        [], "journal.shard-1.jsonl belongs to run 'run-1', not 'another-run'")
 
 
-async def test_a_shard_with_the_wrong_token_is_refused_and_never_counted(tmp_path: Path, mock_server: ThreadedMockServer,
-                                                                        token: str) -> None:
-    pool = ShardPool(_spec(shards=2, shard_connect_timeout=4.0), LoadTarget(mock_server.base_url, "m", 1), policy=ClientPolicy(), sink=lambda r: None, run_dir=tmp_path, run_id="r")
+async def test_a_shard_with_the_wrong_token_is_refused_and_never_counted(tmp_path: Path,
+                                                                         mock_server: ThreadedMockServer,
+                                                                         token: str) -> None:
+    pool = ShardPool(_spec(shards=2, shard_connect_timeout=4.0), LoadTarget(mock_server.base_url, "m", 1),
+                     policy=ClientPolicy(), sink=lambda r: None, run_dir=tmp_path, run_id="r")
     shards: list[subprocess.Popen[str]] = []
 
     def start(address: str) -> list[subprocess.Popen[str]]:
@@ -188,7 +191,8 @@ async def test_a_shard_stops_its_load_when_the_coordinator_vanishes_and_its_jour
                      sink=records.append, run_dir=tmp_path, notes=notes.append, run_id="r2", lifetime_s=60)
     shards: list[subprocess.Popen[str]] = []
     try:
-        await _open(pool, shards, lambda address: [_start_shard(address, 0, tmp_path, token), _start_shard(address, 1, tmp_path, token)])
+        await _open(pool, shards, lambda address: [_start_shard(address, 0, tmp_path, token),
+                                                   _start_shard(address, 1, tmp_path, token)])
         await pool.ready()
         pool.phase = "p"
         running = asyncio.create_task(pool.run(time.monotonic_ns() + 60 * S))  # far longer than the test
@@ -208,4 +212,26 @@ async def test_a_shard_stops_its_load_when_the_coordinator_vanishes_and_its_jour
     (note,) = notes
     from_file = sum(s["records_from_journal"] for s in note.data["shards"].values())
     assert from_file >= 1  # the streams cut short were journaled by the shards, never sent live, merged now
-    assert len({r.id for r in records}) == len(records) == sum(s["records_live"] for s in note.data["shards"].values()) + from_file
+    assert len({r.id for r in records}) == len(records) \
+        == sum(s["records_live"] for s in note.data["shards"].values()) + from_file
+
+
+async def test_local_shards_reach_a_coordinator_listening_on_one_address_other_than_127_0_0_1(
+    tmp_path: Path, mock_server: ThreadedMockServer
+) -> None:
+    # shard_listen names one address (a game-day host's 10.x, here 127.0.0.2: bound alone, not on 127.0.0.1);
+    # local shards dialled 127.0.0.1 regardless and never connected
+    records: list[StreamRecord] = []
+    pool = ShardPool(_spec(shard_launch="local", shard_listen="127.0.0.2:0", shard_connect_timeout=30.0),
+                     LoadTarget(mock_server.base_url, "m", 5), policy=ClientPolicy(), sink=records.append,
+                     run_dir=tmp_path, run_id="r3", lifetime_s=60)
+    try:
+        await pool.open()
+        assert pool.address.startswith("127.0.0.2:")
+        await pool.ready()
+        pool.phase = "p"
+        await pool.run(time.monotonic_ns() + int(0.5 * S))
+        assert await pool.drain(10) == 0
+    finally:
+        await pool.aclose()
+    assert {r.id.split("-")[0] for r in records} == {"0", "1"}

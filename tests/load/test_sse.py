@@ -63,7 +63,7 @@ def test_multibyte_split_across_reads_is_not_an_error_and_is_counted() -> None:
     # cut inside 你 (3 bytes) and inside 🙂 (4 bytes, cut after 1 and after 3)
     emoji = raw.index("🙂".encode())
     cuts = [start + 1, emoji + 1, emoji + 3]
-    chunks = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)])]
+    chunks = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
     events, parser = parse_all(chunks)
     assert events[0].data == "你好🙂"
     assert parser.utf8_errors == 0
@@ -118,14 +118,15 @@ def streams(draw: st.DrawFn) -> bytes:
 def test_any_rechunking_parses_to_the_same_events(raw: bytes, cuts: list[int]) -> None:
     whole, whole_parser = parse_all([raw])
     points = sorted({c % (len(raw) + 1) for c in cuts})
-    chunks = [raw[a:b] for a, b in zip([0, *points], [*points, len(raw)])]
+    chunks = [raw[a:b] for a, b in zip([0, *points], [*points, len(raw)], strict=True)]
     split, split_parser = parse_all(chunks)
     assert split == whole
     assert split_parser.utf8_errors == whole_parser.utf8_errors
     assert split_parser.comments == whole_parser.comments
 
 
-@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"), max_size=40), st.integers(1, 7))
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"), max_size=40),
+       st.integers(1, 7))
 @settings(max_examples=200, deadline=None)
 def test_fixed_size_chunks_reassemble_text_and_count_split_characters(text: str, size: int) -> None:
     raw = f"data: {text}\n\n".encode()

@@ -8,7 +8,7 @@ import pytest
 from chaos.load.client import make_http_client, stream_request
 from chaos.load.mock import ThreadedMockServer
 from chaos.load.sse import DEFAULT_MAX_EVENT_BYTES, SSEOverflow, SSEParser
-from chaos.observations import StreamRecord
+from chaos.model.observations import StreamRecord
 
 MiB = 1 << 20
 

@@ -7,12 +7,13 @@ from collections.abc import Callable
 
 import pytest
 
+from chaos.load.driver import make_load
 from chaos.load.mock import ThreadedMockServer
-from chaos.load.workers import WorkerPool, make_load, split_evenly
-from chaos.load.workload import LoadSettings, LoadTarget
-from chaos.observations import StreamRecord
-from chaos.context import ClientPolicy
 from chaos.load.rules import DisconnectRule
+from chaos.load.workers import WorkerPool
+from chaos.load.workload import LoadSettings, LoadTarget, split_evenly
+from chaos.model.context import ClientPolicy
+from chaos.model.observations import StreamRecord
 
 S = 1_000_000_000
 

@@ -10,8 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from chaos.errors import ChaosError
-from chaos.load.workload import LoadSettings, PromptSettings, Workload, build_body, gamma_gaps, load_jsonl, synthetic_text
+from chaos.load.workload import (
+    LoadSettings,
+    PromptSettings,
+    Workload,
+    build_body,
+    gamma_gaps,
+    load_jsonl,
+    synthetic_text,
+)
+from chaos.model.errors import ChaosError
 
 
 def test_scripts_produce_their_characters() -> None:
@@ -62,7 +70,8 @@ def test_jsonl_prompts_and_expected_text(tmp_path: Path, make_spec: Callable[...
     spec = make_spec(endpoint="chat", prompts=PromptSettings(source=str(path)))
     body, prompt = Workload(spec, model="m", seed=0).request(0)
     assert body["messages"] == [{"role": "user", "content": "hello"}] and prompt.expected_text == "world"
-    assert build_body("completions", "m", prompts[1], max_tokens=1, temperature=0, ignore_eos=False, include_usage=False)["prompt"] == "hi"
+    assert build_body("completions", "m", prompts[1], max_tokens=1, temperature=0, ignore_eos=False,
+                      include_usage=False)["prompt"] == "hi"
 
 
 def test_bad_jsonl_says_where_and_what(tmp_path: Path) -> None:

@@ -91,7 +91,8 @@ def test_setters_change_getters_and_persist_in_the_state_file(lib: ctypes.CDLL, 
             "l.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h)); c = ctypes.c_uint();"
             "l.nvmlDeviceGetClockInfo(h, 1, ctypes.byref(c)); print(c.value, l.nvmlDeviceResetGpuLockedClocks(h))"
         )
-        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=20, check=True).stdout
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=20,
+                             check=True).stdout
         assert out.split() == ["990", "0"]
         assert read_state(state)["dev0.locked_max"] == 0
         lib.nvmlDeviceGetClockInfo(h, 1, ctypes.byref(clock))

@@ -10,14 +10,15 @@ from typing import Any
 import pytest
 
 from chaos.cli import main
-from chaos.reports.compare import compare_reports, compare_table, significance
+from chaos.output.reports.compare import compare_reports, compare_table, significance
 from sla.base import Verdict
 
 
 def quantile(figure: float, lower: float | None, upper: float | None, *, status: str = "pass", name: str = "ttft",
              phase: str | None = "steady", budget: float = 1.0, expect: str = "pass") -> dict[str, Any]:
     evidence = {"quantile": 0.5, "confidence": 0.95, "lower": lower, "upper": upper}
-    v = Verdict("ttft", phase, status, figure, budget, "s", 100, evidence, expect=expect, name=name)  # type: ignore[arg-type]
+    v = Verdict("ttft", phase, status, figure, budget, "s", 100, evidence, expect=expect,  # type: ignore[arg-type]
+                name=name)
     return v.to_dict()
 
 
@@ -51,7 +52,8 @@ def test_an_improvement_is_significant_but_not_flagged() -> None:
 
 
 def test_a_missing_bound_is_said_not_guessed() -> None:
-    (row,) = compare_reports(report(quantile(0.05, None, None, status="inconclusive")), report(quantile(0.5, None, None, status="inconclusive")))
+    (row,) = compare_reports(report(quantile(0.05, None, None, status="inconclusive")),
+                             report(quantile(0.5, None, None, status="inconclusive")))
     assert row.significant is None and "too few samples" in row.test and not row.flagged
 
 
@@ -102,7 +104,8 @@ def write_run(root: Path, name: str, body: dict[str, Any]) -> Path:
     return run
 
 
-def test_cli_prints_the_table_writes_the_page_and_exits_1_on_a_regression(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_prints_the_table_writes_the_page_and_exits_1_on_a_regression(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
     a = write_run(tmp_path, "a", report(quantile(0.05, 0.045, 0.055)))
     b = write_run(tmp_path, "b", report(quantile(0.25, 0.24, 0.27)))
     assert main(["report", "--compare", str(a), str(b)]) == 1
@@ -120,7 +123,19 @@ def test_cli_says_what_is_wrong_with_a_run_directory(tmp_path: Path, capsys: pyt
     bad.mkdir()
     (bad / "report.json").write_text("{not json")
     assert main(["report", "--compare", str(a), str(tmp_path / "missing")]) == 2
-    assert "missing/report.json does not exist" in capsys.readouterr().err
+    # the one message report, verify and rollback give
+    assert "missing: no such run directory" in capsys.readouterr().err
     assert main(["report", "--compare", str(a), str(bad)]) == 2
     assert "not a readable report.json" in capsys.readouterr().err
     assert main(["report", "--compare", str(a), str(a), "--min-change", "lots"]) == 2
+
+
+def test_a_few_milliseconds_are_below_min_delay_whatever_the_ratio() -> None:
+    # a healthy stack's TTFT p50 between two CI runs on a busy 2-core box: 9.9 -> 14.3 ms, disjoint intervals
+    a, b = report(quantile(0.0099, 0.0090, 0.0110)), report(quantile(0.0143, 0.0130, 0.0160))
+    (row,) = compare_reports(a, b, min_change=0.25)
+    assert row.significant is True and row.worse is True and row.relative > 0.25 and not row.flagged
+    (strict,) = compare_reports(a, b, min_change=0.25, min_delay=0.0)
+    assert strict.flagged  # the floor, not the test, kept it unflagged
+    (slowed,) = compare_reports(a, report(quantile(0.0495, 0.045, 0.055)), min_change=0.25)
+    assert slowed.flagged  # the planted +400% is 40 ms

@@ -18,10 +18,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from chaos.errors import UsageError
-from chaos.events import RunFinished, RunStarted, VerdictsReady
-from chaos.exporter import METRICS, PrometheusExporter
-from chaos.observations import ErrorInfo, FaultEvent, Hangup, PhaseWindow, StreamRecord
+from chaos.execution.events import RunFinished, RunStarted, VerdictsReady
+from chaos.model.errors import UsageError
+from chaos.model.observations import ErrorInfo, FaultEvent, Hangup, PhaseWindow, StreamRecord
+from chaos.output.exporter import METRICS, PrometheusExporter
 from sla.base import Verdict
 
 pytestmark = pytest.mark.timeout(60)
@@ -30,7 +30,8 @@ DASHBOARD = Path(__file__).resolve().parents[2] / "manifests" / "grafana-dashboa
 MS = 1_000_000
 
 
-def stream(i: int, *, ttft_ms: int = 40, gaps: int = 5, error: bool = False, hangup: bool = False, cut: bool = False) -> StreamRecord:
+def stream(i: int, *, ttft_ms: int = 40, gaps: int = 5, error: bool = False, hangup: bool = False,
+           cut: bool = False) -> StreamRecord:
     t = 10_000 * MS * i
     content = [t + ttft_ms * MS + k * 10 * MS for k in range(gaps + 1)]
     st = StreamRecord(id=f"0-{i}", phase="steady", t_sent=t, t_first_content=content[0], t_content=content,
@@ -189,3 +190,89 @@ def test_the_dashboard_check_catches_a_misnamed_metric() -> None:
     dashboard = json.loads(DASHBOARD.read_text())
     dashboard["panels"][0]["targets"][0]["expr"] = "histogram_quantile(0.99, rate(streamchaos_ttft_ms_bucket[1m]))"
     assert dashboard_metrics(dashboard) - exported_names() == {"streamchaos_ttft_ms_bucket"}
+
+
+def test_the_endpoint_holds_under_300_half_open_connections_and_still_answers() -> None:
+    """``start_http_server`` gave each half-open connection a thread with no timeout; ours caps the
+    connections served at once (the rest get 503 and are closed), times each one out, and a scrape
+    still gets through while the 300 are held."""
+    import socket
+    import threading
+    import time
+
+    import httpx
+
+    from chaos.host.metrics_http import MAX_CONNECTIONS
+    from chaos.output.exporter import PrometheusExporter
+
+    with PrometheusExporter(port=0) as exporter:
+        assert exporter.port is not None
+        before = threading.active_count()
+        held: list[socket.socket] = []
+        try:
+            for _ in range(300):
+                s = socket.create_connection(("127.0.0.1", exporter.port), timeout=5)
+                s.sendall(b"GET /metrics HTTP/1.1\r\n")  # half a request, never finished
+                held.append(s)
+            time.sleep(0.5)
+            assert threading.active_count() - before <= MAX_CONNECTIONS + 2
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    r = httpx.get(exporter.url or "", timeout=5)
+                    if r.status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline, "no scrape was answered while the half-open connections were held"
+                time.sleep(0.2)
+            assert "streamchaos_" in r.text
+            assert threading.active_count() - before <= MAX_CONNECTIONS + 2
+        finally:
+            for s in held:
+                s.close()
+
+
+def capacity_body() -> dict[str, Any]:
+    """capacity.json of a two-case search, as the search writes it (chaos.capacity.run.as_dict)."""
+    from chaos.capacity.probes import Case
+    from chaos.capacity.run import CapacityResult, answer, as_dict
+    from chaos.experiment.loader import parse_experiment
+    from chaos.model.capacity import Probe
+
+    exp = parse_experiment("name: cap\nphases:\n  - {name: steady, duration: 2s}\n  - name: slow\n    duration: 2s\n"
+                           "    faults: [{kind: server.stall, where: event_loop, duration: 50ms, every: 200ms}]\n"
+                           "sla:\n  - {kind: ttft, budget: 100ms}\ncapacity: {dimension: rate, max: 32}\n")
+    assert exp.capacity is not None
+    base = answer(exp.capacity, Case("baseline", ()), [Probe("baseline", 8, 6, "pass"),
+                                                         Probe("baseline", 8.4, 6, "fail", ("ttft",))], "resolved")
+    slow = answer(exp.capacity, Case("slow", ()), [Probe("slow", 4, 6, "pass"), Probe("slow", 8, 6, "fail", ("ttft",)),
+                                                   Probe("slow", 6, 6, "inconclusive", ("ttft",))], "searching")
+    return as_dict(CapacityResult(exp, exp.capacity, [base, slow], Path("."), 0.0, 1.0, 900.0, False))
+
+
+def test_a_capacity_search_exports_each_case_interval_after_every_probe(
+        gateway: tuple[str, list[tuple[str, str, bytes]]]) -> None:
+    url, pushes = gateway
+    body = capacity_body()
+    with PrometheusExporter(port=0, push_url=url, push_interval_s=3600) as exporter:
+        exporter.capacity(body)
+        assert exporter.url is not None
+        samples = parse(httpx.get(exporter.url, timeout=5).text)
+        assert value(samples, "streamchaos_capacity_passing", case="baseline", unit="requests/s") == 8
+        assert value(samples, "streamchaos_capacity_failing", case="baseline") == 8.4
+        assert value(samples, "streamchaos_capacity_passing", case="slow") == 4
+        # 1 - 4 / 8: half the baseline's capacity lost; at most 1 - 4 / 8.4
+        assert value(samples, "streamchaos_capacity_lost_ratio", case="slow", bound="point") == pytest.approx(0.5)
+        assert value(samples, "streamchaos_capacity_lost_ratio", case="slow", bound="at_most") == pytest.approx(
+            1 - 4 / 8.4)
+        assert value(samples, "streamchaos_capacity_resolved", case="baseline") == 1
+        assert value(samples, "streamchaos_capacity_resolved", case="slow") == 0
+        assert value(samples, "streamchaos_capacity_probes", case="slow", outcome="inconclusive") == 1
+        assert value(samples, "streamchaos_capacity_probes", case="slow", outcome="fail") == 1
+        assert "streamchaos_capacity_exit_code" not in samples  # not before the search has ended
+        exporter.capacity(body, final=True)
+        samples = parse(httpx.get(exporter.url, timeout=5).text)
+        assert value(samples, "streamchaos_capacity_exit_code", experiment="cap") == body["exit_code"] == 3
+    assert len(pushes) == 2 and pushes[-1][1] == "/metrics/job/streamchaos/experiment/cap"
+    assert value(parse(pushes[-1][2].decode()), "streamchaos_capacity_passing", case="slow") == 4

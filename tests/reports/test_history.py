@@ -10,8 +10,8 @@ import pytest
 from test_compare import quantile, report, share
 
 from chaos.cli import main
-from chaos.errors import UsageError
-from chaos.reports.history import load_runs, regressions, render_history, streak
+from chaos.model.errors import UsageError
+from chaos.output.reports.history import load_runs, regressions, render_history, streak
 
 
 def make_history(root: Path, runs: list[dict[str, Any]]) -> Path:

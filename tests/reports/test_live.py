@@ -7,9 +7,9 @@ import io
 import pytest
 from rich.console import Console
 
-from chaos.events import RunStarted, Stage
-from chaos.live import WINDOW_S, LiveProgress, Tally, format_line
-from chaos.observations import ErrorInfo, FaultEvent, PhaseWindow, StreamRecord
+from chaos.execution.events import RunStarted, Stage
+from chaos.model.observations import ErrorInfo, FaultEvent, PhaseWindow, StreamRecord
+from chaos.output.live import WINDOW_S, LiveProgress, Tally, format_line
 
 NS = 1_000_000_000
 MS = 1_000_000
@@ -19,8 +19,8 @@ def stream(i: int, end_s: float, ttft_ms: int, *, events: int = 4, error: bool =
     t_end = int(end_s * NS)
     sent = t_end - 200 * MS
     content = [sent + ttft_ms * MS + k * MS for k in range(events)]
-    st = StreamRecord(id=str(i), phase="steady", t_sent=sent, t_first_content=content[0], t_content=content, t_end=t_end,
-                      status=200, finish_reason="stop", done_seen=True)
+    st = StreamRecord(id=str(i), phase="steady", t_sent=sent, t_first_content=content[0], t_content=content,
+                      t_end=t_end, status=200, finish_reason="stop", done_seen=True)
     if error:
         st.error = ErrorInfo("read", "reset")
     return st

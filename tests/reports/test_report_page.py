@@ -9,10 +9,10 @@ import xml.etree.ElementTree as ET
 import pytest
 from synthetic import synthetic_run
 
-from chaos.reports.page import render_html
-from chaos.reports.plot import cdf_points, thin_scatter
-from chaos.reports.verdicts import render_verdicts
-from chaos.reports.waterfall import ROWS, sample_streams
+from chaos.output.reports.page import render_html
+from chaos.output.reports.plot import cdf_points, thin_scatter
+from chaos.output.reports.verdicts import render_verdicts
+from chaos.output.reports.waterfall import ROWS, sample_streams
 from sla.base import Verdict
 
 pytestmark = pytest.mark.timeout(120)
@@ -102,7 +102,7 @@ def test_cdf_points_are_exact_where_drawn_and_keep_the_maximum() -> None:
     values = [float(v) for v in range(1, 10_001)]
     x, y = cdf_points(values, max_points=100)
     assert len(x) <= 100 and x[-1] == 10_000.0 and y[-1] == 1.0
-    for xi, yi in zip(x, y):
+    for xi, yi in zip(x, y, strict=True):
         assert yi == pytest.approx(sum(1 for v in values if v <= xi) / len(values))
     small_x, small_y = cdf_points([3.0, 1.0, 2.0])
     assert list(small_x) == [1.0, 2.0, 3.0] and list(small_y) == pytest.approx([1 / 3, 2 / 3, 1.0])
@@ -125,7 +125,7 @@ def test_waterfall_sample_shows_abnormal_streams_first() -> None:
 
 
 def test_gpu_clock_and_power_are_drawn_where_sampled_and_faults_show_plan_evidence_undo() -> None:
-    from chaos.observations import MetricSample
+    from chaos.model.observations import MetricSample
 
     report, obs = synthetic_run(streams=200, seconds=20)
     assert "sc-data-gpu-clock" not in render_html(report, obs)  # not sampled: no panel

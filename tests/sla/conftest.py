@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from chaos.observations import (
+from chaos.model.observations import (
     ErrorInfo,
     Hangup,
     MetricSample,

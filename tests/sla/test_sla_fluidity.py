@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import sla
-from chaos.observations import ErrorInfo, StreamRecord
+from chaos.model.observations import ErrorInfo, StreamRecord
 from sla.fluidity import deadlines
 from sla.stats import judge_share
 
@@ -57,7 +57,8 @@ def test_deadlines_follow_etalon() -> None:
     assert d.outcomes == [1, 1, 1, 0, 0, 0]
     assert d.longest_run == 3
     # first token late: 1 + (700 - 500) // 50 = 5 missed
-    late_first = StreamRecord(id="y", phase="p", t_sent=0, t_first_content=700 * ms, t_content=[700 * ms], t_end=701 * ms)
+    late_first = StreamRecord(id="y", phase="p", t_sent=0, t_first_content=700 * ms, t_content=[700 * ms],
+                              t_end=701 * ms)
     assert deadlines(late_first, pace=0.05, ttft=0.5).outcomes == [0] * 5
     # no ttft allowance: the first token is not judged
     assert deadlines(late_first, pace=0.05, ttft=None).outcomes == []

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 import sla
-from chaos.observations import ErrorInfo, Hangup, StreamRecord
+from chaos.model.observations import ErrorInfo, Hangup, StreamRecord
 from sla.goodput import Objectives, request_outcome
 
 pytestmark = pytest.mark.timeout(30)
@@ -88,8 +88,8 @@ def test_single_token_requests_meet_tpot_and_no_objectives_means_complete(synth:
 
 
 def test_exactly_one_of_min_share_and_min_rate() -> None:
-    from chaos.errors import ExperimentInvalid
-    from chaos.observations import Observations
+    from chaos.model.errors import ExperimentInvalid
+    from chaos.model.observations import Observations
 
     with pytest.raises(ExperimentInvalid, match="exactly one of min_share, min_rate"):
         sla.judge(Observations(), "goodput", {"ttft": "1s"})

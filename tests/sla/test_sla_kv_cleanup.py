@@ -289,11 +289,54 @@ def test_a_missing_series_says_why_the_scrapes_failed(synth: Any) -> None:
 
 
 def test_the_profile_names_the_series_and_the_hint(synth: Any) -> None:
+    """A profile naming no series, with metrics scraped from somewhere (the scrape gave samples)."""
     streams = [synth.stream(f"s{i}", sent=1 + i * 0.1) for i in range(5)]
-    profile = {"name": "transformers-serve", "usage_series": [], "running_series": [],
-               "metrics_hint": "transformers serve has no /metrics: KV cleanup cannot be observed"}
-    notes = [synth.note("engine_profile", 0.0, profile=profile, end={"finish_reason": True, "done": False})]
-    verdict = sla.judge(synth.obs(streams, notes=notes), "kv_cleanup", {})
+    profile = {"name": "llamacpp", "usage_series": [], "running_series": [],
+               "metrics_hint": "llama.cpp exports no KV usage series: name one with `series`, or accept inconclusive"}
+    notes = [synth.note("engine_profile", 0.0, profile=profile, end={"finish_reason": True, "done": True})]
+    metrics = synth.steps("llamacpp:requests_processing", 0.0, 3.0, EVERY, lambda t: 0.0)
+    verdict = sla.judge(synth.obs(streams, metrics, notes=notes), "kv_cleanup", {})
     assert verdict.status == "inconclusive"
-    assert "the transformers-serve profile names none" in verdict.evidence["reason"]
-    assert "has no /metrics" in verdict.evidence["reason"]
+    assert "the llamacpp profile names none" in verdict.evidence["reason"]
+    assert "llama.cpp exports no KV usage series" in verdict.evidence["reason"]
+
+
+TRANSFORMERS = {"name": "transformers-serve", "title": "transformers serve", "usage_series": [], "running_series": [],
+                "metrics": False, "metrics_hint": "transformers serve exports no Prometheus metrics (no /metrics)"}
+
+
+@pytest.mark.parametrize("own_series", [False, True], ids=["bare", "with-host-and-gpu-samples"])
+@pytest.mark.parametrize("verifier,judged", [("kv_cleanup", "KV cleanup"), ("abort_propagation", "abort propagation")])
+def test_an_engine_without_metrics_is_named_first_and_no_metrics_url_is_suggested(
+        synth: Any, verifier: str, judged: str, own_series: bool) -> None:
+    """Before: "scraping .../metrics failed: HTTP 404 (no metrics there: set target.metrics_url) ...":
+    advice that cannot help, since transformers serve exports no metrics anywhere. The run's own
+    host and GPU samples are not the target's metrics (a CI run read them as such)."""
+    streams = [synth.stream(f"s{i}", sent=1 + i * 0.1) for i in range(5)]
+    notes = [synth.note("engine_profile", 0.0, profile=TRANSFORMERS, end={"finish_reason": True, "done": False}),
+             synth.note("scrape_error", 0.2, url="http://hf/metrics", error="HTTP 404", status=404, failures=12)]
+    own = []
+    if own_series:
+        own = (synth.steps("host_neighbour_cores", 0.0, 3.0, 0.5, lambda t: 0.2)
+               + synth.steps("gpu_sm_clock_mhz", 0.0, 3.0, 1.0, lambda t: 1980.0, gpu="0"))
+    verdict = sla.judge(synth.obs(streams, own, notes=notes), verifier, {})
+    assert verdict.status == "inconclusive"
+    reason = verdict.evidence["reason"]
+    assert reason.startswith(f"transformers serve exports no Prometheus metrics, so {judged}"), reason
+    assert "cannot be judged" in reason and "HTTP 404" in reason and "metrics_url" not in reason, reason
+
+
+@pytest.mark.parametrize("verifier", ["kv_cleanup", "abort_propagation"])
+def test_a_404_at_metrics_of_a_generic_server_says_so_first_then_where_metrics_could_be(
+        synth: Any, verifier: str) -> None:
+    """A generic server (perhaps a gateway in front of an engine) with /metrics 404: the truth, then the
+    suggestion that can help."""
+    streams = [synth.stream(f"s{i}", sent=1 + i * 0.1) for i in range(5)]
+    profile = {"name": "openai", "title": "generic OpenAI-compatible server",
+               "usage_series": ["vllm:kv_cache_usage_perc"], "running_series": ["vllm:num_requests_running"],
+               "metrics": True, "metrics_hint": ""}
+    notes = [synth.note("engine_profile", 0.0, profile=profile, end={"finish_reason": True, "done": True}),
+             synth.note("scrape_error", 0.2, url="http://gw/metrics", error="HTTP 404", status=404, failures=12)]
+    reason = sla.judge(synth.obs(streams, notes=notes), verifier, {}).evidence["reason"]
+    assert reason.startswith("the target exports no Prometheus metrics there, so "), reason
+    assert reason.index("HTTP 404") < reason.index("set target.metrics_url to the engine's own /metrics"), reason

@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 
 import sla
-from chaos.errors import ExperimentInvalid
-from chaos.observations import Observations
+from chaos.model.errors import ExperimentInvalid
+from chaos.model.observations import Observations
 
 pytestmark = pytest.mark.timeout(60)
 
-KINDS = {"ttft", "itl", "early_close", "kv_cleanup", "errors", "integrity", "throughput", "recovery", "goodput", "fluidity", "streaming", "capacity"}
+KINDS = {"ttft", "itl", "early_close", "kv_cleanup", "abort_propagation", "errors", "integrity", "throughput",
+         "recovery", "goodput", "fluidity", "streaming", "capacity"}
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -49,6 +50,7 @@ def test_importing_sla_starts_nothing_heavy() -> None:
         ("throughput", {"min_tokens_per_s": 1}, "tokens/s"),
         ("throughput", {"min_requests_per_s": 1}, "requests/s"),
         ("kv_cleanup", {}, "s"),
+        ("abort_propagation", {}, "s"),
         ("recovery", {}, "ratio"),
         ("goodput", {"ttft": "1s", "min_share": "90%"}, "fraction"),
         ("goodput", {"min_rate": "1/s"}, "requests/s"),
@@ -86,3 +88,46 @@ def test_quantile_param_shows_its_unit_in_the_catalogue() -> None:
     quantile = next(p for p in sla.REGISTRY["ttft"].schema.params if p.name == "quantile")
     assert quantile.unit == "quantile, e.g. 0.99 or p99"
     assert quantile.default == 0.99
+
+
+def test_each_verifier_is_a_frozen_spec_whose_fields_are_its_schema() -> None:
+    from dataclasses import FrozenInstanceError, fields
+
+    for kind, cls in sla.REGISTRY.items():
+        assert sorted(f.name for f in fields(cls)) == sorted(cls.schema.names()), kind
+        values, problems = cls.schema.parse({})
+        if not problems:  # a kind with every parameter defaulted: its spec from the defaults alone
+            spec = sla.spec_for(kind, {}, parsed=False)
+            assert spec.params == values, kind
+            with pytest.raises(FrozenInstanceError):
+                setattr(spec, cls.schema.params[0].name, None)
+
+
+def test_a_verifier_whose_fields_and_schema_disagree_is_refused_at_registration() -> None:
+    from dataclasses import dataclass
+
+    from chaos.model.params import Param, Schema
+    from sla.base import SlaSpec, Verdict, verifier
+
+    @dataclass(frozen=True, kw_only=True)
+    class Drifted(SlaSpec):
+        kind = "test.drifted"
+        summary = "test-only"
+        schema = Schema((Param("budget", "duration", required=True, doc="the most it may be"),))
+
+        budjet: float  # a typo: what users write (budget) would never reach the verifier
+
+        def judge(self, obs: Observations, phase: str | None) -> Verdict:
+            raise AssertionError("never judged")
+
+    with pytest.raises(AssertionError, match="not its schema's parameters"):
+        verifier(Drifted)
+    assert "test.drifted" not in sla.REGISTRY
+
+
+def test_a_spec_parses_raw_values_and_names_the_wrong_key() -> None:
+    from sla.ttft import Ttft
+
+    assert Ttft.parse({"budget": "500ms", "quantile": "p90"}) == Ttft(quantile=0.9, budget=0.5, confidence=0.95)
+    with pytest.raises(ExperimentInvalid, match=r"sla ttft\.budgte: unknown key \(did you mean 'budget'\?\)"):
+        Ttft.parse({"budgte": "500ms"})

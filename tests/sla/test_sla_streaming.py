@@ -12,11 +12,11 @@ import sla
 pytestmark = pytest.mark.timeout(30)
 
 
-def _held(synth: Any, i: int, reads: int = 2, tokens: int = 32) -> Any:
+def _held(synth: Any, i: int, reads: int = 2, tokens: int = 32, **headers: str) -> Any:
     """A stream a buffering proxy held: nothing for 150 ms, then all content in ``reads`` reads."""
     per = tokens // reads
     gaps = [0.0 if (k + 1) % per else 0.004 for k in range(tokens - 1)]
-    return synth.stream(f"held{i}", sent=i * 0.2, ttft=0.15, gaps=gaps, tokens=tokens)
+    return synth.stream(f"held{i}", sent=i * 0.2, ttft=0.15, gaps=gaps, tokens=tokens, **headers)
 
 
 def test_a_buffered_stream_fails_and_the_reason_says_so(synth: Any) -> None:
@@ -26,6 +26,21 @@ def test_a_buffered_stream_fails_and_the_reason_says_so(synth: Any) -> None:
     assert "being buffered" in verdict.evidence["reason"]
     assert verdict.evidence["events_per_read_p50"] == pytest.approx(16.0)
     assert verdict.evidence["itl_p50_s"] == 0.0
+
+
+@pytest.mark.parametrize(("headers", "named", "not_named"), [
+    ({"server": "nginx/1.22.1", "content_encoding": "gzip"}, "gzip off for text/event-stream", "http-no-delay"),
+    ({"server": "nginx/1.22.1"}, "proxy_buffering off", "http-no-delay"),
+    ({}, "option http-no-delay", "Content-Encoding"),  # HAProxy's defaults: no Server header of its own
+])
+def test_the_reason_names_the_buffering_hops_own_fix(synth: Any, headers: dict[str, str], named: str,
+                                                     not_named: str) -> None:
+    streams = [_held(synth, i, **headers) for i in range(20)]
+    verdict = sla.judge(synth.obs(streams), "streaming", {})
+    assert verdict.status == "fail"
+    assert (named in verdict.evidence["reason"]
+            and not_named not in verdict.evidence["reason"]), verdict.evidence["reason"]
+    assert verdict.evidence["server"] == headers.get("server")
 
 
 def test_streamed_responses_pass(synth: Any) -> None:

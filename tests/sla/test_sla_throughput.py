@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 import sla
-from chaos.errors import ExperimentInvalid
+from chaos.model.errors import ExperimentInvalid
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -65,7 +65,7 @@ def test_no_window_or_no_streams_is_inconclusive(synth: Any) -> None:
 
 
 def test_exactly_one_floor_must_be_given() -> None:
-    from chaos.observations import Observations
+    from chaos.model.observations import Observations
 
     with pytest.raises(ExperimentInvalid, match="exactly one of min_tokens_per_s, min_requests_per_s"):
         sla.judge(Observations(), "throughput", {"min_tokens_per_s": 1, "min_requests_per_s": 1})

@@ -1,4 +1,5 @@
-"""`ttft` on synthetic observations: a buffering proxy fails it, a streaming stack passes, 50 samples cannot judge a p99."""
+"""`ttft` on synthetic observations: a buffering proxy fails it, a streaming stack passes, 50 samples cannot
+judge a p99."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from typing import Any
 import pytest
 
 import sla
-from chaos.errors import ExperimentInvalid
-from chaos.observations import Observations
+from chaos.model.errors import ExperimentInvalid
+from chaos.model.observations import Observations
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -86,28 +87,31 @@ def test_quantile_out_of_range_is_an_experiment_error(raw: object) -> None:
 
 def test_sla_ttft_server_that_never_answers_cannot_pass(synth: Any) -> None:
     """Half the streams time out after 5s without content: censored over budget, so p50 fails."""
-    from chaos.observations import ErrorInfo, Observations, StreamRecord
-
-    from sla.ttft import ttft
+    from chaos.model.observations import ErrorInfo, Observations, StreamRecord
+    from sla.ttft import Ttft
 
     streams = []
     for i in range(60):
         if i % 2:
-            streams.append(StreamRecord(id=f"s{i}", phase="p", t_sent=0, t_end=5_000_000_000, error=ErrorInfo("timeout", "read timeout")))
+            streams.append(StreamRecord(id=f"s{i}", phase="p", t_sent=0, t_end=5_000_000_000,
+                                        error=ErrorInfo("timeout", "read timeout")))
         else:
-            streams.append(StreamRecord(id=f"s{i}", phase="p", t_sent=0, t_first_content=50_000_000, t_content=[50_000_000]))
-    verdict = ttft(Observations(streams=streams), {"quantile": 0.9, "budget": 0.5, "confidence": 0.95}, None)
+            streams.append(StreamRecord(id=f"s{i}", phase="p", t_sent=0, t_first_content=50_000_000,
+                                        t_content=[50_000_000]))
+    verdict = Ttft(quantile=0.9, budget=0.5, confidence=0.95).judge(Observations(streams=streams), None)
     assert verdict.status == "fail"
     assert verdict.evidence["censored_over_budget"] == 30
 
 
 def test_sla_ttft_early_give_ups_stay_unknown(synth: Any) -> None:
     """A client that gave up after 10ms tells nothing about a 500ms budget: left out, not a fail."""
-    from chaos.observations import Hangup, Observations, StreamRecord
+    from chaos.model.observations import Hangup, Observations, StreamRecord
+    from sla.ttft import Ttft
 
-    from sla.ttft import ttft
-
-    streams = [StreamRecord(id=f"s{i}", phase="p", t_sent=0, t_first_content=20_000_000, t_content=[20_000_000]) for i in range(40)]
-    streams += [StreamRecord(id=f"h{i}", phase="p", t_sent=0, t_end=10_000_000, hangup=Hangup("f", "read_timeout", 10_000_000)) for i in range(40)]
-    verdict = ttft(Observations(streams=streams), {"quantile": 0.5, "budget": 0.5, "confidence": 0.95}, None)
+    streams = [StreamRecord(id=f"s{i}", phase="p", t_sent=0, t_first_content=20_000_000, t_content=[20_000_000])
+               for i in range(40)]
+    streams += [StreamRecord(id=f"h{i}", phase="p", t_sent=0, t_end=10_000_000,
+                             hangup=Hangup("f", "read_timeout", 10_000_000))
+                for i in range(40)]
+    verdict = Ttft(quantile=0.5, budget=0.5, confidence=0.95).judge(Observations(streams=streams), None)
     assert verdict.status == "pass" and verdict.evidence["censored_unknown"] == 40

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from chaos.execution.verify import client_lateness, judge_all
 from chaos.experiment.loader import parse_experiment
-from chaos.verify import client_lateness, judge_all
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -29,7 +29,8 @@ def client(send_p99_ms: dict[str, float], loop_p99_ms: float = 5.0) -> dict[str,
     """A client_lag note: the event loop healthy (below the 20 ms threshold) unless told otherwise."""
     return {"p50_ms": 1.0, "p99_ms": loop_p99_ms, "max_ms": loop_p99_ms * 2, "samples": 500, "threshold_ms": 20.0,
             "saturated": loop_p99_ms > 20.0,
-            "send_delay": {p: {"p50_ms": v / 4, "p99_ms": v, "max_ms": v * 2, "samples": 40} for p, v in send_p99_ms.items()}}
+            "send_delay": {p: {"p50_ms": v / 4, "p99_ms": v, "max_ms": v * 2, "samples": 40}
+                           for p, v in send_p99_ms.items()}}
 
 
 def observations(synth: Any, fault_ttft: float) -> Any:
@@ -84,4 +85,5 @@ def test_ttft_evidence_gives_the_schedule_delay_and_ttft_from_the_schedule(synth
     assert v.evidence["ttft_from_scheduled"]["p99"] == pytest.approx(0.080, abs=1e-6)
     closed = synth.obs([synth.stream(f"c{i}", phase="fault", sent=5 + i * 0.1) for i in range(10)],
                        phases=[synth.phase("fault", 5, 10)])
-    assert "schedule_delay" not in next(v for v in judge_all(parse_experiment(EXPERIMENT), closed) if v.sla == "ttft").evidence
+    assert "schedule_delay" not in next(v for v in judge_all(parse_experiment(EXPERIMENT), closed)
+                                        if v.sla == "ttft").evidence

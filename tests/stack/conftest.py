@@ -18,7 +18,8 @@ import pytest
 from chaos.stack.process import StackProcess
 
 # A context long enough for a prefill that lasts a few hundred milliseconds on the tiny model.
-GENERAL_ARGS = ("--max-model-len", "4096", "--max-num-batched-tokens", "4096", "--kv-blocks", "1024", "--max-num-seqs", "8")
+GENERAL_ARGS = ("--max-model-len", "4096", "--max-num-batched-tokens", "4096", "--kv-blocks", "1024",
+                "--max-num-seqs", "8")
 
 
 @pytest.fixture(scope="session")
@@ -112,7 +113,8 @@ class Admin:
         pytest.fail(f"no single decoding request within {timeout}s: {self.requests()}")
 
     def wait_idle(self, timeout: float = 5.0) -> float:
-        return self.wait(lambda s: s["num_running"] == 0 and s["num_waiting"] == 0 and s["kv_blocks_held"] == 0, timeout)
+        return self.wait(lambda s: s["num_running"] == 0 and s["num_waiting"] == 0 and s["kv_blocks_held"] == 0,
+                         timeout)
 
 
 def open_raw_stream(url: str, path: str, body: dict[str, Any]) -> socket.socket:

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from chaos.errors import FaultError
+from chaos.model.errors import FaultError
 from chaos.stack.admin_client import AdminClient, admin_url_of
 from chaos.stack.engine import Engine, EngineConfig
 from chaos.stack.process import StackProcess
@@ -68,7 +68,8 @@ def test_proof_shows_the_token_without_revealing_it(engine: Engine) -> None:
     assert r.status_code == 200 and r.json() == {"server": "streamchaos", "proof": proof_of("s3cret", nonce)}
     assert "s3cret" not in r.text and proof_of("other", nonce) != r.json()["proof"]
     assert asyncio.run(_get(app, ("10.1.2.3", 4242), "/admin/proof?nonce=short")).status_code == 400
-    assert asyncio.run(_get(app, ("10.1.2.3", 4242), "/admin/state", r.json()["proof"])).status_code == 403  # never a token
+    # never a token
+    assert asyncio.run(_get(app, ("10.1.2.3", 4242), "/admin/state", r.json()["proof"])).status_code == 403
 
 
 @pytest.mark.parametrize(

@@ -26,13 +26,18 @@ BAD_REQUESTS: list[tuple[str, str, bytes, int, str | None]] = [
     ("missing_messages", "/v1/chat/completions", b'{"model": "tiny"}', 400, "messages"),
     ("wrong_type_prompt", "/v1/completions", b'{"model": "tiny", "prompt": 42}', 400, "prompt"),
     ("wrong_type_stream", "/v1/completions", b'{"model": "tiny", "prompt": "x", "stream": "yes"}', 400, "stream"),
-    ("wrong_type_messages", "/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "user", "content": 1}]}', 400, "messages[0].content"),
+    ("wrong_type_messages", "/v1/chat/completions",
+     b'{"model": "tiny", "messages": [{"role": "user", "content": 1}]}', 400, "messages[0].content"),
     ("unknown_model", "/v1/completions", b'{"model": "gpt-9", "prompt": "x"}', 404, "model"),
-    ("unknown_model_chat", "/v1/chat/completions", b'{"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}', 404, "model"),
-    ("prompt_too_long", "/v1/completions", json.dumps({"model": "tiny", "prompt": LONG_PROMPT}).encode(), 400, "prompt"),
+    ("unknown_model_chat", "/v1/chat/completions",
+     b'{"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}', 404, "model"),
+    ("prompt_too_long", "/v1/completions", json.dumps({"model": "tiny", "prompt": LONG_PROMPT}).encode(), 400,
+     "prompt"),
     ("max_tokens_zero", "/v1/completions", b'{"model": "tiny", "prompt": "x", "max_tokens": 0}', 400, "max_tokens"),
-    ("max_tokens_past_context", "/v1/completions", b'{"model": "tiny", "prompt": "x", "max_tokens": 5000}', 400, "max_tokens"),
-    ("max_tokens_negative_chat", "/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}', 400, "max_tokens"),
+    ("max_tokens_past_context", "/v1/completions", b'{"model": "tiny", "prompt": "x", "max_tokens": 5000}', 400,
+     "max_tokens"),
+    ("max_tokens_negative_chat", "/v1/chat/completions",
+     b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}', 400, "max_tokens"),
     ("token_id_out_of_vocab", "/v1/completions", b'{"model": "tiny", "prompt": [99999999]}', 400, "prompt"),
     ("empty_prompt", "/v1/completions", b'{"model": "tiny", "prompt": ""}', 400, "prompt"),
     ("n_greater_than_one", "/v1/completions", b'{"model": "tiny", "prompt": "x", "n": 2}', 400, "n"),
@@ -42,15 +47,20 @@ BAD_REQUESTS: list[tuple[str, str, bytes, int, str | None]] = [
     ("lone_surrogate_message", "/v1/chat/completions",
      b'{"model": "tiny", "messages": [{"role": "user", "content": "\\udc00"}]}', 400, "messages[0].content"),
     ("lone_surrogate_model", "/v1/completions", b'{"model": "\\ud83d", "prompt": "x"}', 400, "model"),
-    ("nested_100k_deep", "/v1/completions", b'{"model": "tiny", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, None),
-    ("nested_70_deep", "/v1/completions", b'{"model": "tiny", "prompt": "x", "x": ' + b"[" * 70 + b"]" * 70 + b"}", 400, None),
-    ("int_5000_digits", "/v1/completions", b'{"model": "tiny", "prompt": "x", "max_tokens": ' + b"7" * 5000 + b"}", 400, None),
+    ("nested_100k_deep", "/v1/completions",
+     b'{"model": "tiny", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, None),
+    ("nested_70_deep", "/v1/completions",
+     b'{"model": "tiny", "prompt": "x", "x": ' + b"[" * 70 + b"]" * 70 + b"}", 400, None),
+    ("int_5000_digits", "/v1/completions",
+     b'{"model": "tiny", "prompt": "x", "max_tokens": ' + b"7" * 5000 + b"}", 400, None),
     ("int_40_digits", "/v1/completions", b'{"model": "tiny", "prompt": "x", "seed": ' + b"7" * 40 + b"}", 400, None),
 ]
 
 
-@pytest.mark.parametrize(("path", "body", "status", "param"), [c[1:] for c in BAD_REQUESTS], ids=[c[0] for c in BAD_REQUESTS])
-def test_bad_request_gets_4xx_error_object(stack: StackProcess, admin: Any, path: str, body: bytes, status: int, param: str | None) -> None:
+@pytest.mark.parametrize(("path", "body", "status", "param"), [c[1:] for c in BAD_REQUESTS],
+                         ids=[c[0] for c in BAD_REQUESTS])
+def test_bad_request_gets_4xx_error_object(stack: StackProcess, admin: Any, path: str, body: bytes, status: int,
+                                           param: str | None) -> None:
     r = httpx.post(stack.url + path, content=body, headers={"content-type": "application/json"}, timeout=10)
     assert r.status_code == status, r.text
     error = r.json()["error"]
@@ -113,7 +123,8 @@ ADMIN_BAD_BODIES: list[tuple[str, str, str, bytes]] = [
 ]
 
 
-@pytest.mark.parametrize(("method", "path", "body"), [c[1:] for c in ADMIN_BAD_BODIES], ids=[c[0] for c in ADMIN_BAD_BODIES])
+@pytest.mark.parametrize(("method", "path", "body"), [c[1:] for c in ADMIN_BAD_BODIES],
+                         ids=[c[0] for c in ADMIN_BAD_BODIES])
 def test_bad_admin_json_gets_400(stack: StackProcess, admin: Any, method: str, path: str, body: bytes) -> None:
     r = admin.call(method, path, content=body)
     assert r.status_code == 400, r.text

@@ -8,7 +8,8 @@ from chaos.stack.bodies import MAX_DEPTH, MAX_INT_DIGITS, JsonRefused, loads_bou
 
 
 def test_a_normal_request_passes_untouched() -> None:
-    body = b'{"model": "tiny", "messages": [{"role": "user", "content": [{"type": "text", "text": "\\u00e9\\ud83d\\ude00"}]}], "seed": 12345678901234567890}'
+    body = (b'{"model": "tiny", "messages": [{"role": "user", "content": [{"type": "text", '
+            b'"text": "\\u00e9\\ud83d\\ude00"}]}], "seed": 12345678901234567890}')
     data = loads_bounded(body)
     assert data["messages"][0]["content"][0]["text"] == "é😀" and data["seed"] == 12345678901234567890
 
@@ -20,7 +21,8 @@ def test_a_normal_request_passes_untouched() -> None:
         (b'{"messages": [{"content": "\\udfff"}]}', "(\\udfff)", "messages[0].content"),
         (b'{"\\ud800": 1}', "surrogate", None),
         (b"[" * 100_000 + b"]" * 100_000, f"nested more than {MAX_DEPTH} levels", None),
-        (b'{"a": ' + b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1) + b"}", f"nested more than {MAX_DEPTH} levels", "a"),
+        (b'{"a": ' + b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1) + b"}", f"nested more than {MAX_DEPTH} levels",
+         "a"),
         (b'{"n": ' + b"1" * (MAX_INT_DIGITS + 1) + b"}", f"at most {MAX_INT_DIGITS} are accepted", None),
         (b'{"n": -' + b"1" * 5000 + b"}", "an integer of 5001 digits", None),
         (b"\xff", "not valid JSON", None),

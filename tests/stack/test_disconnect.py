@@ -14,7 +14,8 @@ CLEANUP_BUDGET_S = 1.0
 
 
 def _long(stream: bool = True, max_tokens: int = 3000) -> dict[str, Any]:
-    return {"model": "tiny", "prompt": "tell me everything", "max_tokens": max_tokens, "ignore_eos": True, "stream": stream}
+    return {"model": "tiny", "prompt": "tell me everything", "max_tokens": max_tokens, "ignore_eos": True,
+            "stream": stream}
 
 
 def test_disconnect_during_decode(stack: StackProcess, admin: Any, sse: Any) -> None:
@@ -46,7 +47,8 @@ def test_disconnect_while_queued(queue_stack: StackProcess, queue_admin: Any, ss
     queue_admin.wait(lambda s: s["num_waiting"] == 1, timeout=10)
     assert [r["state"] for r in queue_admin.requests()].count("waiting") == 1
     queued.close()
-    assert queue_admin.wait(lambda s: s["num_waiting"] == 0 and s["server_live_requests"] == 1, timeout=10) < CLEANUP_BUDGET_S
+    assert queue_admin.wait(lambda s: s["num_waiting"] == 0 and s["server_live_requests"] == 1,
+                            timeout=10) < CLEANUP_BUDGET_S
     assert queue_admin.state()["num_running"] == 1  # the other request was not disturbed
     running.close()
     assert queue_admin.wait_idle(timeout=10) < CLEANUP_BUDGET_S

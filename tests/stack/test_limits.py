@@ -77,13 +77,15 @@ def test_an_idle_keep_alive_connection_is_closed(short_stack: StackProcess) -> N
 
 def test_a_slow_reader_is_still_served(short_stack: StackProcess) -> None:
     """The request is in, so no deadline applies while the client takes its time reading the stream."""
-    body = json.dumps({"model": "tiny", "prompt": "slow", "max_tokens": 64, "ignore_eos": True, "stream": True}).encode()
+    body = json.dumps({"model": "tiny", "prompt": "slow", "max_tokens": 64, "ignore_eos": True,
+                       "stream": True}).encode()
     with _connect(short_stack) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
         time.sleep(2.5)  # past every timeout of this stack before reading a byte
         reply = _read_until_closed(sock)
-    assert reply.startswith(b"HTTP/1.1 200 ") and b"data: [DONE]" in reply and reply.endswith(b"0\r\n\r\n"), reply[-200:]
+    assert reply.startswith(b"HTTP/1.1 200 ") and b"data: [DONE]" in reply and reply.endswith(b"0\r\n\r\n"), \
+        reply[-200:]
 
 
 def test_the_connection_cap_answers_503_and_closes() -> None:

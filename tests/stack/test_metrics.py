@@ -47,9 +47,11 @@ def test_names_buckets_and_counters_move(stack: StackProcess, admin: Any, sse: A
     info = {dict(ls)["starlette"] for (n, ls) in before if n == "streamchaos_stack_info"}
     assert info == {__import__("starlette").__version__}
 
-    r = httpx.post(stack.url + "/v1/completions", json={"model": "tiny", "prompt": "count me", "max_tokens": 7, "ignore_eos": True}, timeout=30)
+    r = httpx.post(stack.url + "/v1/completions",
+                   json={"model": "tiny", "prompt": "count me", "max_tokens": 7, "ignore_eos": True}, timeout=30)
     assert r.status_code == 200
-    sock = sse.open_raw(stack.url, "/v1/completions", {"model": "tiny", "prompt": "abort me", "max_tokens": 3000, "ignore_eos": True, "stream": True})
+    sock = sse.open_raw(stack.url, "/v1/completions", {"model": "tiny", "prompt": "abort me", "max_tokens": 3000,
+                                                       "ignore_eos": True, "stream": True})
     admin.decoding()
     during = _scrape(stack.url)
     assert _value(during, "vllm:num_requests_running") == 1 and _value(during, "streamchaos_kv_blocks_used") > 0

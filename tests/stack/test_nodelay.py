@@ -26,7 +26,8 @@ def health(sock: socket.socket) -> bytes:
         assert chunk, "the stack closed a keep-alive connection"
         reply += chunk
     head, _, body = reply.partition(b"\r\n\r\n")
-    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
     while len(body) < length:
         chunk = sock.recv(4096)
         assert chunk, "the stack closed the connection mid-body"
@@ -44,7 +45,8 @@ def kept_alive(stack: StackProcess) -> Iterator[socket.socket]:
 
 
 def connections(stack: StackProcess) -> dict[str, Any]:
-    state: dict[str, Any] = httpx.get(stack.admin_url + "/state", timeout=10, trust_env=False, headers=stack.admin_headers).json()
+    state: dict[str, Any] = httpx.get(stack.admin_url + "/state", timeout=10, trust_env=False,
+                                      headers=stack.admin_headers).json()
     return dict(state["connections"])
 
 
@@ -61,14 +63,16 @@ def test_every_accepted_connection_has_tcp_nodelay(stack: StackProcess) -> None:
 def test_nagle_fault_switches_live_and_new_connections_and_reverts(stack: StackProcess) -> None:
     fault = stack.admin_url + "/faults/nagle-test"
     with kept_alive(stack) as live:
-        installed = httpx.put(fault, json={"type": "nagle"}, timeout=10, trust_env=False, headers=stack.admin_headers).json()
+        installed = httpx.put(fault, json={"type": "nagle"}, timeout=10, trust_env=False,
+                              headers=stack.admin_headers).json()
         try:
             assert installed["connections"]["nagle_wanted"] is True
             assert installed["connections"]["nagle_on"] == installed["connections"]["open"] >= 2, installed
             with kept_alive(stack):  # a connection accepted while the fault is in force
                 during = connections(stack)
             assert during["nagle_on"] == during["open"] >= 3 and during["nodelay_on"] == 0, during
-            listed = httpx.get(stack.admin_url + "/faults", timeout=10, trust_env=False, headers=stack.admin_headers).json()["faults"]["nagle-test"]
+            listed = httpx.get(stack.admin_url + "/faults", timeout=10, trust_env=False,
+                               headers=stack.admin_headers).json()["faults"]["nagle-test"]
             assert listed["spec"]["type"] == "nagle" and listed["connections"]["nagle_on"] >= 2
         finally:
             removed = httpx.delete(fault, timeout=10, trust_env=False, headers=stack.admin_headers).json()
@@ -80,5 +84,6 @@ def test_nagle_fault_switches_live_and_new_connections_and_reverts(stack: StackP
 
 
 def test_nagle_spec_rejects_unknown_keys(stack: StackProcess) -> None:
-    reply = httpx.put(stack.admin_url + "/faults/bad", json={"type": "nagle", "delay": 1}, timeout=10, trust_env=False, headers=stack.admin_headers)
+    reply = httpx.put(stack.admin_url + "/faults/bad", json={"type": "nagle", "delay": 1}, timeout=10,
+                      trust_env=False, headers=stack.admin_headers)
     assert reply.status_code == 400 and "unknown key" in reply.json()["error"]["message"]

@@ -23,13 +23,15 @@ def test_completion_token_prompt_and_single_batch() -> None:
 
 def test_chat_flattens_content_parts_and_maps_developer() -> None:
     req = protocol.parse_chat(
-        {"model": "tiny", "messages": [{"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+        {"model": "tiny", "messages": [{"role": "developer",
+                                        "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
          "max_completion_tokens": 3, "stream": True, "stream_options": {"include_usage": True}},
         SERVED,
     )
     assert req.messages == ({"role": "system", "content": "ab"},)
     assert req.max_tokens == 3 and req.include_usage and req.chat
-    assert protocol.parse_chat({"model": "tiny", "messages": [{"role": "user", "content": "x"}]}, SERVED).max_tokens is None
+    assert protocol.parse_chat({"model": "tiny", "messages": [{"role": "user", "content": "x"}]},
+                               SERVED).max_tokens is None
 
 
 @pytest.mark.parametrize(
@@ -90,7 +92,9 @@ def test_resolve_max_tokens() -> None:
 
 def test_chunk_shapes() -> None:
     c = protocol.completion_chunk("cmpl-1", 7, "tiny", "a", None)
-    assert c["object"] == "text_completion" and c["choices"][0] == {"index": 0, "text": "a", "logprobs": None, "finish_reason": None}
+    assert c["object"] == "text_completion" \
+        and c["choices"][0] == {"index": 0, "text": "a", "logprobs": None, "finish_reason": None}
     u = protocol.usage_chunk("cmpl-1", 7, "tiny", True, protocol.usage(3, 4))
     assert u["choices"] == [] and u["usage"]["total_tokens"] == 7 and u["object"] == "chat.completion.chunk"
-    assert protocol.error_body("m", "t", None, 400) == {"error": {"message": "m", "type": "t", "param": None, "code": 400}}
+    assert protocol.error_body("m", "t", None, 400) == {"error": {"message": "m", "type": "t", "param": None,
+                                                                  "code": 400}}

@@ -21,9 +21,11 @@ def _stream(stack: StackProcess, path: str, body: dict[str, Any]) -> tuple[httpx
 
 
 @pytest.mark.parametrize("include_usage", [False, True])
-def test_completion_stream_is_strict_sse_and_matches_non_stream(stack: StackProcess, admin: Any, sse: Any, include_usage: bool) -> None:
+def test_completion_stream_is_strict_sse_and_matches_non_stream(stack: StackProcess, admin: Any, sse: Any,
+                                                                include_usage: bool) -> None:
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
-    r, raw = _stream(stack, "/v1/completions", {**body, "stream": True, **({"stream_options": {"include_usage": True}} if include_usage else {})})
+    r, raw = _stream(stack, "/v1/completions",
+                     {**body, "stream": True, **({"stream_options": {"include_usage": True}} if include_usage else {})})
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     events = sse.parse(raw)
     text, finish = sse.check(events, chat=False, include_usage=include_usage)
@@ -44,7 +46,8 @@ def test_chat_stream_role_first_then_content(stack: StackProcess, admin: Any, ss
     events = sse.parse(raw)
     text, finish = sse.check(events, chat=True, include_usage=True)
     assert finish in ("length", "stop") and text
-    whole = httpx.post(stack.url + "/v1/chat/completions", json={**body, "stream": False, "stream_options": None}, timeout=30).json()
+    whole = httpx.post(stack.url + "/v1/chat/completions", json={**body, "stream": False, "stream_options": None},
+                       timeout=30).json()
     assert whole["object"] == "chat.completion"
     assert whole["choices"][0]["message"] == {"role": "assistant", "content": text}
 
@@ -52,7 +55,10 @@ def test_chat_stream_role_first_then_content(stack: StackProcess, admin: Any, ss
 def test_openai_client_streams_completions_and_chat(stack: StackProcess, admin: Any) -> None:
     client = openai.OpenAI(base_url=stack.base_url, api_key="x", max_retries=0, timeout=30)
     try:
-        parts = [c.choices[0].text for c in client.completions.create(model="tiny", prompt=PROMPT, max_tokens=10, stream=True, temperature=0) if c.choices]
+        parts = [c.choices[0].text
+                 for c in client.completions.create(model="tiny", prompt=PROMPT, max_tokens=10, stream=True,
+                                                    temperature=0)
+                 if c.choices]
         assert len(parts) >= 2 and "".join(parts)
         chunks = list(client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=10, stream=True,

@@ -1,6 +1,6 @@
-"""Servers we did not write, as real processes on 127.0.0.1: nginx, `transformers serve`, LiteLLM.
+"""Servers we did not write, as real processes on 127.0.0.1: nginx, HAProxy, `transformers serve`, LiteLLM.
 
-Each is installed by the project's own files (`.ci/run`: Debian's nginx, the `thirdparty` extra);
+Each is installed by the project's own files (`.ci/run`: Debian's nginx and HAProxy, the `thirdparty` extra);
 where one is absent its tests skip and say what to install, never silently. Every process is
 started on a free port by a fixture and stopped (and waited for) when the fixture ends.
 """
@@ -21,7 +21,24 @@ from chaos.stack.process import StackProcess
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # `from servers import ...`
 
-from servers import LITELLM_KEY, VENV_BIN, Served, free_port, nginx_conf, spawn, stop, wait_http  # noqa: E402
+from servers import (  # noqa: E402
+    LITELLM_KEY,
+    VENV_BIN,
+    Served,
+    free_port,
+    haproxy_conf,
+    nginx_conf,
+    spawn,
+    stop,
+    wait_http,
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test here starts a server we did not write: marked thirdparty (the folder is slow: tests/conftest.py)."""
+    for item in items:
+        if HERE in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.thirdparty)
 
 
 def _tool(name: str, *modules: str) -> Path | None:
@@ -71,6 +88,30 @@ def nginx(tmp_path: Path) -> Iterator[Callable[[str, str], str]]:
         stop(proc)
 
 
+@pytest.fixture
+def haproxy(tmp_path: Path) -> Iterator[Callable[[str], str]]:
+    """``haproxy(upstream_url)`` → the URL of a real HAProxy, its defaults, in front of ``upstream_url``."""
+    binary = shutil.which("haproxy") or ("/usr/sbin/haproxy" if Path("/usr/sbin/haproxy").is_file() else None)
+    if binary is None:
+        pytest.skip("HAProxy is not installed (Debian: apt-get install haproxy; .ci/run installs it)")
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(upstream: str) -> str:
+        directory = tmp_path / f"haproxy-{len(procs)}"
+        directory.mkdir()
+        port = free_port()
+        conf = haproxy_conf(directory, port, upstream)
+        log = directory / "haproxy.log"
+        proc = spawn([binary, "-db", "-f", str(conf)], log)
+        procs.append(proc)
+        wait_http(f"http://127.0.0.1:{port}/health", proc, 20.0, log)
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for proc in procs:
+        stop(proc)
+
+
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The builtin tiny model, written by our own code as a Hugging Face Llama directory."""
@@ -87,9 +128,10 @@ def transformers_serve(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathF
         pytest.skip("transformers serve is not installed: pip install 'streamchaos[thirdparty]' (.ci/run installs it)")
     log = tmp_path_factory.mktemp("transformers-serve") / "serve.log"
     port = free_port()
-    # one request at a time (no --continuous-batching: its batcher does not apply the checkpoint's
-    # suppress_tokens and stalls on them); the first request loads the weights
-    proc = spawn([str(binary), "serve", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port), str(tiny_checkpoint)],
+    # one request at a time (no --continuous-batching: its batcher stalled on the suppress_tokens of
+    # an earlier export; the weights now keep fragments out themselves); the first request loads the weights
+    proc = spawn([str(binary), "serve", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
+                  str(tiny_checkpoint)],
                  log, env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
     try:
         wait_http(f"http://127.0.0.1:{port}/health", proc, 120.0, log)
@@ -112,8 +154,10 @@ def litellm_proxy(builtin_stack: StackProcess, tmp_path_factory: pytest.TempPath
         "litellm_settings:\n  callbacks: [\"prometheus\"]\n", encoding="utf-8")
     port = free_port()
     log = directory / "litellm.log"
-    proc = spawn([str(binary), "--config", str(config), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"],
-                 log, env={"LITELLM_MASTER_KEY": LITELLM_KEY, "LITELLM_LOG": "ERROR", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    proc = spawn([str(binary), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
+                  "--num_workers", "1"],
+                 log, env={"LITELLM_MASTER_KEY": LITELLM_KEY, "LITELLM_LOG": "ERROR",
+                           "LITELLM_LOCAL_MODEL_COST_MAP": "True",
                            "NO_DOCS": "True"}, cwd=directory)
     try:
         wait_http(f"http://127.0.0.1:{port}/health/liveliness", proc, 180.0, log)

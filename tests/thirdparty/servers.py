@@ -17,7 +17,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-
 ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = ROOT / "experiments"
 VENV_BIN = Path(sys.executable).parent
@@ -27,9 +26,15 @@ LITELLM_KEY = "sk-streamchaos-test-0123456789"  # a test-only master key for a p
 # - BUFFERING: nginx's defaults (proxy_buffering on, HTTP/1.0 to the upstream) and the upstream's
 #   X-Accel-Buffering: no ignored: each response is held until it ends, then sent whole.
 # - STREAMING: proxy_buffering off and HTTP/1.1 with keep-alive to the upstream: chunk by chunk.
+# - GZIP: nginx's default proxy_buffering, HTTP/1.1 to the upstream (which alone streams: 52 reads
+#   for 64 tokens, measured), the upstream's X-Accel-Buffering: no not honoured (as for an upstream
+#   that sends none), and gzip for event streams: a client that sends Accept-Encoding (the OpenAI
+#   SDK) gets each 64-token stream in one read; one that sends none still gets it chunk by chunk.
 NGINX_MODES = {
     "buffering": "proxy_buffering on; proxy_http_version 1.0; proxy_ignore_headers X-Accel-Buffering;",
     "streaming": 'proxy_buffering off; proxy_http_version 1.1; proxy_set_header Connection "";',
+    "gzip": 'proxy_http_version 1.1; proxy_set_header Connection ""; proxy_ignore_headers X-Accel-Buffering; '
+            "gzip on; gzip_types text/event-stream;",
 }
 
 
@@ -39,7 +44,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float, log: Path, headers: dict[str, str] | None = None) -> None:
+def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float, log: Path,
+              headers: dict[str, str] | None = None) -> None:
     """Poll ``url`` until it answers below 500; fail with the log's tail when the process dies or time runs out."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -74,7 +80,8 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
             pass
 
 
-def spawn(command: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen[bytes]:
+def spawn(command: list[str], log: Path, env: dict[str, str] | None = None,
+          cwd: Path | None = None) -> subprocess.Popen[bytes]:
     with open(log, "ab") as out:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True)
@@ -86,12 +93,26 @@ def nginx_conf(directory: Path, port: int, upstream: str, mode: str) -> Path:
     temp = "".join(f"  {k}_temp_path {directory / k};\n" for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
     conf = directory / "nginx.conf"
     conf.write_text(
-        f"{user}worker_processes 1;\ndaemon off;\npid {directory / 'nginx.pid'};\nerror_log {directory / 'error.log'} warn;\n"
+        f"{user}worker_processes 1;\ndaemon off;\npid {directory / 'nginx.pid'};\n"
+        f"error_log {directory / 'error.log'} warn;\n"
         f"events {{ worker_connections 512; }}\n"
         f"http {{\n  access_log off;\n{temp}"
         f"  server {{\n    listen 127.0.0.1:{port};\n"
-        f"    location / {{\n      proxy_pass {upstream};\n      {NGINX_MODES[mode]}\n      proxy_read_timeout 60s;\n    }}\n"
+        f"    location / {{\n      proxy_pass {upstream};\n      {NGINX_MODES[mode]}\n"
+        f"      proxy_read_timeout 60s;\n    }}\n"
         f"  }}\n}}\n", encoding="utf-8")
+    return conf
+
+
+def haproxy_conf(directory: Path, port: int, upstream: str) -> Path:
+    """An haproxy.cfg with HAProxy's defaults (no option http-no-delay) proxying 127.0.0.1:``port``
+    to ``upstream`` (``http://host:port``): it delivers an SSE stream in ~200 ms bursts."""
+    conf = directory / "haproxy.cfg"
+    conf.write_text(
+        "global\n  log stdout format raw local0 warning\n"
+        "defaults\n  mode http\n  timeout connect 5s\n  timeout client 60s\n  timeout server 60s\n"
+        f"frontend front\n  bind 127.0.0.1:{port}\n  default_backend stack\n"
+        f"backend stack\n  server upstream {upstream.split('://', 1)[-1].rstrip('/')}\n", encoding="utf-8")
     return conf
 
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from chaos.stack.process import StackProcess
 from servers import EXPERIMENTS, LITELLM_KEY, Served, run_cli
 
-pytestmark = [pytest.mark.slow, pytest.mark.thirdparty, pytest.mark.timeout(400)]
+from chaos.stack.process import StackProcess
+
+pytestmark = pytest.mark.timeout(400)
 
 
 def _smoke(tmp_path: Path, **target: str) -> Path:
@@ -33,8 +33,9 @@ def test_smoke_through_litellm_with_the_key_from_the_environment(litellm_proxy: 
                                                                   tmp_path: Path) -> None:
     # KV series come from the engine behind the gateway: metrics_url points at the stack
     experiment = _smoke(tmp_path, metrics_url=builtin_stack.metrics_url)
-    out = run_cli("run", str(experiment), "--target-url", litellm_proxy.url + "/v1", "--api-key-env", "LITELLM_TEST_KEY",
-                  "--out", str(tmp_path / "run"), env={"LITELLM_TEST_KEY": LITELLM_KEY})
+    out = run_cli("run", str(experiment), "--target-url", litellm_proxy.url + "/v1",
+                  "--api-key-env", "LITELLM_TEST_KEY", "--out", str(tmp_path / "run"),
+                  env={"LITELLM_TEST_KEY": LITELLM_KEY})
     text = out.stdout + out.stderr
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["target"]["engine"]["profile"] == "litellm", report["target"]
@@ -50,8 +51,9 @@ def test_smoke_through_litellm_with_the_key_from_the_environment(litellm_proxy: 
 def test_a_metrics_scrape_refused_401_is_named_in_the_verdict_and_on_the_console(litellm_proxy: Served,
                                                                                  tmp_path: Path) -> None:
     experiment = _smoke(tmp_path, metrics_auth="none")
-    out = run_cli("run", str(experiment), "--target-url", litellm_proxy.url + "/v1", "--api-key-env", "LITELLM_TEST_KEY",
-                  "--out", str(tmp_path / "run"), env={"LITELLM_TEST_KEY": LITELLM_KEY})
+    out = run_cli("run", str(experiment), "--target-url", litellm_proxy.url + "/v1",
+                  "--api-key-env", "LITELLM_TEST_KEY", "--out", str(tmp_path / "run"),
+                  env={"LITELLM_TEST_KEY": LITELLM_KEY})
     assert "!! metrics: scraping" in out.stderr and "HTTP 401" in out.stderr, out.stderr
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     kv = next(v for v in report["verdicts"] if v["sla"] == "kv_cleanup")

@@ -497,8 +497,8 @@ def test_wrong_typed_fields_are_named_as_the_real_server_names_them(toxiproxy: S
                  "bad request body: json: cannot unmarshal string into Go struct field LatencyToxic.attributes.latency "
                  "of type int64")
     assert_error(c.post(url, json={"type": "bandwidth", "attributes": {"rate": 1.5}}), 400,
-                 "bad request body: json: cannot unmarshal number 1.5 into Go struct field BandwidthToxic.attributes.rate "
-                 "of type int64")
+                 "bad request body: json: cannot unmarshal number 1.5 into Go struct field "
+                 "BandwidthToxic.attributes.rate of type int64")
     assert_error(c.post(url, json={"type": "latency", "attributes": 5}), 400,
                  "bad request body: json: cannot unmarshal number 5 into Go struct field ToxicWrapper.attributes "
                  "of type toxics.NoopToxic")

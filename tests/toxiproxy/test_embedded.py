@@ -114,7 +114,7 @@ def test_seeded_slicer_cuts_replay() -> None:
     b = SlicerToxic.cuts(4096, 10, 8, random.Random(42))
     c = SlicerToxic.cuts(4096, 10, 8, random.Random(43))
     assert a == b and a != c and a[-1] == 4096
-    sizes = [e - s for s, e in zip([0] + a, a)]
+    sizes = [e - s for s, e in zip([0] + a, a, strict=False)]
     assert all(0 < n <= 18 for n in sizes)
 
 
@@ -139,7 +139,7 @@ def test_seeded_jitter_replays(upstreams) -> None:
     # Same seed, same draws: pairs agree within scheduling noise. A busy 2-core box can stall one
     # sample by tens of ms, so up to 4 of 20 pairs may disagree. Unseeded draws from 60ms±50ms put a
     # pair within 25ms with probability 0.44, so 16 of 20 agreeing by chance has probability 0.11%.
-    agreeing = sum(abs(x - y) < 0.025 for x, y in zip(a, b))
+    agreeing = sum(abs(x - y) < 0.025 for x, y in zip(a, b, strict=True))
     assert agreeing >= 16, (agreeing, a, b)
 
 
@@ -181,7 +181,8 @@ def test_both_sockets_of_a_proxied_connection_have_tcp_nodelay(embedded_server, 
 
     api = httpx.Client(base_url=embedded_server.url, trust_env=False)
     name = f"nodelay-{os.getpid()}"
-    created = api.post("/proxies", json={"name": name, "listen": "127.0.0.1:0", "upstream": f"127.0.0.1:{upstreams.echo_port}"})
+    created = api.post("/proxies", json={"name": name, "listen": "127.0.0.1:0",
+                                         "upstream": f"127.0.0.1:{upstreams.echo_port}"})
     assert created.status_code == 201, created.text
     try:
         s = connect(port_of(created.json()))

@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 from .block_manager import BlockManager
+from .forward import forward_batch
 from .kv_cache import KVCache
 from .model import CausalLM, build_tiny, load_hf
-from .runner import forward_batch
 from .scheduler import RUNNING, Scheduler, Sequence
 from .tokenizer import Tokenizer
 from .types import (
@@ -177,6 +177,24 @@ class Engine:
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     on_output: OutputCallback) -> None:
         ids = [int(t) for t in prompt_token_ids]
+        self._check_request(ids, params)
+        with self._cond:
+            if self._closed:
+                raise EngineStopped("engine is shut down")
+            if request_id in self._seqs:
+                raise DuplicateRequest(f"request id {request_id!r} is already live")
+            gen = None
+            if params.temperature > 0:
+                seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
+                gen = torch.Generator(device=self.device)
+                gen.manual_seed(int(seed))
+            seq = Sequence(request_id, ids, params, on_output, generator=gen)
+            self._seqs[request_id] = seq
+            self._pending_adds.append(seq)
+            self._cond.notify_all()
+
+    def _check_request(self, ids: list[int], params: SamplingParams) -> None:
+        """Refuse a prompt this model and cache cannot take, and sampling parameters out of range."""
         if not ids:
             raise InvalidRequest("prompt is empty")
         if any(t < 0 or t >= self.vocab_size for t in ids):
@@ -193,20 +211,6 @@ class Engine:
             raise InvalidRequest("temperature must be >= 0")
         if not 0 < params.top_p <= 1:
             raise InvalidRequest("top_p must be in (0, 1]")
-        with self._cond:
-            if self._closed:
-                raise EngineStopped("engine is shut down")
-            if request_id in self._seqs:
-                raise DuplicateRequest(f"request id {request_id!r} is already live")
-            gen = None
-            if params.temperature > 0:
-                seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
-                gen = torch.Generator(device=self.device)
-                gen.manual_seed(int(seed))
-            seq = Sequence(request_id, ids, params, on_output, generator=gen)
-            self._seqs[request_id] = seq
-            self._pending_adds.append(seq)
-            self._cond.notify_all()
 
     def abort(self, request_id: str) -> None:
         self._kill(request_id, "abort", None)
@@ -307,26 +311,8 @@ class Engine:
     def _run(self) -> None:
         while True:
             outs: list[tuple[OutputCallback, TokenOutput]] = []
-            do_step = exiting = False
             with self._cond:
-                paused = False if self._stop else self._is_paused()
-                if not paused:
-                    self._apply_commands(outs)
-                if self._stop:
-                    if self._abort_on_stop:
-                        self._abort_everything(outs)
-                    if not self.scheduler.has_work():
-                        exiting = True
-                if not exiting:
-                    if not paused and self.scheduler.has_work():
-                        do_step = True
-                    elif not outs:
-                        if not paused:
-                            self._check_leak()
-                        self._cond.notify_all()  # wake wait_idle()
-                        until = self._paused_until
-                        wait = 1.0 if until is None else max(0.0, min(1.0, until - time.monotonic()))
-                        self._cond.wait(wait)
+                do_step, exiting = self._decide(outs)
             self._dispatch(outs)
             if exiting:
                 with self._cond:
@@ -335,6 +321,31 @@ class Engine:
                 return
             if do_step:
                 self._step()
+
+    def _decide(self, outs: list[tuple[OutputCallback, TokenOutput]]) -> tuple[bool, bool]:
+        """Under the lock: apply the commands, then whether to step and whether to exit; idle, wait a little."""
+        paused = False if self._stop else self._is_paused()
+        if not paused:
+            self._apply_commands(outs)
+        if self._stop:
+            if self._abort_on_stop:
+                self._abort_everything(outs)
+            if not self.scheduler.has_work():
+                return False, True
+        if not paused and self.scheduler.has_work():
+            return True, False
+        if not outs:
+            self._idle_wait(paused)
+        return False, False
+
+    def _idle_wait(self, paused: bool) -> None:
+        """Nothing to do: check for leaks (not while paused), wake ``wait_idle()``, wait for a command."""
+        if not paused:
+            self._check_leak()
+        self._cond.notify_all()  # wake wait_idle()
+        until = self._paused_until
+        wait = 1.0 if until is None else max(0.0, min(1.0, until - time.monotonic()))
+        self._cond.wait(wait)
 
     def _apply_commands(self, outs: list[tuple[OutputCallback, TokenOutput]]) -> None:
         for seq in self._pending_adds:
@@ -383,23 +394,41 @@ class Engine:
             except Exception:
                 log.exception("on_output callback for %s raised", out.request_id)
 
+    def _run_step_hook(self, hook: Callable[[list[str]], Mapping[str, str]],
+                       outs: list[tuple[OutputCallback, TokenOutput]]) -> None:
+        """The step hook (a planted engine fault) names running requests to fail this step; they end in error."""
+        with self._cond:
+            ids = [s.request_id for s in self.scheduler.running]
+        try:
+            to_fail = dict(hook(ids) or {})
+        except Exception:
+            log.exception("step_hook raised")
+            return
+        with self._cond:
+            for rid, msg in to_fail.items():
+                victim = self._seqs.get(rid)
+                if victim is not None:
+                    self._finish(victim, "error", outs, error=str(msg))
+
+    def _forward(self, batch: list[Sequence], p_items: list[tuple[str, list[int], int]],
+                 d_items: list[tuple[str, list[int], int]]) -> tuple[list[int], str | None]:
+        """One forward pass over the prefills and decodes and the sampled tokens; or why it failed."""
+        try:
+            logits = []
+            if p_items:
+                logits.append(forward_batch(self.model, self.kv, self.bm, p_items, self.device))
+            if d_items:
+                logits.append(forward_batch(self.model, self.kv, self.bm, d_items, self.device))
+            all_logits = logits[0] if len(logits) == 1 else torch.cat(logits)
+            return self._sample(all_logits, batch), None
+        except Exception as e:
+            log.exception("engine step failed")
+            return [], f"engine step failed: {type(e).__name__}: {e}"
+
     def _step(self) -> None:
         outs: list[tuple[OutputCallback, TokenOutput]] = []
-        hook = self.step_hook
-        if hook is not None:
-            with self._cond:
-                ids = [s.request_id for s in self.scheduler.running]
-            try:
-                to_fail = dict(hook(ids) or {})
-            except Exception:
-                log.exception("step_hook raised")
-                to_fail = {}
-            if to_fail:
-                with self._cond:
-                    for rid, msg in to_fail.items():
-                        victim = self._seqs.get(rid)
-                        if victim is not None:
-                            self._finish(victim, "error", outs, error=str(msg))
+        if self.step_hook is not None:
+            self._run_step_hook(self.step_hook, outs)
         with self._cond:
             self._idle_checked = False
             sched = self.scheduler.schedule()
@@ -413,27 +442,14 @@ class Engine:
             d_items = [(s.request_id, [s.output_ids[-1] if s.output_ids else s.prompt_ids[-1]], s.num_tokens - 1)
                        for s in decodes]
         batch = prefills + decodes
-        tokens: list[int] = []
-        error: str | None = None
-        if batch:
-            try:
-                logits = []
-                if p_items:
-                    logits.append(forward_batch(self.model, self.kv, self.bm, p_items, self.device))
-                if d_items:
-                    logits.append(forward_batch(self.model, self.kv, self.bm, d_items, self.device))
-                all_logits = logits[0] if len(logits) == 1 else torch.cat(logits)
-                tokens = self._sample(all_logits, batch)
-            except Exception as e:
-                log.exception("engine step failed")
-                error = f"engine step failed: {type(e).__name__}: {e}"
+        tokens, error = self._forward(batch, p_items, d_items) if batch else ([], None)
         with self._cond:
             if error is not None:
                 for seq in batch:
                     if seq.request_id in self._seqs:
                         self._finish(seq, "error", outs, error=error)
             else:
-                for seq, tok in zip(batch, tokens):
+                for seq, tok in zip(batch, tokens, strict=True):
                     self._postprocess(seq, tok, outs)
             self._steps_total += 1
             self._check_invariant()

@@ -4,7 +4,15 @@ Other engines (``transformers serve``, vLLM, llama.cpp after conversion) can the
 model the builtin stack serves, from a local directory, with nothing downloaded: config.json
 (``LlamaForCausalLM``), model.safetensors (our parameter names are Hugging Face's, see
 ``model.load_hf``), the builtin tokenizer (tokenizer.json + tokenizer_config.json with its special
-tokens and a chat template) and generation_config.json (greedy; byte-fragment tokens suppressed).
+tokens and a chat template) and generation_config.json (greedy).
+
+The weights are the seeded ``tiny`` model's but for one hidden channel and the ``lm_head`` rows of
+byte-fragment tokens (fragment_guard.py): they rank every token whose decode alone is not whole
+characters at least ``MARGIN_LOGITS`` below every other, for any input, so any engine's text is
+valid UTF-8 with any sampling and no decoding constraint (vLLM ignores generation_config's
+``suppress_tokens``; the builtin engine masks them itself only for ``tiny``). The tokenizer is
+untouched: every prompt still encodes, fragments included. The certified margin is in the
+safetensors metadata (``fragment_margin_logits``).
 
     python -m chaos.stack.engine.export DIR [--seed N]
 """
@@ -16,6 +24,7 @@ import json
 import shutil
 from pathlib import Path
 
+from .fragment_guard import fragment_ids, guard, margin_bound
 from .model import build_tiny
 from .tokenizer import DEFAULT_TOKENIZER, Tokenizer
 
@@ -37,8 +46,11 @@ def export_tiny(directory: str | Path, seed: int = 0) -> Path:
     tok = Tokenizer.load(None)
     model = build_tiny(tok.vocab_size, seed=seed)
     cfg = model.config
-    state = {name: p.detach().contiguous().clone() for name, p in model.named_parameters()}
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    fragments = fragment_ids(tok)
+    state = guard({name: p.detach() for name, p in model.named_parameters()}, cfg, fragments)
+    margin = margin_bound(state, cfg, fragments)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt", "fragment_margin_logits": f"{margin:.1f}"})
     bos, eos, pad = tok.token_to_id("<|bos|>"), tok.token_to_id("<|eos|>"), tok.token_to_id("<|pad|>")
     config = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
@@ -51,14 +63,9 @@ def export_tiny(directory: str | Path, seed: int = 0) -> Path:
         "bos_token_id": bos, "eos_token_id": eos, "pad_token_id": pad,
     }
     (out / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-    # Random weights wander over byte-fragment tokens; the builtin engine keeps its output valid UTF-8
-    # with a decoding constraint, which other engines lack. Suppressing every token that is not whole
-    # characters by itself keeps their text free of U+FFFD too (integrity judges the server, not the
-    # random model).
-    fragments = [i for i in range(tok.vocab_size) if "\ufffd" in tok.decode([i], skip_special_tokens=False)]
     (out / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": bos, "eos_token_id": eos, "pad_token_id": pad, "do_sample": False,
-         "suppress_tokens": fragments}, indent=2), encoding="utf-8")
+        {"bos_token_id": bos, "eos_token_id": eos, "pad_token_id": pad, "do_sample": False}, indent=2),
+        encoding="utf-8")
     shutil.copyfile(DEFAULT_TOKENIZER, out / "tokenizer.json")
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|bos|>", "eos_token": "<|eos|>",

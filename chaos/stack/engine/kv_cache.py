@@ -18,7 +18,7 @@ class KVCache:
             self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
     def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return list(zip(self.k, self.v))
+        return list(zip(self.k, self.v, strict=True))
 
     @property
     def nbytes(self) -> int:

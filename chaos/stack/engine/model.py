@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from chaos.errors import SetupFailed
+from chaos.model.errors import SetupFailed
 
 
 @dataclass
@@ -215,7 +215,7 @@ class CausalLM(nn.Module):
         sin = sin_t[positions].unsqueeze(2)
         x = self.model.embed_tokens(input_ids)
         layer: DecoderLayer
-        for layer, (kc, vc) in zip(self.model.layers, kv_caches):  # type: ignore[assignment]
+        for layer, (kc, vc) in zip(self.model.layers, kv_caches, strict=True):  # type: ignore[assignment]
             x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, kc, vc, meta)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         if logits_index is not None:

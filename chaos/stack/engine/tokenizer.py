@@ -109,24 +109,29 @@ def _special_tokens_from_dir(p: Path, backend: _HFTokenizer) -> tuple[str | None
         cfg = json.loads(tc.read_text(encoding="utf-8"))
         bos, eos = _tok_str(cfg.get("bos_token")), _tok_str(cfg.get("eos_token"))
     if eos is None or bos is None:
-        cj = p / "config.json"
-        if cj.is_file():
-            cfg = json.loads(cj.read_text(encoding="utf-8"))
-            for key in ("bos_token_id", "eos_token_id"):
-                tid = cfg.get(key)
-                if isinstance(tid, list):
-                    tid = tid[0] if tid else None
-                if isinstance(tid, int):
-                    tok = backend.id_to_token(tid)
-                    if key == "bos_token_id" and bos is None:
-                        bos = tok
-                    if key == "eos_token_id" and eos is None:
-                        eos = tok
+        by_key = _special_tokens_by_id(p / "config.json", backend)
+        bos = by_key.get("bos_token_id") if bos is None else bos
+        eos = by_key.get("eos_token_id") if eos is None else eos
     if bos is None and backend.token_to_id(BOS) is not None:
         bos = BOS
     if eos is None and backend.token_to_id(EOS) is not None:
         eos = EOS
     return bos, eos
+
+
+def _special_tokens_by_id(cj: Path, backend: _HFTokenizer) -> dict[str, str | None]:
+    """The model config's ``bos_token_id`` / ``eos_token_id`` (the first of a list) as tokens, by key."""
+    found: dict[str, str | None] = {}
+    if not cj.is_file():
+        return found
+    cfg = json.loads(cj.read_text(encoding="utf-8"))
+    for key in ("bos_token_id", "eos_token_id"):
+        tid = cfg.get(key)
+        if isinstance(tid, list):
+            tid = tid[0] if tid else None
+        if isinstance(tid, int):
+            found[key] = backend.id_to_token(tid)
+    return found
 
 
 def _tok_str(v: Any) -> str | None:

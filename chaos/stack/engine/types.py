@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chaos.errors import ChaosError, SetupFailed
+from chaos.model.errors import ChaosError, SetupFailed
 
 
 @dataclass(frozen=True)

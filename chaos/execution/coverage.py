@@ -1,0 +1,107 @@
+"""How long each fault and each phase really lasted, against the plan. Pure: observations in, figures out.
+
+A fault is in force from when its inject returned to when its revert began; its phase's planned
+duration is what it should have had. A phase lasts from when its last inject returned (its clock
+starts then) to when its first revert began. A fault in force for less than
+``safety.min_fault_coverage`` of its planned time (the hard stop or a halt cut its phase short)
+makes the run an error: its verdicts judged a fault that was not there for the time they assume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from chaos.model.observations import NS, Observations
+
+__all__ = ["FaultTime", "PhaseTime", "fault_times", "phase_times", "shortfalls"]
+
+
+@dataclass(frozen=True)
+class FaultTime:
+    """One fault's time in force: seconds from the run's start, and its planned and actual duration."""
+
+    name: str
+    kind: str
+    phase: str
+    planned_s: float  # its phase's duration
+    in_force_at_s: float | None  # its inject returned (None: never injected)
+    revert_started_at_s: float | None  # its revert began (None: never reverted)
+
+    @property
+    def in_force_s(self) -> float | None:
+        if self.in_force_at_s is None or self.revert_started_at_s is None:
+            return None
+        return max(0.0, self.revert_started_at_s - self.in_force_at_s)
+
+    @property
+    def coverage(self) -> float | None:
+        """Actual time in force over planned (None when unknown or nothing was planned)."""
+        actual = self.in_force_s
+        return None if actual is None or self.planned_s <= 0 else actual / self.planned_s
+
+
+@dataclass(frozen=True)
+class PhaseTime:
+    """One phase: planned duration, and when it began, had its faults in force, and ended (seconds from the
+    run's start)."""
+
+    name: str
+    planned_s: float
+    start_s: float
+    in_force_at_s: float | None  # its last inject returned (None: never got there)
+    end_s: float | None  # its first revert began, or it ended when it had no faults (None: never ended)
+
+    @property
+    def actual_s(self) -> float | None:
+        if self.end_s is None:
+            return None
+        return max(0.0, self.end_s - (self.start_s if self.in_force_at_s is None else self.in_force_at_s))
+
+
+def _at(obs: Observations, t: int | None) -> float | None:
+    return None if t is None else round((t - obs.t0) / NS, 4)
+
+
+def fault_times(obs: Observations, planned_s: Mapping[str, float]) -> list[FaultTime]:
+    """Each fault that was planned in the run, in order; ``planned_s``: phase name → its duration."""
+    found: dict[str, dict[str, object]] = {}
+    for event in obs.faults:
+        entry = found.setdefault(event.fault, {"kind": event.kind, "phase": event.phase, "in": None, "out": None})
+        if event.action == "inject":
+            entry["in"] = event.t
+        elif event.action in ("revert", "error") and entry["in"] is not None and entry["out"] is None:
+            # a revert that failed still ended the fault's time as the run counts it
+            entry["out"] = event.t_started if event.t_started is not None else event.t
+    return [
+        FaultTime(name=name, kind=str(e["kind"]), phase=str(e["phase"]),
+                  planned_s=float(planned_s.get(str(e["phase"]), 0.0)),
+                  in_force_at_s=_at(obs, e["in"]), revert_started_at_s=_at(obs, e["out"]))  # type: ignore[arg-type]
+        for name, e in found.items()
+    ]
+
+
+def phase_times(obs: Observations, planned_s: Mapping[str, float]) -> list[PhaseTime]:
+    """Each phase the run began, in order; ``planned_s``: phase name → its duration."""
+    first_revert: dict[str, int] = {}
+    for event in obs.faults:
+        if event.action in ("revert", "error") and event.t_started is not None:
+            first_revert[event.phase] = min(first_revert.get(event.phase, event.t_started), event.t_started)
+    return [
+        PhaseTime(name=p.name, planned_s=float(planned_s.get(p.name, 0.0)), start_s=_at(obs, p.t_start) or 0.0,
+                  in_force_at_s=_at(obs, p.t_in_force),
+                  end_s=_at(obs, first_revert.get(p.name, p.t_end)))
+        for p in obs.phases
+    ]
+
+
+def shortfalls(times: list[FaultTime], min_coverage: float) -> list[str]:
+    """One line per injected fault in force for less than ``min_coverage`` of its planned time."""
+    out = []
+    for ft in times:
+        coverage = ft.coverage
+        if ft.in_force_at_s is None or coverage is None or coverage >= min_coverage:
+            continue
+        out.append(f"fault {ft.name} ({ft.kind}) was in force {ft.in_force_s:.2f}s of the {ft.planned_s:g}s planned "
+                   f"for phase {ft.phase} ({coverage:.0%}, below safety.min_fault_coverage {min_coverage:.0%})")
+    return out

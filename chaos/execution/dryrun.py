@@ -1,0 +1,363 @@
+"""``streamchaos run --dry-run``: validate, resolve the targets, say what each fault would change and
+how it is undone — and touch nothing.
+
+Nothing is started (no stack, no Toxiproxy, no load, no helper process), nothing is written (no run
+directory), and the requests are ``GET <target>/v1/models`` for a remote target, then the load's own
+request sent once as the run's preflight sends it (a remote server that refuses its shape, a 404 for
+the endpoint, would stop the real run before any load), ``GET <toxiproxy>/version`` for an external
+Toxiproxy, and for a Kubernetes target ``get`` its Service and the Deployments ``k8s.scale`` names
+and ``list`` its pods (``chaos.targets.kubernetes_dryrun``: each after the allow-list let it, as a run would); none
+when ``safety.allowed_targets`` refuses it. For the builtin target, the engine extra the run would
+start must be installed. Each fault gives its own account (``Fault.describe``) against a ``Scene`` built from
+what is known without starting anything.
+
+Exit codes as for a run: 0 the run could go ahead, 2 something is refused (the allow-list, an
+invalid experiment), 4 it could not be carried out here (the target does not answer, a fault would
+be refused at activation).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import httpx
+
+from chaos.host.capped import JSON_LIMIT, Capped, clip, get_capped
+from chaos.model.allowlist import experiment_reach, refusals
+from chaos.model.context import ProxyInfo, Scene, TargetInfo
+from chaos.model.experiment import Experiment, TargetSpec
+from chaos.model.units import format_duration
+
+__all__ = ["DryRun", "dry_run"]
+
+PROBE_TIMEOUT_S = 10.0
+_BUILTIN_URL = "http://127.0.0.1:<ephemeral port>"
+
+
+@dataclass
+class DryRun:
+    """The account a dry run prints, and the exit code a run would likely end with before any verdict."""
+
+    lines: list[str] = field(default_factory=list)
+    exit_code: int = 0
+    contacted: list[str] = field(default_factory=list)  # "GET url -> status", every request made
+
+    def say(self, text: str = "", indent: int = 0) -> None:
+        self.lines.append("  " * indent + text)
+
+    def worst(self, code: int) -> None:
+        # 2 (refused by configuration) outranks 4 (not possible here): fix the configuration first
+        if self.exit_code == 0 or code == 2:
+            self.exit_code = code
+
+
+async def dry_run(experiment: Experiment, *, target_url: str | None = None,
+                  environ: Mapping[str, str] = os.environ) -> DryRun:
+    """The whole account of ``experiment`` as ``streamchaos run`` would carry it out."""
+    out = DryRun()
+    exp = experiment
+    out.say(f"dry run of {exp.name!r}" + (f" ({exp.source})" if exp.source else "") + f": seed {exp.seed}, "
+            f"{len(exp.phases)} phase(s), {format_duration(exp.duration)} of load; nothing will be started or changed")
+
+    reaches = experiment_reach(exp, target_url, environ)
+    refused = refusals(reaches, exp.safety.allowed_targets)
+    out.say()
+    out.say("allowed targets (safety.allowed_targets):")
+    if not reaches and exp.target.kind == "kubernetes":
+        out.say("the target's namespace comes from the kubeconfig: checked once resolved, before any call (below)", 1)
+    elif not reaches:
+        out.say("only this host's loopback is used: nothing to check", 1)
+    for reach in reaches:
+        where = reach.url or f"namespace {reach.namespace}" + (f", selector {reach.selector}" if reach.selector else "")
+        out.say(f"{reach.what}: {where}", 1)
+    for text in refused:
+        out.say(f"REFUSED: {text}", 1)
+    if refused:
+        out.worst(2)
+    probe = not refused  # a refused run contacts nothing, not even to read
+
+    out.say()
+    target, spawned = await _target(exp, target_url, probe, out)
+    out.say()
+    proxy = await _proxy(exp, target, probe, environ, out)
+    out.say()
+    _load(exp, proxy, target, out)
+    out.say()
+    _phases(exp, Scene(target=target, proxy=proxy, safety=exp.safety, target_spawned=spawned), out)
+    out.say()
+    _slas(exp, out)
+    out.say()
+    s = exp.safety
+    out.say(f"safety: max_duration {format_duration(s.max_duration)}, drain_timeout "
+            f"{format_duration(s.drain_timeout)}, cleanup_window {format_duration(s.cleanup_window)}, GPU clock "
+            f"changes {'allowed' if s.allow_gpu_clock_changes else 'refused'}")
+    out.say()
+    out.say("contacted: " + ("; ".join(out.contacted) if out.contacted else "nothing")
+            + ". Nothing was started, changed or written.")
+    verdict = {0: "the run could go ahead", 2: "the run would be refused", 4: "the run could not be carried out here"}
+    out.say(f"dry run: {verdict[out.exit_code]} (exit {out.exit_code})")
+    return out
+
+
+async def _get(url: str, headers: dict[str, str], out: DryRun) -> Capped | str:
+    """One GET (the only kind of request a dry run makes), recorded; the response (at most
+    ``JSON_LIMIT`` bytes of it) or why there is none."""
+    try:
+        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, headers=headers, trust_env=False) as client:
+            response = await get_capped(client, url, limit=JSON_LIMIT, deadline=PROBE_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        out.contacted.append(f"GET {url} -> {type(exc).__name__}")
+        return f"{type(exc).__name__}: {exc}"
+    out.contacted.append(f"GET {url} -> {response.status_code}")
+    return response
+
+
+async def _target(exp: Experiment, target_url: str | None, probe: bool, out: DryRun) -> tuple[TargetInfo, bool]:
+    """The target as the run would have it, and whether the run would start its process."""
+    spec = exp.target
+    url = target_url or spec.url
+    # read-only calls, the allow-list as the run applies it
+    if spec.kind == "kubernetes" and spec.kubernetes is not None:
+        from chaos.targets.kubernetes_dryrun import resolved_cluster_target
+
+        return await resolved_cluster_target(exp, probe, out), False
+    if url:
+        base = url.rstrip("/")
+        base = base if base.endswith("/v1") else base + "/v1"
+        from chaos.targets.base import configured_admin_token
+
+        admin_token = configured_admin_token(spec)
+        root = base[: -len("/v1")]
+        kind = "openai" if spec.kind == "builtin" else spec.kind
+        info = TargetInfo(kind=kind, base_url=base, metrics_url=spec.metrics_url or root + "/metrics", model=spec.model,
+                          admin_url=f"{root}/admin" if admin_token else None)
+        out.say(f"target: {kind} server at {base} (already running; streamchaos neither starts nor stops it)")
+        if not probe:
+            out.say("not contacted: refused above", 1)
+            return info, False
+        headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
+        answer = await _get(base + "/models", headers, out)
+        if isinstance(answer, str) or answer.status_code >= 400:
+            out.say(f"DOES NOT ANSWER: GET {base}/models: "
+                    f"{answer if isinstance(answer, str) else f'HTTP {answer.status_code}'}", 1)
+            out.worst(4)
+            return info, False
+        served = _served(answer)
+        model = spec.model if not served or spec.model in served else served[0]
+        out.say(f"answers GET /v1/models: serves {', '.join(served) or '(no list)'}; requests will name model "
+                f"{model!r}", 1)
+        await _preflight(exp, base, exp.load.model or model, out)
+        out.say(f"metrics read from {info.metrics_url} (reading only)", 1)
+        out.say("admin API: " + (f"{root}/admin, used for in-process faults only if the server proves it holds the "
+                                 "configured token (not asked in a dry run)" if admin_token else
+                                 "none configured (target.admin_token_file or STREAMCHAOS_ADMIN_TOKEN): in-process "
+                                 "faults are off"), 1)
+        return TargetInfo(kind=kind, base_url=base, metrics_url=info.metrics_url, model=model,
+                          admin_url=info.admin_url), False
+    if spec.kind == "builtin":
+        out.say(f"target: the builtin stack, started as a child process on {_BUILTIN_URL} and stopped at the end "
+                "(not started now)")
+        _engine_installed(out)
+        out.say(f"model {spec.model}, device {spec.device}, kv_blocks {spec.kv_blocks} x {spec.block_size} tokens, "
+                f"max_num_seqs {spec.max_num_seqs}, max_model_len {spec.max_model_len}, startup_timeout "
+                f"{format_duration(spec.startup_timeout)}", 1)
+        return TargetInfo(kind="builtin", base_url=f"{_BUILTIN_URL}/v1", metrics_url=f"{_BUILTIN_URL}/metrics",
+                          admin_url=f"{_BUILTIN_URL}/admin", device=spec.device, model=spec.model), True
+    if spec.kind == "vllm":
+        return _vllm_target(spec, out)
+    out.say(f"target: kind {spec.kind} needs a URL: set target.url in the experiment or pass --target-url")
+    out.worst(4)
+    return TargetInfo(kind=spec.kind, base_url="(none)", model=spec.model), False
+
+
+def _engine_installed(out: DryRun) -> None:
+    """The builtin stack needs the engine extra: a run without it would stop at once (exit 4)."""
+    from chaos.model.errors import SetupFailed
+    from chaos.targets.base import require_engine
+
+    try:
+        require_engine("the experiment's target (kind builtin)")
+    except SetupFailed as exc:
+        out.say(f"NOT POSSIBLE HERE: {exc}", 1)
+        out.worst(4)
+
+
+async def _preflight(exp: Experiment, base: str, model: str, out: DryRun) -> None:
+    """The load's request, once, as the run's preflight sends it: does the target take its shape?"""
+    from chaos.execution.preflight import PreflightRefused, preflight
+    from chaos.load.workload import endpoint_url
+    from chaos.model.engines import PROFILES
+    from chaos.model.outcome import next_steps
+
+    url = endpoint_url(base, exp.load.endpoint)
+    profile = PROFILES.get(exp.target.engine, PROFILES["openai"])
+    try:
+        found = await preflight(exp.load, base_url=base, model=model, seed=exp.seed, api_key=exp.target.api_key,
+                                profile=profile, timeout=min(PROBE_TIMEOUT_S, exp.load.request_timeout))
+    except PreflightRefused as exc:
+        out.contacted.append(f"POST {url} (the load's request) -> refused")
+        out.say(f"REFUSES THE LOAD'S REQUEST: {str(exc).splitlines()[0]}", 1)
+        for step in next_steps(str(exc)):
+            out.say(f"check: {step}", 2)
+        out.worst(4)
+        return
+    out.contacted.append(f"POST {url} (the load's request) -> {found.record.status}")
+    dropped = ", ".join(found.dropped) or "nothing"
+    out.say(f"takes the load's request at POST {url} (HTTP {found.record.status}, {found.attempts} attempt(s)); "
+            f"dropped from requests: {dropped}", 1)
+
+
+def _served(response: Capped) -> list[str]:
+    try:
+        return [clip(m["id"]) or "" for m in response.json().get("data", [])][:16]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return []
+
+
+async def _proxy(exp: Experiment, target: TargetInfo, probe: bool, environ: Mapping[str, str],
+                 out: DryRun) -> ProxyInfo | None:
+    """The Toxiproxy proxy as the run would create it (the server resolved as ``chaos.execution.proxy``
+    would, without starting one)."""
+    spec = exp.proxy
+    if not spec.enabled:
+        out.say("proxy: none (no `proxy:` section): the load goes straight to the target")
+        return None
+    url = spec.url or environ.get("TOXIPROXY_URL")
+    upstream = _host_port(target.base_url)
+    if spec.server in ("auto", "external") and url:
+        server, api = "external", url.rstrip("/")
+        out.say(f"proxy: the Toxiproxy at {api} (given: proxy.url or TOXIPROXY_URL)")
+        if probe:
+            answer = await _get(api + "/version", {}, out)
+            if isinstance(answer, str) or answer.status_code >= 400:
+                out.say(f"DOES NOT ANSWER: GET {api}/version: "
+                        f"{answer if isinstance(answer, str) else f'HTTP {answer.status_code}'}", 1)
+                out.worst(4)
+            else:
+                out.say(f"answers GET /version: {answer.text.strip()[:40]}", 1)
+    elif spec.server == "external":
+        out.say("proxy: server external, but no proxy.url or TOXIPROXY_URL is set")
+        out.worst(4)
+        return None
+    else:
+        binary = environ.get("TOXIPROXY_SERVER_BIN") or shutil.which("toxiproxy-server")
+        if spec.server in ("auto", "binary") and binary:
+            server, why = "binary", f"the toxiproxy-server binary {binary}, started on a free loopback port"
+        elif spec.server == "binary":
+            server, why = "binary", "NOT POSSIBLE HERE: no toxiproxy-server on PATH (or TOXIPROXY_SERVER_BIN)"
+            out.worst(4)
+        elif spec.server == "docker":
+            server, why = "docker", ("a Toxiproxy container through the Docker SDK "
+                                     "(the daemon is not asked in a dry run)")
+        elif spec.server == "auto":
+            server, why = "embedded", ("no proxy.url, TOXIPROXY_URL or toxiproxy-server: a Toxiproxy container if a "
+                                       "Docker daemon answers (not asked now), else the embedded server as a child "
+                                       "process")
+        else:
+            server, why = "embedded", "the embedded server as a child process"
+        api = "http://127.0.0.1:<toxiproxy port>"
+        out.say(f"proxy: {why}; stopped at the end (not started now)")
+    out.say(f"proxy {spec.name!r} listening on {spec.listen}, upstream {upstream}: the load goes through it; "
+            "deleted at the end of the run", 1)
+    return ProxyInfo(api_url=api, proxy_name=spec.name, listen=spec.listen, upstream=upstream, server=server,
+                     supports_buffer=server == "embedded")
+
+
+def _host_port(url: str) -> str:
+    parts = urlsplit(url)
+    try:
+        port: int | str = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:  # the builtin stack's placeholder port
+        port = "<port>"
+    return f"{parts.hostname}:{port}"
+
+
+def _load(exp: Experiment, proxy: ProxyInfo | None, target: TargetInfo, out: DryRun) -> None:
+    load = exp.load
+    shape = f"closed loop, {load.concurrency} streams in flight" if load.rate is None else \
+        f"open loop, {load.rate:g} requests/s (burstiness {load.burstiness:g})" + \
+        (f", at most {load.concurrency} in flight" if load.concurrency else "")
+    lo, hi = load.max_tokens
+    tokens = f"{lo}" if lo == hi else f"{lo}-{hi}"
+    via = f"through proxy {proxy.proxy_name!r}" if proxy else f"to {target.base_url}"
+    out.say(f"load: {shape}; {load.endpoint}, {tokens} tokens each, {via}"
+            + (f"; at most {load.max_requests} requests" if load.max_requests else ""))
+    shards = getattr(load, "shards", 1)
+    if shards > 1:
+        launch = getattr(load, "shard_launch", "local")
+        out.say(f"split across {shards} generator shards "
+                f"({'started here' if launch == 'local' else 'started elsewhere'}), coordinated on "
+                f"{getattr(load, 'shard_listen', '')}", 1)
+    elif load.workers > 1:
+        out.say(f"in {load.workers} generator processes on this host", 1)
+
+
+def _phases(exp: Experiment, scene: Scene, out: DryRun) -> None:
+    out.say("timeline (each phase's faults are injected at its start and reverted at its end, however it ends):")
+    at = 0.0
+    for phase in exp.phases:
+        out.say(f"phase {phase.name!r}: +{format_duration(at)} for {format_duration(phase.duration)}"
+                + ("" if phase.faults else ", no faults"), 1)
+        here = Scene(target=scene.target, proxy=scene.proxy, safety=scene.safety, target_spawned=scene.target_spawned,
+                     phase=phase.name, phase_duration_s=phase.duration)
+        for fault in phase.faults:
+            account = fault.describe(here)
+            out.say(f"fault {fault.name!r} ({fault.kind})", 2)
+            out.say(f"changes: {account.changes}", 3)
+            out.say(f"undone:  {account.undo}", 3)
+            if account.refused:
+                out.say(f"WOULD BE REFUSED: {account.refused}", 3)
+                out.worst(4)
+        at += phase.duration
+
+
+def _slas(exp: Experiment, out: DryRun) -> None:
+    from sla.base import REGISTRY
+
+    out.say("judged:" if exp.sla else "judged: nothing (no `sla:` entries)")
+    for entry in exp.sla:
+        spec = REGISTRY.get(entry.kind)
+        params = spec.schema.format(entry.params) if spec else ", ".join(f"{k}={v}" for k, v in entry.params.items())
+        scope = ", ".join(entry.phases) if entry.phases else "the whole run"
+        expect = "" if entry.expect == "pass" else " (expected to FAIL: a regression check)"
+        out.say(f"{entry.name} ({entry.kind}) over {scope}: {params}{expect}", 1)
+
+
+def _vllm_target(spec: TargetSpec, out: DryRun) -> tuple[TargetInfo, bool]:
+    """What a vllm target would be: the interpreter found, the device, the command (nothing started)."""
+    from chaos.model.errors import SetupFailed
+    from chaos.targets.vllm import find_vllm_python, resolve_device, vllm_command
+
+    device = resolve_device(spec.device)
+    out.say(f"target: real vLLM on {device}, built from model {spec.model!r} under a process guard on a free loopback "
+            "port, with the streamchaos middleware inside its server (not started now)")
+    url = "http://127.0.0.1:<free port>"
+    info = TargetInfo(kind="vllm", base_url=f"{url}/v1", metrics_url=f"{url}/metrics", admin_url=f"{url}/admin",
+                      device=device, model=spec.model)
+    try:
+        python, version = find_vllm_python(spec)
+    except SetupFailed as exc:
+        out.say(f"NOT POSSIBLE HERE: {exc}", 1)
+        out.worst(4)
+        return info, True
+    model = "<run dir>/model (the tiny model exported)" if spec.model == "tiny" else spec.model
+    command = vllm_command(spec, python=python, model=model, served_name=spec.model, port=0,
+                           device="cpu" if device == "cpu" else "cuda", seed=0, kv_bytes_token=None)
+    out.say(f"vLLM {version}: {' '.join(command[:3])} ... ({len(command)} arguments; its log: vllm.log)", 1)
+    from chaos.host.cpuset import allowed_cpus, format_cpu_list, server_cpus
+
+    try:
+        cpus = server_cpus(spec.cpus, "cpu" if device == "cpu" else "cuda", allowed_cpus())
+    except ValueError as exc:
+        out.say(f"NOT POSSIBLE HERE: {exc}", 1)
+        out.worst(4)
+        return info, True
+    if cpus is not None:
+        left = sorted(set(allowed_cpus()) - set(cpus))
+        out.say(f"its processes on CPUs {format_cpu_list(cpus)} (target.cpus {spec.cpus})"
+                + (f"; CPU {format_cpu_list(tuple(left))} left to the load generator" if left else ""), 1)
+    return info, True

@@ -1,0 +1,66 @@
+"""The run journal: an append-only JSON-lines file, flushed per record, fsync'd where it matters.
+
+Every observation and every fault step is appended as it happens, so a run killed at any moment
+leaves a journal from which ``streamchaos rollback`` can tell what was changed and not undone, and
+``streamchaos verify`` can re-judge what was observed. The journal is a run listener: it keeps
+every observation record it hears about, in memory and on disk; fault events are fsync'd.
+
+The file is created fresh (never appended to across runs), mode 0600, and its first record carries
+a random ``run_id``: the watchdog and rollback act only on the run they were started for.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from chaos.execution.events import RunEvent, is_record
+from chaos.host.journal_file import JOURNAL_NAME, JournalFile  # re-exported: the journal's own names
+from chaos.host.runfiles import prepare_private_dir
+from chaos.model.observations import FaultEvent, Observations, Record, to_json
+
+__all__ = ["JOURNAL_NAME", "Journal", "JournalFile", "prepare_run_dir"]
+
+def prepare_run_dir(out_dir: Path) -> None:
+    """Create the run directory, or refuse one that already holds anything (0700, ours).
+
+    A reused directory would mix two runs in one journal, and a previous run's ``end`` record would
+    tell the new run's watchdog to stand down; one another user owns or can write to would let them
+    plant links for the runner to write through.
+    """
+    prepare_private_dir(out_dir, "--out")  # and ours, not writable by group or others (chaos.host.runfiles)
+
+
+class Journal:
+    """One run's journal: a run listener that keeps every record in memory and on disk."""
+
+    def __init__(self, path: Path, experiment: str, t0: int, wall_t0: float) -> None:
+        self.path = path
+        self.run_id = secrets.token_hex(8)
+        self._file = JournalFile(path, create=True)
+        self.observations = Observations(experiment=experiment, t0=t0, wall_t0=wall_t0)
+        self._file.write({"type": "run", "experiment": experiment, "t0": t0, "wall_t0": wall_t0, "pid": os.getpid(),
+                          "run_id": self.run_id}, durable=True)
+
+    def on_event(self, event: RunEvent) -> None:
+        if is_record(event):
+            self.append(event)  # type: ignore[arg-type]
+
+    def append(self, record: Record, *, durable: bool | None = None) -> None:
+        """Keep ``record``; fault events are fsync'd (rollback depends on them) unless told otherwise."""
+        self.observations.add(record)
+        self._file.write(to_json(record), durable=isinstance(record, FaultEvent) if durable is None else durable)
+
+    def resource(self, body: dict[str, Any]) -> None:
+        """Journal (fsync'd) something the run created outside its processes, e.g. a container:
+        ``{"name", "kind", "action": "plan" | "release", "undo", "evidence"}``. Not an observation:
+        only ``streamchaos rollback`` reads these, to remove what a killed run left."""
+        self._file.write({"type": "resource", "t": time.monotonic_ns(), "run_id": self.run_id, **body}, durable=True)
+
+    def close(self, status: str) -> None:
+        """Mark the run finished (the watchdog stands down when it sees this) and close the file."""
+        self._file.write({"type": "end", "status": status, "wall": time.time(), "run_id": self.run_id}, durable=True)
+        self._file.close()

@@ -1,0 +1,329 @@
+"""Before the load: learn the engine (its profile) and send it exactly what the load will send.
+
+``detect`` gathers ``chaos.model.engines.Evidence`` from a running server (its ``Server`` header and every
+header of ``/v1/models``, ``owned_by``, ``/health``, ``/version``, ``/info``, the metric names of one
+scrape) and names the profile. ``preflight`` sends one request built by the load's own request
+builder (``chaos.load.workload.Workload.request(0)``) through the load's own client. When the
+server refuses a field the load only adds for convenience (``ignore_eos``, ``stream_options``), the
+field is dropped from every request of the load and the report says so; when it refuses the
+request itself, the run stops before any load with the server's own words (``PreflightRefused``,
+exit 4). ``rejected_fields``, ``shape_for`` and ``should_cut`` are the pure parts.
+
+A short stream is read to its end, where the end-of-stream rule (``[DONE]``, ``finish_reason``) is
+seen. A long or endless one (a soak's ``max_tokens: 100000`` with ``ignore_eos``) is judged at its
+first events (the status, the event stream, a parsed content event, the engine's refusals) and the
+preflight hangs up on it itself: ``END_WAIT_S`` after the first content event at the latest, sooner
+when the rate of the first ``OBSERVE_S`` says the end is far beyond that. The record says it cut the
+stream, and the run says which profile rule it assumes for the end it did not see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import httpx
+
+from chaos.host.capped import JSON_LIMIT, METRICS_LIMIT, Capped, clip, clip_json, get_capped
+from chaos.model.engines import CONVENIENCE_FIELDS, PROFILES, EngineProfile, Evidence, identify
+from chaos.model.errors import SetupFailed
+from chaos.model.experiment import LoadSpec
+from chaos.model.observations import StreamRecord
+
+__all__ = ["PreflightRefused", "PreflightResult", "detect", "preflight", "rejected_fields", "shape_for", "should_cut"]
+
+PROBE_TIMEOUT_S = 5.0  # each evidence request; a server that does not answer one is just not that sign
+MAX_RETRIES = len(CONVENIENCE_FIELDS)  # at most one retry per convenience field dropped
+END_WAIT_S = 10.0  # how long after the first content event the preflight waits for the stream's end
+OBSERVE_S = 1.0  # the rate over this long (after the first content event) may decide the end is far off
+_POLL_S = 0.1  # how often the preflight looks at its open stream
+
+# Which LoadSpec switch puts each convenience field into the request body (chaos.load.workload.build_body).
+_SWITCH = {"ignore_eos": "ignore_eos", "stream_options": "include_usage"}
+
+
+class PreflightRefused(SetupFailed):
+    """The engine refused the load's request itself (not a convenience field): nothing would work."""
+
+
+@dataclass
+class PreflightResult:
+    """What the preflight found: the load as it will be sent, and what the journal keeps about it."""
+
+    load: LoadSpec
+    record: StreamRecord
+    dropped: dict[str, str] = field(default_factory=dict)  # field → why
+    attempts: int = 1
+    refusal: str | None = None  # the server's text when it refused a field (a sign of the engine)
+    warning: str | None = None  # something about the preflight stream a person should know before the run
+    cut: str | None = None  # the preflight hung up on a long stream itself: after how many events, how long
+
+    def facts(self) -> dict[str, Any]:
+        rec = self.record
+        return {
+            "status": rec.status, "events": rec.events, "content_events": len(rec.t_content),
+            "finish_reason": rec.finish_reason, "done_seen": rec.done_seen, "usage": rec.usage is not None,
+            "error": None if rec.error is None else rec.error.message, "dropped": dict(self.dropped),
+            "attempts": self.attempts, "ttft_s": None if rec.ttft_ns is None else round(rec.ttft_ns / 1e9, 4),
+            **({"cut": self.cut} if self.cut else {}), **({"warning": self.warning} if self.warning else {}),
+        }
+
+
+def _without(load: LoadSpec, name: str) -> LoadSpec:
+    """The load with the convenience field ``name`` no longer sent."""
+    if name == "ignore_eos":
+        return replace(load, ignore_eos=False)
+    if name == "stream_options":
+        return replace(load, include_usage=False)
+    return load
+
+
+def shape_for(load: LoadSpec, profile: EngineProfile) -> tuple[LoadSpec, dict[str, str]]:
+    """The load with the convenience fields the profile does not accept switched off, and why. Pure."""
+    dropped: dict[str, str] = {}
+    for name, switch in _SWITCH.items():
+        if getattr(load, switch) and name not in profile.accepts:
+            load = _without(load, name)
+            dropped[name] = f"the {profile.name} profile does not accept it"
+    return load, dropped
+
+
+def sent_fields(load: LoadSpec) -> list[str]:
+    """The convenience fields this load puts into its requests."""
+    return [name for name, switch in _SWITCH.items() if getattr(load, switch)]
+
+
+def rejected_fields(message: str, present: Iterable[str]) -> list[str]:
+    """The convenience fields a refusal names, of those the request carried. Pure.
+
+    An engine that validates strictly names the field (``Unexpected fields in the request:
+    {'ignore_eos'}``, ``Extra inputs are not permitted ... ignore_eos``); one that names none of
+    ours refused something else.
+    """
+    text = message.lower()
+    return [name for name in present if name in text or name.replace("_", " ") in text]
+
+
+async def _get(client: httpx.AsyncClient, url: str, limit: int = JSON_LIMIT) -> Capped | None:
+    try:
+        return await get_capped(client, url, limit=limit, deadline=PROBE_TIMEOUT_S)
+    except (httpx.HTTPError, OSError):
+        return None
+
+
+def _json(response: Capped | None) -> Mapping[str, Any] | None:
+    if response is None or response.status_code >= 400:
+        return None
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+async def detect(base_url: str, metrics_url: str | None, headers: Mapping[str, str],
+                 metrics_headers: Mapping[str, str] | None = None) -> Evidence:
+    """Every sign of the engine a running server shows, each request bounded; never raises."""
+    from chaos.targets.scraper import all_metric_names
+
+    root = base_url[: -len("/v1")] if base_url.endswith("/v1") else base_url
+    async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, headers=dict(headers), trust_env=False,
+                                 follow_redirects=True) as client:
+        models, health, version, info, alive = await asyncio.gather(
+            _get(client, base_url + "/models"), _get(client, root + "/health"), _get(client, root + "/version"),
+            _get(client, root + "/info"), _get(client, root + "/health/liveliness"))
+        names: tuple[str, ...] = ()
+        if metrics_url:
+            scraped = await _get(client, metrics_url, METRICS_LIMIT) if metrics_headers is None else None
+            if metrics_headers is not None:
+                async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, headers=dict(metrics_headers), trust_env=False,
+                                             follow_redirects=True) as m:
+                    scraped = await _get(m, metrics_url, METRICS_LIMIT)
+            if scraped is not None and scraped.status_code < 400 and not scraped.over:
+                names = all_metric_names(scraped.text)
+    owners: tuple[str, ...] = ()
+    listing = _json(models)
+    if listing is not None and isinstance(listing.get("data"), list):
+        owners = tuple(str(m.get("owned_by", "")) for m in listing["data"] if isinstance(m, dict) and m.get("owned_by"))
+    return Evidence(
+        server_header=models.headers.get("server") if models is not None else None,
+        headers={k.lower(): v for k, v in models.headers.items()} if models is not None else {},
+        owned_by=owners, health=_json(health), version=_json(version), info=_json(info), metric_names=names,
+        liveliness=alive.text[:100] if alive is not None and alive.status_code < 400 else None,
+    )
+
+
+def should_cut(since_first_s: float, content_events: int, max_tokens: int | None, *,
+               wait_s: float = END_WAIT_S, observe_s: float = OBSERVE_S) -> bool:
+    """Whether the preflight hangs up on a stream still open ``since_first_s`` after its first content
+    event, ``content_events`` in. Pure.
+
+    Always at ``wait_s``; from ``observe_s`` on, when the rate so far puts the last of ``max_tokens``
+    (one token per content event, none known: endless) beyond twice ``wait_s``: the margin keeps a
+    stream whose events carry several tokens each from being cut where its end would have come.
+    """
+    if since_first_s >= wait_s:
+        return True
+    if since_first_s < observe_s or content_events <= 0:
+        return False
+    if max_tokens is None:
+        return True
+    projected_s = max_tokens * since_first_s / content_events
+    return projected_s > 2 * wait_s
+
+
+def _max_tokens(body: Mapping[str, Any]) -> int | None:
+    value = body.get("max_tokens", body.get("max_completion_tokens"))
+    return value if isinstance(value, int) else None
+
+
+async def _send_once(url: str, body: Mapping[str, Any], api_key: str | None,
+                     timeout: float) -> tuple[StreamRecord, str | None]:
+    """The stream and, when the preflight hung up on it (``should_cut``), why."""
+    from chaos.load.client import make_http_client, stream_request
+
+    record = StreamRecord(id="preflight", phase="preflight",
+                          endpoint="chat" if url.endswith("/chat/completions") else "completions")
+    http = make_http_client(1, api_key=api_key)
+    limit = _max_tokens(body)
+    try:
+        task = asyncio.create_task(stream_request(http, url, body, record, request_timeout=timeout))
+        while not task.done():
+            await asyncio.wait({task}, timeout=_POLL_S)
+            first = record.t_first_content
+            if task.done() or first is None:
+                continue
+            since_s = (time.monotonic_ns() - first) / 1e9
+            if should_cut(since_s, len(record.t_content), limit):
+                task.cancel()  # the client's own hang-up: the connection closes, the server sees the disconnect
+                await asyncio.wait({task})  # its record closed; a cancellation of our own still reaches us
+                record.error = None  # the cancellation was ours, not a failure of the stream
+                total_s = (record.t_end or time.monotonic_ns()) - (record.t_sent or first)
+                return record, (f"stream cut by the preflight after {record.events} events / {total_s / 1e9:.1f} s: "
+                                "long streams are judged at the first events")
+        return task.result(), None
+    finally:
+        await http.aclose()
+
+
+async def preflight(load: LoadSpec, *, base_url: str, model: str, seed: int, api_key: str | None,
+                    profile: EngineProfile, timeout: float | None = None) -> PreflightResult:
+    """One request exactly as the load will send it; convenience fields the engine refuses dropped.
+
+    Raises ``PreflightRefused`` (exit 4) with the server's own error text when the request is
+    refused for anything else, or does not get through at all.
+    """
+    from chaos.load.workload import Workload, endpoint_url
+
+    load, dropped = shape_for(load, profile)
+    url = endpoint_url(base_url, load.endpoint)
+    timeout = timeout or load.request_timeout
+    attempts = 0
+    refusal: str | None = None
+    while True:
+        attempts += 1
+        body, _ = Workload(load, model=model, seed=seed).request(0)
+        record, cut = await _send_once(url, body, api_key, timeout)
+        refused = record.error is not None and record.error.kind == "http" and record.status in (400, 422)
+        if record.error is None and record.in_band_error is None:
+            return PreflightResult(load, record, dropped, attempts, refusal, cut=cut)
+        message = (record.error.message if record.error is not None else record.in_band_error) or ""
+        named = rejected_fields(message, sent_fields(load)) if refused else []
+        if not named or attempts > MAX_RETRIES:
+            shown = json.dumps(_shown(body), ensure_ascii=False)[:400]
+            if record.status is not None and record.status >= 400:
+                what = f"the target refused the load's request at the preflight (HTTP {record.status} from {url})"
+            elif record.in_band_error is not None:
+                what = f"the target answered the load's request at the preflight with an error event ({url})"
+            else:
+                kind = record.error.kind if record.error is not None else "?"
+                what = f"the load's request did not get through at the preflight ({kind} error, {url})"
+            raise PreflightRefused(f"{what}: {message}\n  request body: {shown}")
+        refusal = refusal or message
+        for name in named:
+            load = _without(load, name)
+            dropped[name] = f"refused by the server: {message[:200]}"
+
+
+def _shown(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The body with the prompt shortened, for an error message."""
+    out = dict(body)
+    for key in ("prompt", "messages"):
+        if key in out:
+            text = json.dumps(out[key], ensure_ascii=False)
+            out[key] = text if len(text) <= 60 else text[:57] + "..."
+    return out
+
+
+
+@dataclass
+class EngineFindings:
+    """The engine profile a run uses, why, and the load as the preflight left it."""
+
+    profile: EngineProfile
+    detected_by: str
+    preflight: PreflightResult
+    evidence: Evidence | None = None
+
+    def note(self) -> dict[str, Any]:
+        """The ``engine_profile`` note: the profile, why it was chosen, and the end-of-stream rule
+        every verifier (and a later ``streamchaos verify``) judges completeness by."""
+        evidence = None
+        if self.evidence is not None:
+            ev = self.evidence
+            # what the target said, clipped: its words must not grow the journal and the report
+            evidence = {"server": clip(ev.server_header), "owned_by": [clip(o) for o in ev.owned_by[:16]],
+                        "health": bool(ev.health), "version": clip_json(ev.version),
+                        "info_router": clip((ev.info or {}).get("router")), "metric_families": len(ev.metric_names)}
+        return {"name": self.profile.name, "profile": self.profile.describe(),
+                "detected_by": clip(self.detected_by, 400),
+                "end": self.profile.end.as_dict(), "evidence": evidence}
+
+
+async def learn_engine(load: LoadSpec, *, base_url: str, metrics_url: str | None, model: str, seed: int,
+                       api_key: str | None, metrics_headers: Mapping[str, str] | None, engine: str,
+                       started_builtin: bool) -> EngineFindings:
+    """The run's engine profile (``target.engine``, the builtin stack it started, or detected) and the
+    preflight against it; a refusal that names the engine (``transformers serve``'s 422) re-detects it."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    evidence: Evidence | None = None
+    if engine != "auto":
+        prof, why = PROFILES[engine], "target.engine"
+    elif started_builtin:
+        prof, why = PROFILES["builtin"], "the builtin stack streamchaos started"
+    else:
+        evidence = await detect(base_url, metrics_url, headers, metrics_headers)
+        prof, why = identify(evidence)
+    result = await preflight(load, base_url=base_url, model=model, seed=seed, api_key=api_key, profile=prof)
+    if evidence is not None and result.refusal and prof.name == "openai":
+        evidence = replace(evidence, preflight_error=result.refusal)
+        better, reason = identify(evidence)
+        if better.name != prof.name:
+            prof, why = better, reason
+            shaped, more = shape_for(result.load, prof)
+            result.load = shaped
+            for name, because in more.items():
+                result.dropped.setdefault(name, because)
+    rec = result.record
+    if result.cut is not None:
+        result.warning = end_assumed(prof)
+    elif prof.end.done and not rec.done_seen and rec.finish_reason is not None and rec.error is None:
+        # a server that ends cleanly without [DONE] under a profile that requires it: every stream
+        # would count as cut; say so now rather than after the run
+        result.warning = (f"the preflight stream ended with finish_reason {rec.finish_reason!r} but no [DONE], which "
+                          f"the {prof.name} profile requires: if this engine never sends it, set target.engine to its "
+                          "profile (e.g. transformers-serve) or early_close will count every stream as cut")
+    return EngineFindings(prof, why, result, evidence)
+
+
+def end_assumed(prof: EngineProfile) -> str:
+    """What the run assumes when the preflight cut its stream before the end. Pure."""
+    end = prof.end
+    rule = {(True, True): "a finish_reason, then [DONE]", (True, False): "a finish_reason ([DONE] not required)",
+            (False, True): "[DONE]", (False, False): "the response's end"}[(end.finish_reason, end.done)]
+    return (f"the end-of-stream rule was not observed (the preflight cut its long stream); the {prof.name} profile's "
+            f"rule is assumed: a complete stream ends with {rule}")

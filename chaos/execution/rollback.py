@@ -1,0 +1,194 @@
+"""Undoing what a killed run left behind, from its journal (`streamchaos rollback RUN_DIR`).
+
+A fault is outstanding when the journal has its ``plan`` but neither a ``revert`` nor a
+``rollback`` after it. Each outstanding fault is undone by its kind's ``Fault.rollback(undo)``
+(newest first) and a ``rollback`` event is appended, so running this twice does nothing the
+second time.
+
+The journal is data, never authority. Rollback reads only a journal this user owns that nobody
+else can write; it contacts only the URLs configuration allows (``--target-url``,
+``--toxiproxy-url``, ``TOXIPROXY_URL``, or those the runner handed its watchdog), never one the
+journal alone names; credentials come from the environment; an NVML library only from
+``STREAMCHAOS_NVML_LIB``. Each kind's rollback then checks the live state is still this run's
+change (a process with the recorded start time, a clock or power limit still at the value the run
+set, helpers with the run's exact tag) and leaves anything else alone.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from chaos.host.journal_file import JOURNAL_NAME, JournalFile
+from chaos.model.errors import ChaosError, SetupFailed
+from chaos.model.observations import FaultEvent, iter_journal, to_json
+
+__all__ = ["origin", "outstanding", "outstanding_resources", "rollback_run", "trusted_journal"]
+
+
+def outstanding(journal_lines: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Plans not yet undone, oldest first, each with the undo data of its plan and inject merged. Pure."""
+    open_plans: dict[str, dict[str, Any]] = {}
+    order: list[str] = []
+    for body in journal_lines:
+        if body.get("type") != "fault":
+            continue
+        name, action = body["fault"], body["action"]
+        if action == "plan":
+            open_plans[name] = {"fault": name, "kind": body["kind"], "phase": body.get("phase", ""),
+                                "undo": dict(body.get("undo") or {})}
+            if name in order:
+                order.remove(name)
+            order.append(name)
+        elif action == "inject" and name in open_plans:
+            open_plans[name]["undo"].update(body.get("undo") or {})
+        elif action in ("revert", "rollback") and name in open_plans:
+            del open_plans[name]
+            order.remove(name)
+    return [open_plans[n] for n in order]
+
+
+def origin(url: str) -> str:
+    """``scheme://host:port`` of a URL (the port made explicit), for comparing where requests go."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{parts.scheme}://{(parts.hostname or '').lower()}:{port}"
+
+
+def trusted_journal(path: Path) -> None:
+    """Refuse a journal another user owns or may write: rollback acts on what it says."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise SetupFailed(f"{path.parent} holds no readable {JOURNAL_NAME}: is it a streamchaos run directory? "
+                          f"({exc})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise SetupFailed(f"{path} is not a regular file")
+    if st.st_uid != os.getuid():
+        raise SetupFailed(f"{path} belongs to uid {st.st_uid}, not to you (uid {os.getuid()}): rollback acts only on "
+                          "journals it wrote")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise SetupFailed(f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):o}): it may have been "
+                          "altered; rollback refuses it")
+
+
+def _foreign_urls(undo: dict[str, Any], allowed: set[str]) -> list[str]:
+    """URLs in a plan record that configuration does not allow."""
+    out = []
+    for key, value in undo.items():
+        if not (key.endswith("_url") and value):
+            continue
+        try:
+            if origin(str(value)) not in allowed:
+                out.append(str(value))
+        except ValueError as exc:  # a malformed port or host: not a URL configuration could allow
+            out.append(f"{value!r} ({key}: not a valid URL: {exc})")
+    return out
+
+
+def rollback_run(run_dir: str | Path, *, allowed_urls: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """Undo every outstanding fault of a run, then remove what it created (containers); return what
+    was done (one entry per fault or resource)."""
+    import faults  # noqa: F401 - registers every fault kind
+    from faults.base import REGISTRY
+
+    journal = Path(run_dir) / JOURNAL_NAME
+    trusted_journal(journal)
+    allowed = {origin(u) for u in allowed_urls if u}
+    if os.environ.get("TOXIPROXY_URL"):
+        allowed.add(origin(os.environ["TOXIPROXY_URL"]))
+    done = []
+    lines = list(iter_journal(journal))
+    pending = outstanding(lines)
+    # What this rollback acts for, from the command line and the journal's own first record: a
+    # kind's rollback checks live state against these (container labels), never the plan's claims.
+    authority = {"run_dir": str(Path(run_dir).resolve()), "run_id": _run_id(lines)}
+    out = JournalFile(journal)
+    try:
+        for item in reversed(pending):
+            cls = REGISTRY.get(item["kind"])
+            entry: dict[str, Any] = {"fault": item["fault"], "kind": item["kind"]}
+            action: Literal["rollback", "error"] = "rollback"
+            try:
+                foreign = _foreign_urls(item["undo"], allowed)
+                if cls is None:
+                    raise ChaosError(f"unknown fault kind {item['kind']!r}; cannot roll it back")
+                if foreign:
+                    raise ChaosError(
+                        f"the journal names {', '.join(foreign)}, which configuration does not allow; nothing was sent "
+                        "there. If that is your target or Toxiproxy, pass --target-url or --toxiproxy-url"
+                    )
+                entry["evidence"] = cls.rollback({**item["undo"], **authority})
+            except Exception as exc:  # keep going: one stuck fault must not block the others
+                entry["error"] = f"{type(exc).__name__}: {exc}"
+                action = "error"
+            event = FaultEvent(
+                fault=item["fault"], kind=item["kind"], action=action, t=time.monotonic_ns(), phase=item["phase"],
+                evidence=entry.get("evidence", {}), undo=item["undo"],
+                message=entry.get("error", "rolled back by streamchaos rollback"),
+            )
+            out.write(to_json(event), durable=True)
+            done.append(entry)
+        done.extend(_release_resources(outstanding_resources(lines), authority, out))  # after the faults acting on them
+    finally:
+        out.close()
+    return done
+
+
+def _run_id(lines: list[dict[str, Any]]) -> str:
+    """The run id of the journal's first record ("" when it has none)."""
+    first = next((body for body in lines if body.get("type") == "run"), {})
+    return str(first.get("run_id") or "")
+
+
+def outstanding_resources(journal_lines: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Resources (``Journal.resource``) planned and neither released nor rolled back, oldest first. Pure."""
+    open_plans: dict[str, dict[str, Any]] = {}
+    for body in journal_lines:
+        if body.get("type") != "resource":
+            continue
+        name, action = str(body.get("name")), body.get("action")
+        if action == "plan":
+            previous = open_plans.pop(name, {"undo": {}})
+            open_plans[name] = {"name": name, "kind": str(body.get("kind")),
+                                "undo": {**previous["undo"], **dict(body.get("undo") or {})}}
+        elif action in ("release", "rollback"):
+            open_plans.pop(name, None)
+    return list(open_plans.values())
+
+
+def _resource_undoers() -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
+    from chaos.host.procguard import rollback_group
+    from chaos.targets.containers import rollback_container
+
+    return {"docker.container": rollback_container, "process.group": rollback_group}
+
+
+def _release_resources(pending: list[dict[str, Any]], authority: dict[str, str],
+                       out: JournalFile) -> list[dict[str, Any]]:
+    """Undo each outstanding resource, newest first; journal each outcome as a resource record."""
+    undoers = _resource_undoers()
+    done = []
+    for item in reversed(pending):
+        entry: dict[str, Any] = {"fault": item["name"], "kind": item["kind"], "resource": True}
+        action = "rollback"
+        try:
+            undo = undoers.get(item["kind"])
+            if undo is None:
+                raise ChaosError(f"unknown resource kind {item['kind']!r}; cannot remove it")
+            entry["evidence"] = undo({**item["undo"], **authority})
+        except Exception as exc:  # keep going, and leave it outstanding for the next rollback
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+            action = "error"
+        out.write({"type": "resource", "name": item["name"], "kind": item["kind"], "action": action,
+                   "t": time.monotonic_ns(),
+                   "evidence": entry.get("evidence", {}),
+                   "message": entry.get("error", "removed by streamchaos rollback")},
+                  durable=True)
+        done.append(entry)
+    return done

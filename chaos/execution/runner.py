@@ -1,0 +1,683 @@
+"""The experiment runner: target → proxy → load → scraper, faults on the phase timeline, verdicts.
+
+A run is a stack of resources, each an async context manager that undoes itself on every exit
+path — normal end, exception, SIGINT/SIGTERM, timeout — newest first: target, proxy, load driver,
+watchdog (when a fault outlives the process), metric scraper, GPU telemetry; inside them each
+phase is ``async with`` its faults, so a phase's faults are reverted when the phase ends however it
+ends. Everything that happens is a run event (``chaos.execution.events``); the journal, the console, the
+report writer and the pytest plugin are listeners. Each plan, inject and revert is journaled (plans
+and reverts fsync'd) before and after the change, so ``streamchaos rollback RUN_DIR`` can undo what
+a killed run left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import time
+import traceback
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from chaos.execution.coverage import fault_times, shortfalls
+from chaos.execution.credentials import Credentials
+from chaos.execution.credentials import resolve as resolve_credentials
+from chaos.execution.events import EventBus, RunFinished, RunListener, RunStarted, Stage, VerdictsReady
+from chaos.execution.halt import HaltWatcher
+from chaos.execution.journal import JOURNAL_NAME, Journal, prepare_run_dir
+from chaos.execution.preflight import EngineFindings, learn_engine
+from chaos.execution.result import Result, exit_code_for  # re-exported: the run's result is a leaf
+from chaos.execution.telemetry import gpu_telemetry
+from chaos.execution.watchdog import WatchdogHandle, watchdog
+from chaos.host.contention import host_contention
+from chaos.host.hostinfo import environment_facts
+from chaos.host.redact import redact, strip_userinfo
+from chaos.host.runfiles import open_append, write_new
+from chaos.load import LoadDriver, LoadTarget, running_load
+from chaos.model.allowlist import credentials_allowed, enforce_cluster
+from chaos.model.allowlist import enforce as enforce_allowed_targets
+from chaos.model.context import ClientPolicy, ProxyInfo, Reach, RunContext, TargetInfo
+from chaos.model.errors import ChaosError, FaultError, FaultRevertFailed
+from chaos.model.experiment import Experiment, PhaseSpec
+from chaos.model.observations import FaultEvent, Note, PhaseWindow
+from chaos.model.verdict import Verdict
+from chaos.targets.base import BuiltinStack, Target, target_facts
+from chaos.targets.registry import start_target, started
+from faults.base import Injection
+
+__all__ = ["Result", "Runner", "exit_code_for"]
+
+STOP_REDELIVERY_S = 1.0  # a stop (signal, halt) is cancelled into the run again this often until teardown
+BASELINE_MIN_S = 0.5  # metrics scraped before the load starts
+
+
+@dataclass
+class _Outcome:
+    status: str = "completed"
+    exit_code: int = 0
+    error: str | None = None
+
+
+def default_out_dir(name: str) -> Path:
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in name) or "run"
+    return Path("runs") / f"{stamp}-{safe}-{os.getpid()}"
+
+
+class Runner:
+    """Runs one experiment once. Use ``await Runner(exp).run()`` or the ``run``/``run_async`` helpers."""
+
+    def __init__(
+        self,
+        experiment: Experiment,
+        *,
+        target_url: str | None = None,
+        out_dir: str | Path | None = None,
+        listeners: Sequence[RunListener] = (),
+        handle_signals: bool = True,
+        api_key_env: str | None = None,
+    ) -> None:
+        self.experiment = experiment
+        self.target_url = target_url
+        self.api_key_env = api_key_env  # --api-key-env: the variable holding the target's API key
+        self.out_dir = Path(out_dir) if out_dir else default_out_dir(experiment.name)
+        self.listeners = list(listeners)
+        self.handle_signals = handle_signals
+        self.interrupted: str | None = None  # the signal that interrupted the run (``interrupt``)
+        self.halted: str | None = None  # why a safety condition stopped the run early (``halt``)
+        self._main_task: asyncio.Task[Any] | None = None
+        self.cleaning = False  # past the work: a signal is noted, not acted on
+        self.revert_errors: list[str] = []
+        self.fault_failure: ChaosError | None = None  # a fault that could not act (at inject, or its scheduled action)
+        self.completed_phases: list[str] = []  # phases that ran to their end: judged even when a later one failed
+        self.events = EventBus()
+        self.target: Target | None = None
+        self.proxy: ProxyInfo | None = None
+        self.load: LoadDriver | None = None
+        self.journal: Journal | None = None
+        self.injections: dict[str, Injection] = {}
+        self.watchdogs: list[WatchdogHandle] = []
+        self._deadline: asyncio.Timeout | None = None
+        self.credentials = Credentials()
+        self._withheld_noted = False
+
+    # -- the run -----------------------------------------------------------------------------
+    async def run(self) -> Result:
+        exp = self.experiment
+        spec = exp.target
+        # before anything is touched: a named variable or file that is missing is a usage error (exit 2)
+        self.credentials = resolve_credentials(spec.api_key, spec.api_key_env, spec.metrics_auth,
+                                               cli_api_key_env=self.api_key_env)
+        prepare_run_dir(self.out_dir)
+        save_experiment(exp, self.out_dir)
+        t0, started = time.monotonic_ns(), time.time()
+        journal = self.journal = Journal(self.out_dir / JOURNAL_NAME, exp.name, t0, started)
+        self.events = EventBus([journal, *self.listeners])
+        # last, so a stream has reached every other listener before a condition may halt the run
+        self.halt_watcher = HaltWatcher(exp.safety, self.halt, self.events.emit)
+        self.events.subscribe(self.halt_watcher)
+        self.events.emit(RunStarted(exp.name, str(self.out_dir), t0, started,
+                                    tuple((p.name, p.duration) for p in exp.phases)))
+        self._note("environment", environment_facts())  # versions and host, for the report
+        outcome = await self._attempt()
+        lag = self.load.lag_stats() if self.load is not None else {}
+        if self.load is not None and lag:  # per phase, the open loop's own send delay (empty in closed loop)
+            lag["send_delay"] = self.load.send_delay_stats()
+        if lag:
+            self._note("client_lag", lag)
+        verdicts: list[Verdict] = []
+        if outcome.status == "completed":
+            from chaos.execution.verify import judge_all
+
+            verdicts = judge_all(exp, journal.observations, client_lag=lag)
+            outcome.exit_code = exit_code_for(verdicts)
+        elif self.fault_failure is not None and self.completed_phases:
+            from chaos.execution.verify import judge_all
+
+            # a fault failed where it acted: the phases before it ran as planned and keep their verdicts
+            # (the run still ends with the fault's error, exit 4; entries over the whole run are not judged)
+            verdicts = judge_all(exp, journal.observations, client_lag=lag, phases=self.completed_phases)
+        outcome = self._covered(outcome)
+        self.events.emit(VerdictsReady(tuple(verdicts)))
+        journal.close(outcome.status)
+        for handle in self.watchdogs:
+            handle.wait_stood_down()
+        result = Result(
+            experiment=exp, verdicts=verdicts, observations=journal.observations, out_dir=self.out_dir,
+            status=outcome.status, exit_code=outcome.exit_code, started=started, ended=time.time(),
+            target=self.target.info if self.target else None, proxy=self.proxy, client_lag=lag, error=outcome.error,
+        )
+        self.events.emit(RunFinished(result))
+        return result
+
+    async def _attempt(self) -> _Outcome:
+        """Carry the run out and classify how it ended; every resource is released by then."""
+        main_task = self._main_task = asyncio.current_task()
+        assert main_task is not None
+        try:
+            with self._signals():
+                if self._stopped() is None:  # a stop that came before the run had a task to cancel
+                    await self._execute()
+            outcome = _Outcome()
+        except asyncio.CancelledError:
+            if self._stopped() is None and self.fault_failure is None:
+                raise
+            outcome = _Outcome()
+        except Exception as exc:  # noqa: BLE001 - every failure is classified, recorded and reported
+            outcome = self._failure(exc)
+        # a scheduled action's
+        if self.fault_failure is not None and self._stopped() is None and outcome.status == "completed":
+            while main_task.cancelling():
+                main_task.uncancel()
+            outcome = self._failure(self.fault_failure)
+        stopped = self._stopped()
+        if stopped is not None:
+            while main_task.cancelling():  # the stop was ours to deliver, and it is handled
+                main_task.uncancel()
+            status, why = stopped
+            outcome = _Outcome(status, 4, why if outcome.status == "completed" else f"{why}; then: {outcome.error}")
+        if self.revert_errors and outcome.exit_code == 0:
+            outcome = _Outcome("failed", 4, "; ".join(self.revert_errors))
+        return outcome
+
+    def halt(self, reason: str) -> None:
+        """Stop the run early because a safety condition tripped: revert, tear down, end ``halted``.
+
+        For run listeners that watch the run (halt conditions); safe to call more than once.
+        """
+        if self.cleaning or self._stopped() is not None:
+            return
+        self.halted = reason
+        self._stage("halt", f"halting: {reason}")
+        self._stop_work()
+
+    def interrupt(self, name: str) -> None:
+        """Stop the run as a signal would (``interrupted``); for a caller that owns the signal itself
+        (the pytest plugin, where pytest owns SIGINT). Call it in the run's loop; safe more than once."""
+        if self.cleaning or self._stopped() is not None:
+            self._stage("signal", f"{name}: already reverting and stopping")
+            return
+        self.interrupted = name
+        self._stage("signal", f"{name}: reverting faults and stopping")
+        self._stop_work()
+
+    def _stop_work(self) -> None:
+        """Cancel the run's work, and cancel it again each second until its teardown has begun.
+
+        Once is not always enough on Python 3.11: a cancellation that arrives as an awaited call
+        completes inside ``asyncio.wait_for`` (ours or a library's) is lost, and the run would go on
+        to the end of its phase. A repeat lands in unwinding code at worst, which finishes every
+        inject and revert it started (``_finish``) before passing the cancellation on.
+        """
+        task = self._main_task
+        if task is None or task.done() or self.cleaning:
+            return
+        task.cancel()
+        asyncio.get_running_loop().call_later(STOP_REDELIVERY_S, self._stop_work)
+
+    def _stopped(self) -> tuple[str, str] | None:
+        """``(status, why)`` when a signal or a halt condition stopped the run, else None."""
+        if self.interrupted is not None:
+            return "interrupted", f"interrupted by {self.interrupted}"
+        if self.halted is not None:
+            return "halted", f"halted: {self.halted}"
+        return None
+
+    def _covered(self, outcome: _Outcome) -> _Outcome:
+        """A fault in force for less than ``safety.min_fault_coverage`` of its planned time is a run
+        error (exit 4), whatever the verdicts said (they are kept); it adds to an error already there."""
+        assert self.journal is not None
+        exp = self.experiment
+        short = shortfalls(fault_times(self.journal.observations, {p.name: p.duration for p in exp.phases}),
+                           exp.safety.min_fault_coverage)
+        if not short:
+            return outcome
+        why = "; ".join(short)
+        self._note("fault_coverage", {"shortfalls": short, "min_fault_coverage": exp.safety.min_fault_coverage})
+        if outcome.error is None:
+            return _Outcome("failed", 4, why)
+        return _Outcome(outcome.status, 4, f"{outcome.error}; {why}")
+
+    def _failure(self, exc: Exception) -> _Outcome:
+        """How a run that raised ``exc`` ended: a timeout, one of ours (its exit code), or a bug (traceback kept)."""
+        if isinstance(exc, TimeoutError):
+            if self._deadline is not None and self._deadline.expired():
+                return _Outcome("failed", 4,
+                                f"the run exceeded safety.max_duration ({self.experiment.safety.max_duration:g}s)"
+                                " plus the target's startup_timeout")
+            return _Outcome("failed", 4, f"a step of the run timed out: {exc!r}")
+        if isinstance(exc, ChaosError):
+            self._note("run_error", {"error": str(exc), "type": type(exc).__name__})
+            return _Outcome("failed", exc.exit_code, str(exc))
+        # a bug of ours or of a library: still reverted, recorded and reported
+        with open_append(self.out_dir / "runner-error.txt", binary=False) as f:
+            f.write(redact(traceback.format_exc()))
+        error = f"internal error {type(exc).__name__}: {exc} (traceback in runner-error.txt)"
+        self._note("run_error", {"error": error, "type": type(exc).__name__})
+        return _Outcome("failed", 4, error)
+
+    async def _execute(self) -> None:
+        """The resources, nested; teardown (outside the deadline) is their exits, newest first."""
+        exp = self.experiment
+        async with contextlib.AsyncExitStack() as resources:
+            try:
+                async with asyncio.timeout(exp.safety.max_duration + exp.target.startup_timeout) as self._deadline:
+                    ctx = await self._bring_up(resources)
+                    await self._drive(ctx)
+            finally:
+                self.cleaning = True
+                self._stage("teardown", "stopping load, proxy and target")
+
+    async def _bring_up(self, resources: contextlib.AsyncExitStack) -> RunContext:
+        """Target, proxy, load, watchdog, scraper, telemetry; the faults activated (checked) against them.
+
+        Each step enters its resource into ``resources`` in this order, so teardown undoes them
+        newest first: telemetry, the scraper and the watchdog stop before the load, the load before
+        the proxy and the proxy before the target.
+        """
+        self._check_allowed()
+        self._raise_open_files()
+        target = await self._start_target(resources)
+        found = await self._learn_engine(target)
+        load_url = await self._start_proxy(resources, target)
+        ctx = self._context(target)
+        await self._start_load(resources, ctx, found, load_url)
+        self._activate_faults(ctx)
+        await self._start_watchdog(resources, target)
+        await self._start_observers(resources, target)
+        return ctx
+
+    def _raise_open_files(self) -> None:
+        """The open-file limit the load needs, before the target, proxy and load processes start
+        (they inherit it); a hard limit too low is a setup failure naming what to change."""
+        from chaos.host.fd_limit import ensure_open_files, open_files_needed
+        from chaos.load.generator import DEFAULT_INFLIGHT_CAP
+        from chaos.load.workload import streams_at_most
+
+        exp = self.experiment
+        extra = max((sum(f.streams_opened() for f in phase.faults) for phase in exp.phases), default=0)
+        limit = ensure_open_files(open_files_needed(streams_at_most(exp.load, DEFAULT_INFLIGHT_CAP) + extra))
+        if limit.raised:
+            self._note("open_files", limit.to_dict())
+
+    def _check_allowed(self) -> None:
+        """The blast-radius limit, before anything is started or contacted (TargetNotAllowed, exit 2)."""
+        checked = enforce_allowed_targets(self.experiment, target_url=self.target_url)
+        if checked:
+            self._note("allowed_targets", {"checked": [_reach_facts(r) for r in checked]})
+
+    async def _start_target(self, resources: contextlib.AsyncExitStack) -> Target:
+        """The system under test, started or reached; a Kubernetes target's pods checked once resolved."""
+        exp, creds = self.experiment, self.credentials
+        remote = self.target_url or exp.target.url
+        self._stage("target",
+                    f"reaching target {remote} (remote)" if remote else f"starting target ({exp.target.kind})")
+        target_spec = replace(exp.target, api_key=creds.api_key)  # the resolved key, never written anywhere
+        assert self.journal is not None
+        made = start_target(target_spec, target_url=self.target_url, run_dir=self.out_dir, seed=exp.seed,
+                            run_id=self.journal.run_id, record=self.journal.resource, gate=_cluster_gate(exp))
+        if made.outlives_runner:
+            # guarded from the moment it exists: a runner killed while its container starts (up to
+            # startup_timeout) leaves a journaled container that this watchdog removes
+            await self._guard(resources, made, urls=(), token=None)
+        target = self.target = await resources.enter_async_context(started(made))
+        self._note("target", {**target_facts(target.info), "credentials": creds.describe()})
+        if target.info.cluster is not None:  # the namespace and pods a Kubernetes target resolved to: allowed?
+            self._note("allowed_targets",
+                       {"cluster": [_reach_facts(r) for r in enforce_cluster(exp, target.info.cluster)]})
+        return target
+
+    async def _learn_engine(self, target: Target) -> EngineFindings:
+        """The engine's profile and the load's request sent once (the preflight), timed as the warm-up."""
+        exp, info = self.experiment, target.info
+        self._stage("preflight", "detecting the engine and sending the load's request once")
+        started = time.monotonic()
+        found = await learn_engine(
+            exp.load, base_url=info.base_url, metrics_url=info.metrics_url, model=self._model(info), seed=exp.seed,
+            api_key=self.credentials.api_key, metrics_headers=self._metrics_headers(info.metrics_url),
+            engine=exp.target.engine, started_builtin=isinstance(target, BuiltinStack))
+        self._note("engine_profile", found.note())
+        self._note("preflight", found.preflight.facts())
+        self._note("warmup", {"status": found.preflight.record.status, "seconds": round(time.monotonic() - started, 4)})
+        return found
+
+    async def _start_proxy(self, resources: contextlib.AsyncExitStack, target: Target) -> str:
+        """Toxiproxy between load and target when the experiment has it; the base URL the load sends to."""
+        if not self.experiment.proxy.enabled:
+            return target.info.base_url
+        from chaos.execution.proxy import RunOwner, running_proxy  # network faults only; keeps plain runs light
+
+        self._stage("proxy", "starting Toxiproxy")
+        assert self.journal is not None
+        # a container's labels and journal
+        owner = RunOwner(run_id=self._run_id(), run_dir=self.out_dir, record=self.journal.resource)
+        handle = await resources.enter_async_context(running_proxy(self.experiment, target.info, self.out_dir, owner))
+        self.proxy = handle.info
+        self._note("proxy", handle.facts())
+        return handle.client_base_url
+
+    def _context(self, target: Target) -> RunContext:
+        """What the faults act through: the target (restartable), the proxy, the client policy."""
+        exp = self.experiment
+        ctx = RunContext(seed=exp.seed, target=target.info, run_dir=self.out_dir, safety=exp.safety,
+                         clients=ClientPolicy(), proxy=self.proxy)
+        ctx.restart_target = self._restarter(target, ctx)
+        return ctx
+
+    async def _start_load(self, resources: contextlib.AsyncExitStack, ctx: RunContext, found: EngineFindings,
+                          load_url: str) -> None:
+        """The load driver (its shards connected), sending the request the preflight settled on."""
+        exp, emit = self.experiment, self.events.emit
+        if exp.load.shards > 1:
+            self._stage("load", f"waiting for {exp.load.shards} load shards ({exp.load.shard_launch})")
+        load_target = LoadTarget(base_url=load_url, model=self._model(ctx.target), seed=exp.seed,
+                                 api_key=self.credentials.api_key)
+        load = self.load = await resources.enter_async_context(running_load(
+            found.preflight.load, load_target, policy=ctx.clients, sink=emit,
+            run_dir=self.out_dir, notes=emit, run_id=self._run_id(), lifetime_s=exp.safety.max_duration))
+        ctx.background = load  # kv.pressure hog sends its own streams through it
+        # a frozen target ends no stream until the request timeout: the halt reads the in-flight ones
+        self.halt_watcher.watch_in_flight(getattr(load, "last_activity", None))
+
+    def _activate_faults(self, ctx: RunContext) -> None:
+        """Every fault bound to the run's context and checked against it; none acts until its phase."""
+        self.injections = {fault.name: fault.activate(ctx) for _, fault in self.experiment.faults()}
+
+    async def _start_watchdog(self, resources: contextlib.AsyncExitStack, target: Target) -> None:
+        """A watchdog process when a fault or a Toxiproxy container outlives this one (it reverts if we
+        die); a target that outlives us has had its own since it was made (``_start_target``)."""
+        proxy_container = self.proxy is not None and self.proxy.server == "docker"
+        faults_outlive = any(i.outlives_runner for i in self.injections.values())
+        if faults_outlive or (proxy_container and not self.watchdogs):
+            info = target.info
+            await self._guard(resources, target, urls=self._contacted_urls(info), token=info.admin_token)
+
+    async def _guard(self, resources: contextlib.AsyncExitStack, target: Target, *, urls: Iterable[str],
+                     token: str | None) -> None:
+        self.watchdogs.append(await resources.enter_async_context(watchdog(
+            self.out_dir, self._run_id(), self.experiment.safety.max_duration, urls, token,
+            extra_env=target.watchdog_env())))
+
+    async def _start_observers(self, resources: contextlib.AsyncExitStack, target: Target) -> None:
+        """The target's metric scraper, GPU telemetry (off where NVML sees no GPU), and the host's CPU
+        use by the run and by everything else (``chaos.host.contention``)."""
+        emit, info = self.events.emit, target.info
+        await resources.enter_async_context(target.observing(emit, self.experiment.safety.scrape_interval,
+                                                             headers=self._metrics_headers(info.metrics_url)))
+        await resources.enter_async_context(gpu_telemetry(emit))
+        known = target.host_processes() is not None
+        runner_pid = os.getpid()
+        await resources.enter_async_context(host_contention(
+            emit, lambda: (runner_pid, *(target.host_processes() or ())), target_known=known))
+
+    def _model(self, target: TargetInfo) -> str:
+        """The model the load asks for: ``load.model``, else the one the target serves."""
+        return self.experiment.load.model or target.model
+
+    def _metrics_headers(self, metrics_url: str | None) -> dict[str, str]:
+        """The metrics credential, only for a ``metrics_url`` whose host the allow-list allows (loopback or
+        ``safety.allowed_targets.hosts``): a metrics_url elsewhere is scraped without it (noted once)."""
+        headers = self.credentials.metrics_headers()
+        if not headers or not metrics_url or credentials_allowed(metrics_url, self.experiment.safety.allowed_targets):
+            return headers
+        if not self._withheld_noted:
+            self._withheld_noted = True
+            self._note("metrics_auth", {"withheld": strip_userinfo(metrics_url),
+                                        "why": "the host of target.metrics_url is not on this host's loopback nor "
+                                               "allowed by safety.allowed_targets.hosts: its credential is not sent"})
+        return {}
+
+    async def _drive(self, ctx: RunContext) -> None:
+        """Baseline scrape, the timeline with the load, drain, cleanup window."""
+        exp = self.experiment
+        assert self.load is not None
+        await asyncio.sleep(max(BASELINE_MIN_S, 3 * exp.safety.scrape_interval))  # the pre-load baseline
+        await self.load.ready()
+        await self._timeline(ctx, self.load)
+        self._stage("drain", "draining in-flight streams")
+        cancelled = await self.load.drain(exp.safety.drain_timeout)
+        if cancelled:
+            self._note("drain", {"cancelled_streams": cancelled})
+        self._stage("cleanup", f"cleanup window {exp.safety.cleanup_window:g}s")
+        await asyncio.sleep(exp.safety.cleanup_window)
+
+    async def _timeline(self, ctx: RunContext, load: LoadDriver) -> None:
+        """Phases in order, each ``async with`` its faults. Streams join a phase as it begins, before
+        its injects, so a stream the new phase's faults may touch is never counted in the phase
+        before; the phase's clock starts once its last inject has returned, so a slow inject or a slow
+        revert before it never shortens the time its faults are in force. The load starts once the
+        first phase's faults are in force and sends until the last phase's planned end, as the real
+        timeline puts it (the run's hard stop, ``safety.max_duration``, until that is known)."""
+        load_task: asyncio.Task[None] | None = None
+        last = self.experiment.phases[-1] if self.experiment.phases else None
+        try:
+            for phase in self.experiment.phases:
+                t_start = time.monotonic_ns()
+                t_in_force: int | None = None
+                ctx.phase, ctx.phase_duration_s, load.phase = phase.name, phase.duration, phase.name
+                self.events.emit(PhaseWindow(phase.name, t_start))
+                self._stage("phase", f"phase {phase.name} ({phase.duration:g}s, {len(phase.faults)} fault(s))")
+                try:
+                    async with self._phase_faults(phase):
+                        t_in_force = time.monotonic_ns()
+                        t_planned_end = t_in_force + int(phase.duration * 1e9)
+                        if load_task is None:
+                            deadline = t_planned_end if phase is last else self._hard_stop_ns()
+                            load_task = asyncio.create_task(load.run(deadline), name="load")
+                        elif phase is last:
+                            await load.move_deadline(t_planned_end)
+                        await asyncio.sleep(max(0.0, (t_planned_end - time.monotonic_ns()) / 1e9))
+                finally:  # a phase cut short (halt, signal, hard stop) is recorded as far as it got
+                    self.events.emit(PhaseWindow(phase.name, t_start, time.monotonic_ns(), t_in_force))
+                self.completed_phases.append(phase.name)
+            if load_task is not None:
+                await load_task
+        finally:
+            if load_task is not None and not load_task.done():
+                load_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await load_task
+
+    def _hard_stop_ns(self) -> int:
+        """The run's hard stop (its ``asyncio.timeout``) on the monotonic ns clock."""
+        when = self._deadline.when() if self._deadline is not None else None
+        if when is None:
+            return time.monotonic_ns() + int(self.experiment.safety.max_duration * 1e9)
+        return time.monotonic_ns() + int(max(0.0, when - asyncio.get_running_loop().time()) * 1e9)
+
+    @contextlib.asynccontextmanager
+    async def _phase_faults(self, phase: PhaseSpec) -> AsyncIterator[None]:
+        """Each of the phase's faults injected in order, reverted newest first however the phase ends."""
+        async with contextlib.AsyncExitStack() as injected:
+            for fault in phase.faults:
+                await injected.enter_async_context(self._injected(self.injections[fault.name], phase.name))
+            yield
+        if self.revert_errors:
+            raise FaultRevertFailed("; ".join(self.revert_errors))
+
+    @contextlib.asynccontextmanager
+    async def _injected(self, injection: Injection, phase: str) -> AsyncIterator[None]:
+        """Plan (journaled first), inject, and on exit revert — the revert always runs to its end."""
+        name, kind, emit = injection.name, injection.kind, self.events.emit
+        emit(FaultEvent(name, kind, "plan", time.monotonic_ns(), phase, undo=injection.plan()))
+        t_started = time.monotonic_ns()
+        try:
+            done, interrupted = await _finish(injection.inject(), injection.step_timeout_s)
+            evidence = done.result()
+        except (ChaosError, OSError) as exc:
+            emit(FaultEvent(name, kind, "error", time.monotonic_ns(), phase, message=f"inject: {exc}"))
+            await self._revert(injection, phase)  # it may have changed something before failing
+            failure = (exc if isinstance(exc, ChaosError)
+                       else FaultError(f"fault {name} ({kind}) could not be injected: {exc}"))
+            self.fault_failure = self.fault_failure or failure
+            raise failure from (None if failure is exc else exc)
+        except BaseException:
+            await self._revert(injection, phase)
+            raise
+        undo = evidence.pop("undo", {}) if isinstance(evidence, dict) else {}
+        emit(FaultEvent(name, kind, "inject", time.monotonic_ns(), phase, evidence=evidence, undo=undo,
+                        t_started=t_started))
+        scheduled = injection.scheduled()
+        if scheduled is not None:  # an action later in the phase (``at``): its failure is reported when it happens
+            scheduled.add_done_callback(lambda task: self._scheduled_done(injection, phase, task))
+        try:
+            if interrupted:  # the inject finished and is journaled; now unwind (and revert)
+                raise asyncio.CancelledError
+            yield
+        finally:
+            await self._revert(injection, phase)
+
+    def _scheduled_done(self, injection: Injection, phase: str, task: asyncio.Future[Any]) -> None:
+        """A fault's scheduled action ended: a failure is the fault's, in its phase (an ``error`` event
+        now, the run failed with it), not a revert's (there is nothing to roll back)."""
+        if task.cancelled() or task.exception() is None or self.cleaning:
+            return
+        exc = task.exception()
+        failure = exc if isinstance(exc, ChaosError) else FaultError(f"{type(exc).__name__}: {exc}")
+        message = f"fault {injection.name} ({injection.kind}) failed in phase {phase}: {failure}"
+        self.events.emit(FaultEvent(injection.name, injection.kind, "error", time.monotonic_ns(), phase,
+                                    message=f"inject: {failure}"))
+        if self.fault_failure is None:
+            self.fault_failure = type(failure)(message) if isinstance(failure, FaultError) else FaultError(message)
+            self._stage("fault", f"{message}: reverting and stopping")
+            self._stop_work()
+
+    async def _revert(self, injection: Injection, phase: str) -> None:
+        """Revert one fault; never raises (a failed revert must not stop the others): failures are kept."""
+        name, kind = injection.name, injection.kind
+        interrupted = False
+        t_started = time.monotonic_ns()
+        try:
+            done, interrupted = await _finish(injection.revert(), injection.step_timeout_s)
+            evidence = done.result()
+        except Exception as exc:
+            message = f"revert of {name} ({kind}) failed: {exc!r}; run `streamchaos rollback {self.out_dir}`"
+            self.revert_errors.append(message)
+            self.events.emit(FaultEvent(name, kind, "error", time.monotonic_ns(), phase, message=message))
+        else:
+            self.events.emit(FaultEvent(name, kind, "revert", time.monotonic_ns(), phase, evidence=evidence,
+                                        t_started=t_started))
+        if interrupted:
+            raise asyncio.CancelledError
+
+    # -- small helpers ---------------------------------------------------------------------------
+    def _restarter(self, target: Target, ctx: RunContext) -> Any:
+        async def restart_target() -> None:
+            await target.restart()
+            ctx.target = target.info
+            self._note("target", {"restarted": True, **target_facts(target.info)})
+
+        return restart_target
+
+    def _contacted_urls(self, target: TargetInfo) -> list[str]:
+        """The URLs this run's faults talk to, as configuration (not the journal) knows them."""
+        urls = [target.base_url, target.admin_url or ""]
+        if self.proxy is not None:
+            urls.append(self.proxy.api_url)
+        return [u for u in urls if u]
+
+    def _run_id(self) -> str:
+        assert self.journal is not None
+        return self.journal.run_id
+
+    def _note(self, topic: str, data: dict[str, Any]) -> None:
+        self.events.emit(Note(topic=topic, t=time.monotonic_ns(), data=data))
+
+    def _stage(self, what: str, detail: str) -> None:
+        self.events.emit(Stage(what, detail, time.monotonic_ns()))
+
+    # -- signals --------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _signals(self) -> Iterator[None]:
+        """SIGINT/SIGTERM stop the run (it then unwinds and reverts); later ones are noted."""
+        if not self.handle_signals:
+            yield
+            return
+        loop = asyncio.get_running_loop()
+        installed: list[signal.Signals] = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, self._on_signal, sig)
+                installed.append(sig)
+            except (ValueError, RuntimeError, NotImplementedError):  # not the main thread
+                pass
+        try:
+            yield
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+    def _on_signal(self, sig: int) -> None:
+        self.interrupt(signal.Signals(sig).name)
+
+
+async def _finish(work: Any, timeout: float) -> tuple[asyncio.Future[Any], bool]:
+    """Await ``work`` to its end even if this task is cancelled meanwhile; ``(done, was_cancelled)``.
+
+    A fault half-applied is worse than a late stop: an inject or revert is never abandoned midway
+    (a clock lock in a worker thread would otherwise land after its revert). The caller reads the
+    outcome from ``done`` and re-raises the cancellation itself. ``timeout`` bounds the wait: past
+    it the work is cancelled and ``done.result()`` raises ``TimeoutError``.
+    """
+    task = asyncio.ensure_future(work)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    cancelled = False
+    while not task.done():
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            failed: asyncio.Future[Any] = loop.create_future()
+            failed.set_exception(TimeoutError(f"did not finish within {timeout:g}s"))
+            return failed, cancelled
+        try:
+            await asyncio.wait({task}, timeout=remaining)
+        except asyncio.CancelledError:
+            cancelled = True
+    return task, cancelled
+
+
+def _cluster_gate(experiment: Experiment) -> Any:
+    """The allow-list a Kubernetes target applies while it resolves itself (None for other kinds)."""
+    if experiment.target.kind != "kubernetes" or experiment.target.kubernetes is None:
+        return None
+    from chaos.k8s.gate import ClusterGate
+
+    return ClusterGate(experiment)
+
+
+def _reach_facts(reach: Reach) -> dict[str, Any]:
+    return {k: v for k, v in vars(reach).items() if v is not None and v is not False}
+
+
+def save_experiment(exp: Experiment, out_dir: Path) -> None:
+    """Keep the experiment beside its journal (0600: it may hold credentials) so `verify` can re-judge it:
+    the text it was validated from (a file's as written, a dict's as given), never a resolved key."""
+    text = exp.text
+    if text is None and exp.source and Path(exp.source).is_file():  # built by hand, naming its file
+        text = Path(exp.source).read_text(encoding="utf-8")
+    if text is not None:
+        write_new(out_dir / "experiment.yaml", _prompts_absolute(text, exp))
+
+
+def _prompts_absolute(text: str, exp: Experiment) -> str:
+    """The kept text with a prompt file named by its resolved path: the copy is read from the run
+    directory, where a path relative to the experiment's own file would name nothing."""
+    source = exp.load.prompts.source
+    if source == "synthetic":
+        return text
+    from chaos.experiment.yamledit import apply_edits
+    from chaos.model.errors import UsageError
+
+    try:
+        return apply_edits(text, {("load", "prompts", "source"): json.dumps(source)})
+    except UsageError:  # a text whose prompts the loader found elsewhere (an alias): keep it as written
+        return text

@@ -1,0 +1,518 @@
+"""``load.shards: K``: a run's load split across K generator shards, coordinated over TCP, judged as one run.
+
+The coordinator (this module, inside the runner) listens on ``load.shard_listen``; each shard
+(``chaos.load.shard_process``: a local process it starts, or a pod of a Kubernetes Indexed Job started
+elsewhere) connects, proves it holds the run's shard token, and gets its share of the load: the
+concurrency, rate, ``max_requests`` and background streams divided as evenly as integers allow,
+and its own request ids and seeds (its shard index). The coordinator then measures each shard's
+clock offset with NTP-style round trips (``chaos.load.clock``), and drives the shards through the
+``LoadDriver`` interface the runner already uses for local workers: phase changes and client-rule
+changes are broadcast, run/drain/start/stop are calls every shard answers.
+
+Records come back two ways. Each is sent as it is made and enters the run's event stream at once,
+moved onto the coordinator's clock by the shard's offset, so the journal, live progress and halt
+conditions see the load as it happens; and each shard appends it to its journal shard
+``journal.shard-K.jsonl``. When the pool closes, every journal shard the coordinator can read (local
+shards write into the run directory; pods can share a volume) is merged: records the connection
+lost are added, moved by the same offset, so the verifiers see one observation set. A note
+``shards`` records each shard's offset, its error bound, the offset measured again at the end (the
+drift) and how many records came live, from the file, or are missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import itertools
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaos.host.children import spawn
+from chaos.host.runfiles import open_append
+from chaos.load.clock import ClockOffset, Exchange, estimate, shift_record
+from chaos.load.lag import merged_lag, merged_send_delay, summed_stats
+from chaos.load.shard_process import API_KEY_ENV, TOKEN_ENV, shard_journal_name
+from chaos.load.wire import (
+    MAX_LINE_BYTES,
+    PROTOCOL_VERSION,
+    ProtocolError,
+    encode,
+    read_message,
+    rule_to_json,
+    settings_to_json,
+)
+from chaos.load.workload import LoadSettings, LoadSpecLike, LoadTarget
+from chaos.model.context import ClientPolicy, ClientRule
+from chaos.model.errors import SetupFailed
+from chaos.model.observations import Note, StreamRecord, from_json, iter_journal
+
+__all__ = ["ShardPool", "merge_journal_shard", "shard_shares"]
+
+SYNC_EXCHANGES = 16  # round trips at connection; the least delayed one sets the offset
+END_EXCHANGES = 8  # again at close: how far the clocks drifted during the run
+HELLO_TIMEOUT_S = 10.0
+CLOSE_TIMEOUT_S = 15.0
+LIFETIME_MARGIN_S = 120.0  # a shard stops on its own this long after the run's hard stop
+
+
+def shard_shares(spec: LoadSpecLike, count: int) -> list[LoadSettings]:
+    """Each shard's part of the load: concurrency, rate and max_requests split as evenly as integers allow."""
+    from chaos.load.workload import split_evenly
+
+    conc = split_evenly(spec.concurrency, count) if spec.concurrency is not None else [None] * count
+    reqs = split_evenly(spec.max_requests, count) if spec.max_requests is not None else [None] * count
+    return [
+        LoadSettings.of(spec, concurrency=conc[i], rate=(spec.rate / count) if spec.rate is not None else None,
+                        max_requests=reqs[i], workers=count)
+        for i in range(count)
+    ]
+
+
+def merge_journal_shard(path: Path, offset_ns: int, seen: set[str],
+                        run_id: str) -> tuple[list[StreamRecord], str | None]:
+    """The stream records of one journal shard not already ``seen``, moved onto the coordinator's clock.
+
+    ``(records, None)``, or ``([], why)`` when the file is not this run's shard (another run id).
+    """
+    records: list[StreamRecord] = []
+    for body in iter_journal(path):
+        kind = body.get("type")
+        if kind == "shard" and body.get("run_id") != run_id:
+            return [], f"{path.name} belongs to run {body.get('run_id')!r}, not {run_id!r}"
+        if kind == "stream" and body.get("id") not in seen:
+            record = from_json(body)
+            assert isinstance(record, StreamRecord)
+            records.append(shift_record(record, -offset_ns))
+    return records, None
+
+
+def _dial_address(listen_host: str, port: int) -> str:
+    """Where a shard on this host reaches a coordinator listening on ``listen_host``: the loopback for a
+    wildcard (or no host), else that very address (one bound to 10.0.0.5 or 127.0.0.2 only is not on 127.0.0.1)."""
+    host = listen_host.strip("[]")
+    if host in ("", "0.0.0.0", "::"):
+        return f"127.0.0.1:{port}"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@dataclass
+class _Peer:
+    """One connected shard, as the coordinator sees it."""
+
+    index: int
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    pid: int | None
+    host: str
+    clock: ClockOffset | None = None
+    clock_end: ClockOffset | None = None
+    live: set[str] = field(default_factory=set)
+    written: int | None = None  # records in its journal shard, as it said when closed
+    pongs: dict[int, asyncio.Future[Exchange]] = field(default_factory=dict)
+    task: asyncio.Task[None] | None = None
+
+    def send(self, message: dict[str, Any]) -> None:
+        if not self.writer.is_closing():
+            self.writer.write(encode(message))
+
+
+class ShardPool:
+    """K load shards behind the ``LoadGenerator`` interface (``chaos.load.driver.LoadDriver``)."""
+
+    def __init__(
+        self,
+        spec: LoadSpecLike,
+        target: LoadTarget,
+        *,
+        policy: ClientPolicy,
+        sink: Callable[[StreamRecord], None],
+        run_dir: Path,
+        notes: Callable[[Note], None] | None = None,
+        run_id: str = "",
+        lifetime_s: float = 3600.0,
+    ) -> None:
+        self.count = int(getattr(spec, "shards", 1))
+        self.launch = str(getattr(spec, "shard_launch", "local"))
+        self.listen = str(getattr(spec, "shard_listen", "127.0.0.1:0"))
+        self.connect_timeout = float(getattr(spec, "shard_connect_timeout", 60.0))
+        self.shares = shard_shares(spec, self.count)
+        self.target = target
+        self.sink, self.notes = sink, notes
+        self.run_dir = run_dir
+        self.run_id = run_id or secrets.token_hex(8)
+        self.lifetime_s = lifetime_s + LIFETIME_MARGIN_S
+        self.lag_threshold = spec.lag_threshold
+        self.token = os.environ.get(TOKEN_ENV, "").strip() if self.launch == "external" else secrets.token_urlsafe(32)
+        self._policy = policy
+        self._phase = ""
+        self._seq = itertools.count()
+        self._peers: dict[int, _Peer] = {}
+        self._pending: dict[int, tuple[asyncio.Future[list[Any]], list[Any], set[int]]] = {}
+        self._lag: dict[int, list[float]] = {}
+        self._send_delay: dict[int, dict[str, list[float]]] = {}
+        self._stats: dict[int, dict[str, Any]] = {}
+        self._dead: dict[int, str] = {}
+        self._server: asyncio.Server | None = None
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._all_here: asyncio.Event | None = None
+        self._closed = False
+        self._closing = False
+        self.address = ""
+        policy.on_change.append(self._rules_changed)
+
+    # ---- bring-up ----------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Listen, start local shards (or wait for external ones), and measure every shard's clock."""
+        if self.launch == "external" and not self.token:
+            raise SetupFailed(f"load.shard_launch external: set {TOKEN_ENV} here and in every shard (a random secret)")
+        self._all_here = asyncio.Event()
+        host, _, port = self.listen.rpartition(":")
+        self._server = await asyncio.start_server(self._accept, host.strip("[]") or None, int(port),
+                                                  limit=MAX_LINE_BYTES)
+        bound = self._server.sockets[0].getsockname()
+        self.address = f"{host or '0.0.0.0'}:{bound[1]}"
+        if self.launch == "local":
+            self._spawn_local(_dial_address(host, bound[1]))
+        try:
+            await asyncio.wait_for(self._wait_all(), self.connect_timeout)
+        except asyncio.TimeoutError:
+            here = sorted(i for i, p in self._peers.items() if p.clock is not None)
+            raise SetupFailed(f"only {len(here)} of {self.count} load shards connected to {self.address} within "
+                              f"{self.connect_timeout:g}s (load.shard_connect_timeout); connected: {here or 'none'}"
+                              + self._local_failures()) from None
+
+    async def _wait_all(self) -> None:
+        assert self._all_here is not None
+        while not self._all_here.is_set():
+            if self.launch == "local" and any(p.poll() is not None for p in self._procs):
+                raise SetupFailed("a local load shard exited before it connected" + self._local_failures())
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._all_here.wait(), 0.2)
+
+    def _spawn_local(self, address: str) -> None:
+        env = dict(os.environ, **{TOKEN_ENV: self.token})
+        if self.target.api_key:
+            env[API_KEY_ENV] = self.target.api_key  # by environment: never on a command line anyone can read
+        for i in range(self.count):
+            log = open_append(self.run_dir / f"shard-{i}.log")  # the child holds it; closed below
+            try:
+                self._procs.append(spawn(
+                    [sys.executable, "-m", "chaos", "shard", "--coordinator", address, "--index", str(i), "--count",
+                     str(self.count), "--journal-dir", str(self.run_dir), "--connect-timeout",
+                     f"{self.connect_timeout:g}"],
+                    stdout=log, stderr=log, env=env, start_new_session=True,
+                ))
+            finally:
+                log.close()
+
+    def _local_failures(self) -> str:
+        out = []
+        for i, proc in enumerate(self._procs):
+            if proc.poll() is not None:
+                tail = ((self.run_dir / f"shard-{i}.log").read_text(encoding="utf-8", errors="replace")
+                        .strip().splitlines()[-3:])
+                out.append(f"shard {i} exited with {proc.returncode}: {' | '.join(tail) or 'no output'}")
+        return ("; " + "; ".join(out)) if out else ""
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            hello = await asyncio.wait_for(read_message(reader), HELLO_TIMEOUT_S)
+            peer = self._admit(hello, reader, writer)
+        except (ProtocolError, asyncio.TimeoutError, ConnectionError):
+            writer.close()  # not a shard of this run: nothing to say to it
+            return
+        if peer is None:
+            return
+        peer.send({"op": "welcome", "config": self._config(peer.index)})
+        peer.task = asyncio.current_task()
+        self._peers[peer.index] = peer
+        try:
+            reading = asyncio.ensure_future(self._read(peer))
+            try:
+                peer.clock = await self._sync(peer, SYNC_EXCHANGES)
+            except asyncio.TimeoutError:
+                reading.cancel()
+                raise ProtocolError("it did not answer the clock round trips") from None
+            peer.send({"op": "offset", "offset_ns": peer.clock.offset_ns, "bound_ns": peer.clock.bound_ns})
+            peer.send({"op": "phase", "name": self._phase})
+            if (len([p for p in self._peers.values() if p.clock is not None]) == self.count
+                    and self._all_here is not None):
+                self._all_here.set()
+            await reading
+        except (ProtocolError, ConnectionError) as exc:
+            self._lost(peer, f"load shard {peer.index} ({peer.host}, pid {peer.pid}): {exc}")
+        finally:
+            writer.close()
+
+    def _admit(self, hello: dict[str, Any] | None, reader: asyncio.StreamReader,
+               writer: asyncio.StreamWriter) -> _Peer | None:
+        """The peer if its hello is this run's (token, index, count, version), else refuse it with why."""
+        why = None
+        if hello is None or hello.get("op") != "hello":
+            why = "expected a hello"
+        elif not hmac.compare_digest(str(hello.get("token", "")).encode(), self.token.encode()):
+            why = "wrong shard token"
+        elif hello.get("version") != PROTOCOL_VERSION:
+            why = f"protocol version {hello.get('version')!r}, this coordinator speaks {PROTOCOL_VERSION}"
+        elif hello.get("count") != self.count:
+            why = f"this run has {self.count} shards, the shard was started with --count {hello.get('count')}"
+        elif not isinstance(hello.get("index"), int) or not 0 <= hello["index"] < self.count:
+            why = f"shard index {hello.get('index')!r} is not in 0..{self.count - 1}"
+        elif hello["index"] in self._peers or self._closed:
+            why = f"shard {hello['index']} is already connected" if not self._closed else "the run is over"
+        if why is not None:
+            writer.write(encode({"op": "refused", "why": why}))
+            writer.close()
+            return None
+        assert hello is not None
+        return _Peer(int(hello["index"]), reader, writer, hello.get("pid"), str(hello.get("host", "?")))
+
+    def _config(self, index: int) -> dict[str, Any]:
+        return {
+            "settings": settings_to_json(self.shares[index]), "base_url": self.target.base_url,
+            "model": self.target.model,
+            "seed": self.target.seed, "run_id": self.run_id, "lifetime_s": self.lifetime_s,
+            "rules": [rule_to_json(r) for r in self._policy.rules.values()],
+        }
+
+    async def _sync(self, peer: _Peer, exchanges: int) -> ClockOffset:
+        """``exchanges`` round trips, one at a time (each waits for its pong), then the estimate."""
+        assert self._loop is not None
+        done = []
+        for _ in range(exchanges):
+            seq = next(self._seq)
+            fut: asyncio.Future[Exchange] = self._loop.create_future()
+            peer.pongs[seq] = fut
+            peer.send({"op": "ping", "seq": seq, "t0": time.monotonic_ns()})
+            await peer.writer.drain()
+            try:
+                done.append(await asyncio.wait_for(fut, 5.0))
+            finally:
+                peer.pongs.pop(seq, None)
+        return estimate(done)
+
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
+
+    async def _read(self, peer: _Peer) -> None:
+        while True:
+            message = await read_message(peer.reader)
+            if message is None:
+                if not self._closing:
+                    self._lost(peer, f"load shard {peer.index} ({peer.host}, pid {peer.pid}) closed its connection")
+                return
+            try:
+                self._message(peer, message)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ProtocolError(f"shard {peer.index} sent a malformed {message.get('op')!r} message: "
+                                    f"{exc!r}") from None
+
+    def _message(self, peer: _Peer, message: dict[str, Any]) -> None:
+        op = message["op"]
+        if op == "record":
+            record = from_json(message["record"])
+            if not isinstance(record, StreamRecord):
+                raise ProtocolError(f"shard {peer.index} sent a {type(record).__name__} as a record")
+            assert peer.clock is not None
+            peer.live.add(record.id)
+            self.sink(shift_record(record, -peer.clock.offset_ns))
+        elif op == "pong":
+            t3 = time.monotonic_ns()
+            fut = peer.pongs.get(int(message["seq"]))
+            if fut is not None and not fut.done():
+                fut.set_result(Exchange(int(message["t0"]), int(message["t1"]), int(message["t2"]), t3))
+        elif op == "reply":
+            self._reply(peer.index, message)
+        else:
+            raise ProtocolError(f"unexpected message {op!r} from shard {peer.index}")
+
+    def _reply(self, i: int, message: dict[str, Any]) -> None:
+        entry = self._pending.get(int(message["seq"]))
+        if entry is None:
+            return
+        fut, results, waiting = entry
+        if not message.get("ok"):
+            if not fut.done():
+                fut.set_exception(SetupFailed(f"load shard {i}: {message.get('value')}"))
+            self._pending.pop(int(message["seq"]), None)
+            return
+        self._lag[i] = list(message.get("lag", []))
+        self._send_delay[i] = {str(k): list(v) for k, v in dict(message.get("send_delay", {})).items()}
+        self._stats[i] = dict(message.get("stats", {}))
+        results[i] = message.get("value")
+        waiting.discard(i)
+        if not waiting:
+            self._pending.pop(int(message["seq"]), None)
+            if not fut.done():
+                fut.set_result(results)
+
+    def _lost(self, peer: _Peer, why: str) -> None:
+        self._dead[peer.index] = why
+        for seq, (fut, _results, waiting) in list(self._pending.items()):
+            if peer.index in waiting and not fut.done():
+                fut.set_exception(SetupFailed(why + "; its journal shard keeps what it recorded"))
+                del self._pending[seq]
+
+    # ---- commands ------------------------------------------------------------------------------
+
+    def _alive(self) -> list[_Peer]:
+        return [p for i, p in sorted(self._peers.items()) if i not in self._dead and p.clock is not None]
+
+    def _broadcast(self, message: dict[str, Any]) -> None:
+        for peer in self._alive():
+            peer.send(message)
+
+    async def _call(self, cmd: str, args: list[list[Any]] | list[Any]) -> list[Any]:
+        peers = self._alive()
+        if not peers:
+            raise SetupFailed("every load shard is gone: " + "; ".join(self._dead.values()))
+        seq = next(self._seq)
+        fut: asyncio.Future[list[Any]] = self._loop.create_future()
+        self._pending[seq] = (fut, [None] * self.count, {p.index for p in peers})
+        per_shard = bool(args) and isinstance(args[0], list)
+        for peer in peers:
+            peer.send({"op": "call", "seq": seq, "cmd": cmd, "args": args[peer.index] if per_shard else args})
+        return await fut
+
+    def _rules_changed(self, rules: dict[str, ClientRule]) -> None:
+        self._broadcast({"op": "rules", "rules": [rule_to_json(r) for r in rules.values()]})
+
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, name: str) -> None:
+        self._phase = name
+        self._broadcast({"op": "phase", "name": name})
+
+    async def ready(self) -> None:
+        """Every shard connected and its clock measured (``open`` waited for that already), and answering."""
+        await self._call("lag", [])
+
+    async def run(self, deadline_ns: int) -> None:
+        await self._call("run", [deadline_ns])  # on this clock; each shard moves it onto its own
+
+    async def move_deadline(self, deadline_ns: int) -> None:
+        await self._call("deadline", [deadline_ns])  # as run's: each shard moves it onto its own clock
+
+    async def drain(self, timeout: float) -> int:
+        return sum(n or 0 for n in await self._call("drain", [timeout]))
+
+    async def start(self, fault: str, streams: int, prompt_chars: int, max_tokens: int) -> None:
+        from chaos.load.workload import split_evenly
+
+        shares = split_evenly(streams, self.count)
+        await self._call("start", [[fault, shares[i], prompt_chars, max_tokens] for i in range(self.count)])
+
+    async def stop(self, fault: str) -> int:
+        return sum(n or 0 for n in await self._call("stop", [fault]))
+
+    def lag_stats(self) -> dict[str, Any]:
+        return merged_lag(self._lag, self.lag_threshold)
+
+    def send_delay_stats(self) -> dict[str, dict[str, Any]]:
+        """Per phase, the shards' open-loop send delay merged, as of their last reply."""
+        return merged_send_delay(self._send_delay)
+
+    def stats(self) -> dict[str, Any]:
+        return summed_stats(self._stats) | {"shards": self.count}
+
+    # ---- close and merge ---------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Measure the clocks once more, close every shard, stop local ones, merge the journal shards."""
+        if self._closed:
+            return
+        if self._rules_changed in self._policy.on_change:
+            self._policy.on_change.remove(self._rules_changed)
+        await self._end_clocks()
+        self._closing = True  # from here a shard hanging up is the end of the run, not a loss
+        await self._close_shards()
+        self._closed = True
+        await self._hang_up()
+        await asyncio.to_thread(self._stop_local)
+        self._merge()
+
+    async def _end_clocks(self) -> None:
+        """Each live shard's clock measured once more, to see how far it drifted over the run."""
+        for peer in self._alive():
+            with contextlib.suppress(Exception):
+                peer.clock_end = await asyncio.wait_for(self._sync(peer, END_EXCHANGES), 10.0)
+
+    async def _close_shards(self) -> None:
+        """Ask the live shards to close; note how many records each says it wrote."""
+        try:
+            if self._alive():
+                replies = await asyncio.wait_for(self._call("close", []), CLOSE_TIMEOUT_S)
+                for peer in self._peers.values():
+                    value = replies[peer.index]
+                    if isinstance(value, dict):
+                        peer.written = value.get("records")
+        except (asyncio.TimeoutError, SetupFailed):
+            pass
+
+    async def _hang_up(self) -> None:
+        """Close every connection and the server; wait a little for each connection's reader to end."""
+        for peer in self._peers.values():
+            peer.writer.close()
+        if self._server is not None:
+            self._server.close()
+        for peer in self._peers.values():
+            if peer.task is not None and peer.task is not asyncio.current_task():
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await asyncio.wait_for(asyncio.shield(peer.task), 5.0)
+
+    def _stop_local(self) -> None:
+        """Our own shard processes: a closed one exits by itself; one that never joined or closed is stopped."""
+        closed = {p.pid for p in self._peers.values() if p.written is not None}
+        for proc in self._procs:
+            if proc.pid not in closed and proc.poll() is None:
+                proc.terminate()  # still dialling, or cut off: by its pid, never by name
+            try:
+                proc.wait(CLOSE_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+    def _merge(self) -> None:
+        """Add what only the journal shards hold; say per shard what came how, and the clocks."""
+        shards: dict[str, dict[str, Any]] = {}  # by index (a mapping: the report shows one table per shard)
+        for i in range(self.count):
+            peer = self._peers.get(i)
+            entry: dict[str, Any] = {"index": i, "connected": peer is not None}
+            shards[str(i)] = entry
+            if peer is None or peer.clock is None:
+                continue
+            entry.update(host=peer.host, pid=peer.pid, clock=asdict(peer.clock), records_live=len(peer.live),
+                         records_written=peer.written, lost=self._dead.get(i))
+            if peer.clock_end is not None:
+                entry["clock_end"] = asdict(peer.clock_end)
+                entry["drift_ns"] = peer.clock_end.offset_ns - peer.clock.offset_ns
+            path = self.run_dir / shard_journal_name(i)
+            if path.is_file():
+                added, why = merge_journal_shard(path, peer.clock.offset_ns, peer.live, self.run_id)
+                for record in added:
+                    self.sink(record)
+                entry.update(journal=path.name, records_from_journal=len(added), refused=why)
+            else:
+                entry["journal"] = None  # elsewhere (a pod without a shared volume): the live records are all there is
+            known = len(peer.live) + entry.get("records_from_journal", 0)
+            if peer.written is not None and known < peer.written:
+                entry["records_missing"] = peer.written - known
+        if self.notes is not None:
+            self.notes(Note(topic="shards", t=time.monotonic_ns(), data={
+                "count": self.count, "launch": self.launch, "address": self.address, "shards": shards,
+                "clock": "shard stamps moved by -offset_ns onto the coordinator's monotonic clock; error within "
+                         "±bound_ns",
+            }))

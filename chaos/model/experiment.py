@@ -1,0 +1,268 @@
+"""The typed, immutable experiment: what the loader builds and the runner reads."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Protocol
+
+from chaos.model.capacity import CapacitySpec
+from chaos.model.context import AllowedTargets, ClusterRef, FaultAccount, Reach, RunContext, SafetySpec, Scene
+from chaos.model.observations import Observations
+from chaos.model.verdict import Verdict
+
+
+class Fault(Protocol):
+    """What the experiment holds of a fault entry, and what the run asks of it. ``faults.base.Fault``
+    is the one implementation; the model names only this face of it, so the experiment does not
+    import the fault families (which read the experiment): no experiment ↔ faults circle."""
+
+    kind: ClassVar[str]
+    summary: ClassVar[str]
+    rbac_rules: ClassVar[tuple[Any, ...]]  # chaos.k8s.rbac.Rule
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def params(self) -> dict[str, Any]: ...
+    def problems(self, experiment: Experiment) -> list[tuple[str, str]]: ...
+    def streams_opened(self) -> int: ...
+    def rbac(self) -> tuple[Any, ...]: ...
+    def reach(self, experiment: Experiment) -> tuple[Reach, ...]: ...
+    def cluster_reach(self, cluster: ClusterRef) -> tuple[Reach, ...]: ...
+    def describe(self, scene: Scene) -> FaultAccount: ...
+    def activate(self, ctx: RunContext) -> Any: ...  # a faults.base.Injection
+
+
+class SlaCheck(Protocol):
+    """What the experiment holds of an SLA entry: its typed budgets and how they judge a run.
+    ``sla.base.SlaSpec`` is the one implementation; named here by this face only, as faults are."""
+
+    kind: ClassVar[str]
+    summary: ClassVar[str]
+
+    @property
+    def params(self) -> dict[str, Any]: ...
+    def judge(self, obs: Observations, phase: str | None) -> Verdict: ...
+
+
+__all__ = [
+    "PROMPT_CLASSES",
+    "AllowedTargets",
+    "Experiment",
+    "Fault",
+    "FrozenMap",
+    "KubernetesSpec",
+    "LoadSpec",
+    "PhaseSpec",
+    "PromptSpec",
+    "ProxySpec",
+    "SafetySpec",
+    "SlaCheck",
+    "SlaEntry",
+    "TargetSpec",
+]
+
+# Character classes the synthetic prompt generator draws from (load.prompts.mix keys).
+PROMPT_CLASSES: tuple[str, ...] = ("ascii", "cjk", "emoji")
+
+
+class FrozenMap(Mapping[str, Any]):
+    """A read-only, picklable mapping (``MappingProxyType`` cannot cross to worker processes)."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: Mapping[str, Any] | None = None) -> None:
+        self._data: dict[str, Any] = dict(data or {})
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({self._data!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Mapping) and dict(self._data) == dict(other)
+
+    def __hash__(self) -> int:
+        # Keys only: values may be unhashable (lists, dicts); equal maps still hash equal.
+        return hash(frozenset(self._data))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenMap, (self._data,))
+
+
+@dataclass(frozen=True)
+class KubernetesSpec:
+    """``target.kubernetes``: the pods that serve the target, and how the load reaches them."""
+
+    namespace: str | None = None  # default: the kubeconfig context's, the pod's own in a cluster, else default
+    service: str | None = None  # its selector and port name the pods; or give selector (and port)
+    selector: tuple[tuple[str, str], ...] = ()  # matchLabels, sorted by key
+    port: int | str | None = None  # Service port (name or number); with a selector only, the container port
+    access: str = "auto"  # auto | service | endpoints | port-forward
+    kubeconfig: str | None = None  # default: $KUBECONFIG, ~/.kube/config, then the pod's service account
+    context: str | None = None  # kubeconfig context; default: its current-context
+    path: str = "/v1"  # the OpenAI API root on the pods
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """The system under test: the builtin stack, a server reached by URL, or a container streamchaos starts."""
+
+    kind: str = "builtin"  # builtin | openai | vllm | docker | kubernetes
+    url: str | None = None  # OpenAI API root, e.g. http://host:8000/v1
+    metrics_url: str | None = None  # Prometheus endpoint; default: <url without /v1>/metrics
+    model: str = "tiny"  # builtin: tiny or a checkpoint dir; openai: the served model name
+    device: str = "auto"
+    kv_blocks: int = 512
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_model_len: int = 1024
+    startup_timeout: float = 60.0  # seconds
+    api_key: str | None = field(default=None, repr=False)  # secrets: kept out of reprs and logs
+    api_key_env: str | None = None  # the environment variable holding the API key (read at run time)
+    metrics_auth: str = "api_key"  # api_key (the target's key) | none | env:NAME | file:PATH (a bearer token)
+    engine: str = "auto"  # an engine profile (chaos.model.engines) or auto: detected at warm-up
+    admin_token: str | None = field(default=None, repr=False)
+    admin_token_file: str | None = None  # a 0600 file holding the token (beside STREAMCHAOS_ADMIN_TOKEN)
+    extra_args: tuple[str, ...] = ()
+    executable: str | None = None  # vllm: the vLLM virtualenv's python (or its `vllm` command)
+    cpus: str = "auto"  # vllm: auto | all | a CPU list such as 0-5,8 (chaos.host.cpuset)
+    # docker: the image to run (none: the builtin stack from this host's Python, chaos.targets.host_image)
+    image: str | None = None
+    command: tuple[str, ...] = ()  # the image's command (arguments after its entrypoint)
+    env: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # (NAME, value), sorted; may hold secrets
+    network: str = "host"  # host | bridge (the port published on 127.0.0.1)
+    port: int | None = None  # where the server listens in the container; image default 8000, builtin: a free one
+    volumes: tuple[str, ...] = ()  # HOST:CONTAINER[:ro|rw], read-only unless :rw
+    hardening: str = "default"  # docker image targets: default (caps dropped, no-new-privileges) | none
+    gpus: str | None = None  # all | N | device=0,1 (as `docker run --gpus`)
+    kubernetes: KubernetesSpec | None = None  # kind kubernetes: where the pods are
+
+
+@dataclass(frozen=True)
+class ProxySpec:
+    """Toxiproxy between load and target (network faults need it)."""
+
+    enabled: bool = False  # a `proxy:` section turns it on unless it says enabled: false
+    server: str = "auto"  # auto | embedded | binary | docker | external
+    url: str | None = None  # Toxiproxy API URL (server external/auto; TOXIPROXY_URL also counts)
+    name: str = "streamchaos"
+    listen: str = "127.0.0.1:0"  # host:port; a wildcard host means "reach it at the API URL's host"
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """Where prompts come from: synthetic text of a character mix, or a JSONL file."""
+
+    source: str = "synthetic"  # synthetic | absolute path of a JSONL file
+    min_chars: int = 16
+    max_chars: int = 128
+    mix: tuple[tuple[str, float], ...] = (("ascii", 0.7), ("cjk", 0.2), ("emoji", 0.1))
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """The streaming load: closed loop (concurrency) or open loop (rate), and request shape."""
+
+    endpoint: str = "completions"  # completions | chat
+    model: str | None = None  # request's "model"; default: the target's
+    concurrency: int | None = None  # closed loop; 4 when neither concurrency nor rate is given
+    rate: float | None = None  # open loop, requests/s
+    burstiness: float = 1.0  # Gamma shape of inter-arrival times; 1 = Poisson
+    max_requests: int | None = None
+    max_tokens: tuple[int, int] = (32, 32)
+    temperature: float = 0.0
+    ignore_eos: bool = True
+    include_usage: bool = True
+    request_timeout: float = 30.0  # seconds
+    workers: int = 1
+    # own: the generator in a process of its own on uvloop, even with one worker, where nothing of
+    # the runner's (journal writes, progress, scrapes) shares its loop; runner: on the runner's loop
+    process: str = "own"
+    lag_threshold: float = 0.020  # seconds; see sections.py for why not 5ms
+    prompts: PromptSpec = PromptSpec()
+    shards: int = 1  # >1: the load is split across that many generator shards (chaos.load.shard_pool)
+    shard_launch: str = "local"  # local: started by the runner | external: started elsewhere (pods)
+    shard_listen: str = "127.0.0.1:0"  # where the coordinator listens for its shards
+    shard_connect_timeout: float = 60.0  # seconds to wait for every shard to connect
+    headers: tuple[tuple[str, str | None], ...] = ()  # over the SDK's defaults (chaos.load.sdk_headers); None: not sent
+
+    def __post_init__(self) -> None:
+        # One place for the default, so LoadSpec() and a YAML without load: agree.
+        if self.concurrency is None and self.rate is None:
+            object.__setattr__(self, "concurrency", 4)
+
+
+@dataclass(frozen=True)
+class PhaseSpec:
+    """One stretch of the timeline and the faults in force during it."""
+
+    name: str
+    duration: float  # seconds
+    faults: tuple[Fault, ...] = ()
+
+
+@dataclass(frozen=True)
+class SlaEntry:
+    """One verifier entry: its typed budgets, optional phase scope, expected outcome."""
+
+    name: str  # defaults to kind; unique
+    spec: SlaCheck  # the kind's frozen spec (sla.base.SlaSpec): its fields are the parsed budgets
+    phases: tuple[str, ...] | None = None  # None = whole run; else one verdict per listed phase
+    expect: Literal["pass", "fail"] = "pass"
+
+    @property
+    def kind(self) -> str:
+        """A key of sla.base.REGISTRY."""
+        return self.spec.kind
+
+    @property
+    def params(self) -> Mapping[str, Any]:
+        """The budgets as a mapping, parsed (base units): for reports, proposals and messages."""
+        return FrozenMap(self.spec.params)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A whole experiment, validated: every unit parsed, every kind resolved."""
+
+    name: str
+    description: str = ""
+    seed: int = 0
+    target: TargetSpec = TargetSpec()
+    proxy: ProxySpec = ProxySpec()
+    load: LoadSpec = LoadSpec()
+    phases: tuple[PhaseSpec, ...] = ()
+    sla: tuple[SlaEntry, ...] = ()
+    safety: SafetySpec = SafetySpec()
+    capacity: CapacitySpec | None = None  # `capacity:`: what `streamchaos capacity` searches
+    source: str | None = None  # file path it came from
+    # the YAML it was validated from (a dict's, dumped): what the run keeps as experiment.yaml for
+    # `verify`; out of reprs (it may hold a literal api_key) and of equality (same experiment, any spelling)
+    text: str | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def duration(self) -> float:
+        """Sum of the phase durations, seconds."""
+        return sum(p.duration for p in self.phases)
+
+    def phase(self, name: str) -> PhaseSpec:
+        """The phase called ``name`` (KeyError when there is none)."""
+        for p in self.phases:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def faults(self) -> Iterator[tuple[PhaseSpec, Fault]]:
+        """Every fault instance with the phase it belongs to, in timeline order."""
+        for p in self.phases:
+            for f in p.faults:
+                yield p, f

@@ -1,0 +1,400 @@
+"""The observation model: everything a verifier may look at, and what the run journal stores.
+
+A leaf module (imports nothing of ours). All times are integers in nanoseconds from one monotonic
+clock (``time.monotonic_ns()`` of the runner's host); ``Observations.wall_t0`` maps them to wall
+time for reports. Every record round-trips losslessly through one JSON object per line.
+
+Records:
+- ``StreamRecord``: one request as the load generator saw it, timestamp by timestamp.
+- ``MetricSample``: one value of one series scraped from the target's Prometheus endpoint.
+- ``FaultEvent``: a fault being planned, injected, reverted, failing or rolled back, with evidence.
+- ``PhaseWindow``: when a phase of the timeline started and ended.
+- ``Note``: anything else worth keeping (the load generator's own event-loop lag, target facts).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import IO, Any, ClassVar, Literal
+
+__all__ = [
+    "END_RULE_TOPIC",
+    "RECORD_TYPES",
+    "RUN_SERIES",
+    "STRICT_END",
+    "EndRule",
+    "ErrorInfo",
+    "FaultEvent",
+    "Hangup",
+    "MetricSample",
+    "Note",
+    "Observations",
+    "PhaseWindow",
+    "StreamRecord",
+    "from_json",
+    "iter_journal",
+    "read_jsonl",
+    "to_json",
+    "write_jsonl",
+]
+
+NS = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class EndRule:
+    """What a complete stream ends with, for the engine measured (its profile's end-of-stream rule).
+
+    OpenAI's wire format ends a stream with a ``finish_reason`` and then ``data: [DONE]``; some
+    engines never send ``[DONE]`` (``transformers serve``), and judging them by it would call every
+    stream cut. The run records its rule in the journal (``Note(topic=END_RULE_TOPIC)``), so a
+    re-judged run (``streamchaos verify``) applies the same one.
+    """
+
+    finish_reason: bool = True  # a non-null finish_reason must arrive
+    done: bool = True  # data: [DONE] must arrive
+
+    def as_dict(self) -> dict[str, bool]:
+        return {"finish_reason": self.finish_reason, "done": self.done}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> EndRule:
+        """The rule a note recorded; anything unreadable is the strict rule."""
+        if not isinstance(data, dict):
+            return STRICT_END
+        return cls(finish_reason=data.get("finish_reason") is not False, done=data.get("done") is not False)
+
+
+STRICT_END = EndRule()
+END_RULE_TOPIC = "engine_profile"  # the note that carries the run's rule under data["end"]
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """Why a stream failed: ``kind`` is one of http, connect, read, timeout, protocol, in_band,
+    cancelled (still running when the run ended and the drain timed out)."""
+
+    kind: str
+    message: str
+    status: int | None = None
+
+
+@dataclass(frozen=True)
+class Hangup:
+    """The client ended the stream on purpose (a client fault): which fault and why."""
+
+    fault: str
+    reason: str  # after_tokens | after_time | while_queued | read_timeout | stopped (background load ended)
+    t: int  # when the client hung up
+
+
+@dataclass
+class StreamRecord:
+    """One streaming request, stamped from the generator's monotonic ns clock."""
+
+    type: ClassVar[str] = "stream"
+
+    id: str
+    phase: str
+    endpoint: str = "completions"  # completions | chat
+    prompt_chars: int = 0
+    max_tokens: int = 0
+    expected_text: str | None = None  # a reference text to compare with (integrity)
+    background: bool = False  # load a fault generates (kv.pressure hog): outside the SLA population
+    t_scheduled: int | None = None  # when the arrival process wanted it sent (open loop)
+    t_sent: int | None = None
+    t_headers: int | None = None
+    t_first_byte: int | None = None
+    t_first_event: int | None = None
+    t_first_content: int | None = None
+    t_content: list[int] = field(default_factory=list)  # one stamp per event carrying content
+    t_end: int | None = None  # terminal event ([DONE]), or when the stream closed/failed
+    status: int | None = None  # HTTP status
+    server: str | None = None  # the response's Server header: who answered (nginx names itself; see sla.proxy_fix)
+    via: str | None = None  # its Via header (Caddy and other gateways add one)
+    content_encoding: str | None = None  # its Content-Encoding (gzip: a compressing hop, which may hold the stream)
+    finish_reason: str | None = None
+    done_seen: bool = False
+    in_band_error: str | None = None  # an {"error": ...} event inside the stream
+    error: ErrorInfo | None = None
+    hangup: Hangup | None = None
+    bytes_received: int = 0
+    events: int = 0
+    text: str = ""
+    usage: dict[str, Any] | None = None
+    utf8_errors: int = 0  # bytes that did not decode as UTF-8
+    json_errors: int = 0  # data payloads that were not valid JSON
+    sse_errors: int = 0  # malformed SSE framing (e.g. data after [DONE])
+    read_count: int = 0  # network reads that delivered bytes
+    split_chars: int = 0  # multibyte characters that arrived split across reads
+
+    @property
+    def complete(self) -> bool:
+        """Finished properly by the strict rule: a finish_reason, ``[DONE]`` and no error of any kind.
+
+        Verifiers and reports judge by the run's rule instead: ``Observations.complete(stream)``.
+        """
+        return self.is_complete(STRICT_END)
+
+    def is_complete(self, rule: EndRule = STRICT_END) -> bool:
+        """Finished properly by ``rule``: what it requires arrived, and no error of any kind did.
+
+        A stream whose rule does not require ``[DONE]`` must still have ended cleanly: an HTTP
+        status below 400 and no transport, protocol or in-band error (a cut connection is a
+        ``read`` error, a body that ends cleanly is not).
+        """
+        return (
+            (self.finish_reason is not None or not rule.finish_reason)
+            and (self.done_seen or not rule.done)
+            and self.in_band_error is None
+            and self.error is None
+            and (self.status is None or self.status < 400)
+        )
+
+    @property
+    def ttft_ns(self) -> int | None:
+        if self.t_sent is None or self.t_first_content is None:
+            return None
+        return self.t_first_content - self.t_sent
+
+    @property
+    def ttfb_ns(self) -> int | None:
+        if self.t_sent is None or self.t_first_byte is None:
+            return None
+        return self.t_first_byte - self.t_sent
+
+    @property
+    def gaps_ns(self) -> list[int]:
+        stamps = self.t_content
+        return [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+
+
+@dataclass(frozen=True)
+class MetricSample:
+    """One scraped value: series name, its labels, the value, when it was scraped."""
+
+    type: ClassVar[str] = "metric"
+
+    name: str
+    labels: dict[str, str]
+    value: float
+    t: int
+
+
+@dataclass(frozen=True)
+class FaultEvent:
+    """A step in a fault's life. ``action``: plan | inject | revert | error | rollback.
+
+    ``plan`` is written (and fsync'd) before an inject and carries ``undo``: what will be changed
+    and how a later process can undo it. ``evidence`` proves the fault took effect (a toxic as the
+    proxy lists it, a clock read back) or says what was undone.
+    """
+
+    type: ClassVar[str] = "fault"
+
+    fault: str  # the fault's name in the experiment
+    kind: str  # its registered kind, e.g. network.latency
+    action: Literal["plan", "inject", "revert", "error", "rollback"]
+    t: int
+    phase: str = ""
+    evidence: dict[str, Any] = field(default_factory=dict)
+    undo: dict[str, Any] = field(default_factory=dict)
+    message: str = ""
+    t_started: int | None = None  # inject, revert: when the step began (``t`` is when it returned)
+
+
+@dataclass(frozen=True)
+class PhaseWindow:
+    type: ClassVar[str] = "phase"
+
+    """A phase: ``t_start`` when its streams began to join it, before its injects; ``t_in_force`` when
+    its last inject returned (its clock starts then); ``t_end`` when it was over, its faults reverted."""
+
+    name: str
+    t_start: int
+    t_end: int | None = None
+    t_in_force: int | None = None
+
+
+@dataclass(frozen=True)
+class Note:
+    """Free-form facts: ``topic`` says what (client_lag, target, gpu, proxy, run)."""
+
+    type: ClassVar[str] = "note"
+
+    topic: str
+    t: int
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+Record = StreamRecord | MetricSample | FaultEvent | PhaseWindow | Note
+_TYPES: dict[str, type] = {cls.type: cls for cls in (StreamRecord, MetricSample, FaultEvent, PhaseWindow, Note)}
+RECORD_TYPES = frozenset(_TYPES)  # the "type" values of journal lines that are observation records
+_NESTED: dict[str, type] = {"error": ErrorInfo, "hangup": Hangup}
+_STREAM_FIELDS = tuple(f.name for f in fields(StreamRecord))
+
+
+_LINE_BREAKS = {0x85: "\\u0085", 0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+
+def _stream_body(record: StreamRecord) -> dict[str, Any]:
+    """``asdict`` of a stream record without its deep copies: what the journal writes once per
+    request (``asdict`` copied each of the 64 stamps of a request one by one: 0.6 ms a record, the
+    runner's largest cost at 1,000 streams turning over)."""
+    body = {name: getattr(record, name) for name in _STREAM_FIELDS}
+    for key in _NESTED:
+        if body[key] is not None:
+            body[key] = asdict(body[key])
+    return body
+
+
+def to_json(record: Record) -> str:
+    """One record → one JSON line (no newline)."""
+    body = _stream_body(record) if type(record) is StreamRecord else asdict(record)
+    body["type"] = record.type
+    line = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    # Keep one record per line for any line splitter: escape the Unicode line breaks JSON allows raw.
+    return line.translate(_LINE_BREAKS)
+
+
+def from_json(line: str | dict[str, Any]) -> Record:
+    """One JSON line (or its parsed dict) → the record it came from."""
+    body = dict(json.loads(line) if isinstance(line, str) else line)
+    cls = _TYPES[body.pop("type")]
+    names = {f.name for f in fields(cls)}
+    kwargs = {k: v for k, v in body.items() if k in names}
+    for key, nested in _NESTED.items():
+        if cls is StreamRecord and isinstance(kwargs.get(key), dict):
+            kwargs[key] = nested(**kwargs[key])
+    return cls(**kwargs)  # type: ignore[no-any-return]
+
+
+def iter_journal(path: str | Path) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a journal file, skipping a line a killed writer left half-written."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                body = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(body, dict):
+                yield body
+
+
+def write_jsonl(records: Iterable[Record], out: IO[str]) -> None:
+    for record in records:
+        out.write(to_json(record) + "\n")
+
+
+def read_jsonl(lines: Iterable[str]) -> Iterator[Record]:
+    """Records from JSON lines; lines of other types (``run``, ...) are skipped."""
+    for line in lines:
+        line = line.strip()
+        if not line:
+            continue
+        body = json.loads(line)
+        if body.get("type") in _TYPES:
+            yield from_json(body)
+
+
+# Series the run records about its own GPU and host (chaos.execution.telemetry, chaos.host.contention),
+# not scraped from the target: "did the target export any metrics?" must leave them out (a run with
+# host samples against an engine without /metrics read as one whose series were merely missing).
+RUN_SERIES = frozenset({
+    "gpu_sm_clock_mhz", "gpu_clock_event_reasons", "gpu_memory_used_bytes", "gpu_power_watts",
+    "host_busy_cores", "host_run_cores", "host_neighbour_cores", "host_run_wait_cores",
+})
+
+
+@dataclass
+class Observations:
+    """What one run observed; the verifiers' only input."""
+
+    experiment: str = ""
+    wall_t0: float = 0.0  # wall-clock seconds at monotonic ``t0``
+    t0: int = 0
+    streams: list[StreamRecord] = field(default_factory=list)
+    metrics: list[MetricSample] = field(default_factory=list)
+    faults: list[FaultEvent] = field(default_factory=list)
+    phases: list[PhaseWindow] = field(default_factory=list)
+    notes: list[Note] = field(default_factory=list)
+
+    def add(self, record: Record) -> None:
+        if isinstance(record, StreamRecord):
+            self.streams.append(record)
+        elif isinstance(record, MetricSample):
+            self.metrics.append(record)
+        elif isinstance(record, FaultEvent):
+            self.faults.append(record)
+        elif isinstance(record, PhaseWindow):
+            # a phase is written when it starts and again when it ends: keep the latest
+            self.phases = [p for p in self.phases if p.name != record.name] + [record]
+        elif isinstance(record, Note):
+            self.notes.append(record)
+
+    def records(self) -> Iterator[Record]:
+        yield from self.phases
+        yield from self.streams
+        yield from self.metrics
+        yield from self.faults
+        yield from self.notes
+
+    @property
+    def end_rule(self) -> EndRule:
+        """The run's end-of-stream rule: the last one its notes recorded, else the strict one."""
+        for note in reversed(self.notes):
+            if note.topic == END_RULE_TOPIC and isinstance(note.data.get("end"), dict):
+                return EndRule.from_dict(note.data["end"])
+        return STRICT_END
+
+    def complete(self, stream: StreamRecord) -> bool:
+        """Whether ``stream`` finished properly by this run's end-of-stream rule."""
+        return stream.is_complete(self.end_rule)
+
+    def population(self, phase: str | None = None) -> list[StreamRecord]:
+        """The streams an SLA judges: not background load, in ``phase`` if given."""
+        return [s for s in self.streams if not s.background and (phase is None or s.phase == phase)]
+
+    def phase(self, name: str) -> PhaseWindow | None:
+        return next((p for p in self.phases if p.name == name), None)
+
+    def series(self, name: str, labels: dict[str, str] | None = None) -> list[MetricSample]:
+        """Samples of one series (all label sets unless ``labels`` filters), in time order."""
+        out = [
+            m
+            for m in self.metrics
+            if m.name == name and (labels is None or all(m.labels.get(k) == v for k, v in labels.items()))
+        ]
+        return sorted(out, key=lambda m: m.t)
+
+    def target_metrics(self) -> list[MetricSample]:
+        """The samples scraped from the target (and its pods): every series but the run's own (``RUN_SERIES``)."""
+        return [m for m in self.metrics if m.name not in RUN_SERIES]
+
+    def notes_on(self, topic: str) -> list[Note]:
+        return [n for n in self.notes if n.topic == topic]
+
+    @classmethod
+    def load(cls, path: str | Path) -> Observations:
+        """Read a run journal (``journal.jsonl``), also one cut short by a killed run."""
+        obs = cls()
+        for body in iter_journal(path):
+            if body.get("type") == "run":
+                obs.experiment = body.get("experiment", obs.experiment)
+                obs.wall_t0 = body.get("wall_t0", obs.wall_t0)
+                obs.t0 = body.get("t0", obs.t0)
+            elif body.get("type") in _TYPES:
+                obs.add(from_json(body))
+        return obs
+
+    def dump(self, path: str | Path) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(json.dumps({"type": "run", "experiment": self.experiment, "wall_t0": self.wall_t0,
+                                "t0": self.t0}) + "\n")
+            write_jsonl(self.records(), f)

@@ -1,0 +1,108 @@
+"""How a verdict reads, in one place: the terminal table, JUnit, the pytest failure message, `report`.
+
+Pure functions of ``Verdict``s (or their report.json dicts through ``Verdict.from_dict``): figures
+with their units (``212.4ms``, ``1.25%``, ``4,480 tokens/s``), the status with what was expected, and
+a one-line account with the evidence that decided it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from chaos.model.verdict import Verdict
+
+__all__ = ["budget_text", "figure_text", "format_value", "from_report", "samples_text", "verdict_label", "verdict_line",
+           "verdict_status", "verdict_table"]
+
+_EVIDENCE_CHARS = 600
+
+
+def format_value(value: float | None, unit: str) -> str:
+    """A figure with its unit: seconds as s, ms, us or ns (whichever keeps it readable: a ``1us``
+    budget reads ``1.0us``, never ``0.0ms``), fractions as percentages, counts as whole numbers."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    if unit == "s":
+        size = abs(value)
+        if size >= 1:
+            return f"{value:.2f}s"
+        if size >= 1e-3 or size == 0:
+            return f"{value * 1e3:.1f}ms"
+        return f"{value * 1e6:.1f}us" if size >= 1e-6 else f"{value * 1e9:.1f}ns"
+    if unit == "count":
+        return f"{value:,.0f}"
+    if unit == "fraction":
+        return f"{value * 100:.2f}%"
+    if unit == "ratio":
+        return f"{value:.3g}x"
+    if abs(value) >= 1000:
+        return f"{value:,.0f} {unit}".strip()
+    return f"{value:.4g} {unit}".strip()
+
+
+def samples_text(v: Verdict) -> str:
+    """``n``, or ``n (n_eff 41)`` when correlation made the samples worth fewer independent ones."""
+    n_eff = v.evidence.get("n_eff") if isinstance(v.evidence, dict) else None
+    if isinstance(n_eff, (int, float)) and n_eff < v.samples:
+        return f"{v.samples} (n_eff {n_eff:.0f})"
+    return str(v.samples)
+
+
+def verdict_label(v: Verdict) -> str:
+    """``ttft [baseline]``: the entry's name and the phase it judged."""
+    return f"{v.name or v.sla} [{v.phase or 'run'}]"
+
+
+def verdict_status(v: Verdict) -> str:
+    """``PASS``, or ``FAIL (expect fail)`` for a regression check."""
+    return v.status.upper() + ("" if v.expect == "pass" else f" (expect {v.expect})")
+
+
+def verdict_line(v: Verdict, *, evidence: bool = True) -> str:
+    """One line: label, status against expectation, figure vs budget, samples, and the evidence."""
+    line = (
+        f"{verdict_label(v)}: {v.status} (expected {v.expect}); "
+        f"{figure_text(v)} vs budget {budget_text(v)}, n={samples_text(v)}"
+    )
+    if evidence and v.evidence:
+        line += "; evidence: " + json.dumps(v.evidence, default=str)[:_EVIDENCE_CHARS]
+    return line
+
+
+def figure_text(v: Verdict) -> str:
+    """The figure as judged: ``p75 20.4ms`` for a quantile, ``0 of 120 bad`` for a count of streams."""
+    if v.unit == "count":
+        return "-" if v.figure is None else f"{format_value(v.figure, v.unit)} of {v.samples:,} bad"
+    q = v.evidence.get("quantile") if isinstance(v.evidence, dict) else None
+    text = format_value(v.figure, v.unit)
+    if isinstance(q, (int, float)) and not isinstance(q, bool) and v.figure is not None:
+        return f"p{round(q * 100, 4):g} {text}"
+    return text
+
+
+def budget_text(v: Verdict) -> str:
+    """The budget: ``none allowed`` for a count whose budget is zero, else the value with its unit."""
+    if v.unit == "count" and v.budget == 0:
+        return "none allowed"
+    return format_value(v.budget, v.unit)
+
+
+def verdict_table(verdicts: Iterable[Verdict]) -> list[str]:
+    """The terminal table's lines: a header, a rule, one row per verdict (ok / !! marks)."""
+    rows = [("SLA", "PHASE", "STATUS", "FIGURE", "BUDGET", "N")]  # N: samples (n_eff: the evidence, report.html)
+    for v in verdicts:
+        mark = "ok " if v.ok else "!! "
+        rows.append((mark + (v.name or v.sla), v.phase or "run", verdict_status(v), figure_text(v),
+                     budget_text(v), str(v.samples)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
+def from_report(verdicts: Iterable[dict[str, Any]]) -> list[Verdict]:
+    """report.json's verdict dicts back to ``Verdict``s, to render them the same way."""
+    return [Verdict.from_dict(v) for v in verdicts]

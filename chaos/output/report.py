@@ -1,0 +1,356 @@
+"""Reports of a finished run: report.json (the contract), junit.xml, report.html, the terminal summary.
+
+``ReportWriter`` is the run listener that writes them when the run finishes; ``streamchaos verify``
+uses the same writer under other file names. Verdicts read the same everywhere (``chaos.output.render``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from chaos.execution.coverage import fault_times, phase_times
+from chaos.execution.events import RunEvent, RunFinished
+from chaos.execution.halt import top_errors
+from chaos.host.redact import redact, redact_bytes
+from chaos.host.runfiles import replace_file, write_new
+from chaos.model.observations import Observations
+from chaos.output.render import verdict_label, verdict_line, verdict_table
+
+if TYPE_CHECKING:
+    from chaos.execution.result import Result
+
+__all__ = ["ENVIRONMENT_NOTES", "ReportWriter", "environment", "fault_timeline", "render_summary", "report_dict",
+           "write_reports"]
+
+# Notes that describe the environment rather than what happened (shown in the report's environment section).
+ENVIRONMENT_NOTES = ("target", "proxy", "engine_profile", "profile", "preflight", "warmup", "client_lag",
+                     "allowed_targets", "shards")
+
+
+def fault_timeline(obs: Observations) -> list[dict[str, Any]]:
+    """Each fault with its inject/revert times in seconds from the run's start, its plan (the undo
+    journaled before the inject), the undo recorded after it, and the evidence of inject and revert."""
+    by_name: dict[str, dict[str, Any]] = {}
+    for event in obs.faults:
+        entry = by_name.setdefault(
+            event.fault,
+            {"name": event.fault, "kind": event.kind, "phase": event.phase, "injected_at": None, "reverted_at": None,
+             "evidence": {}, "revert_evidence": {}, "errors": [], "plan": {}, "undo": {}},
+        )
+        at = round((event.t - obs.t0) / 1e9, 4)
+        if event.action == "plan":
+            entry["plan"] = event.undo  # what the inject will change and how to undo it, journaled first
+        elif event.action == "inject":
+            entry["injected_at"], entry["evidence"] = at, event.evidence
+            entry["undo"] = event.undo or entry["plan"]
+        elif event.action in ("revert", "rollback"):
+            entry["reverted_at"], entry["revert_evidence"] = at, event.evidence
+        elif event.action == "error":
+            entry["errors"].append(event.message)
+    return list(by_name.values())
+
+
+def gpu_summary(obs: Observations) -> dict[str, Any]:
+    """Per GPU: SM clock range, peak power and memory, and every clock-event reason bit seen."""
+    out: dict[str, Any] = {}
+    for sample in obs.metrics:
+        if not sample.name.startswith("gpu_"):
+            continue
+        gpu = out.setdefault(sample.labels.get("gpu", "0"), {"samples": 0, "reasons_seen": 0})
+        if sample.name == "gpu_sm_clock_mhz":
+            gpu["samples"] += 1
+            gpu["sm_clock_mhz_min"] = min(gpu.get("sm_clock_mhz_min", sample.value), sample.value)
+            gpu["sm_clock_mhz_max"] = max(gpu.get("sm_clock_mhz_max", sample.value), sample.value)
+        elif sample.name == "gpu_clock_event_reasons":
+            gpu["reasons_seen"] |= int(sample.value)
+        elif sample.name == "gpu_power_watts":
+            gpu["power_watts_max"] = max(gpu.get("power_watts_max", sample.value), sample.value)
+        elif sample.name == "gpu_memory_used_bytes":
+            gpu["memory_used_bytes_max"] = max(gpu.get("memory_used_bytes_max", sample.value), sample.value)
+    for gpu in out.values():
+        gpu["reasons_seen"] = hex(gpu["reasons_seen"])
+    return out
+
+
+def environment(obs: Observations) -> dict[str, Any]:
+    """Host, versions, target, proxy (and why that one), engine profile, warm-up: the run's notes on them."""
+    out: dict[str, Any] = {}
+    for note in obs.notes:
+        if note.topic == "environment":
+            out.update(note.data)
+        elif note.topic in ENVIRONMENT_NOTES:
+            out[note.topic] = {**out.get(note.topic, {}), **note.data}  # a restarted target adds to its facts
+    return out
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN/inf: write them as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def phase_report(obs: Observations, planned: dict[str, float]) -> list[dict[str, Any]]:
+    """Each phase's window (seconds from the run's start) and its planned vs actual duration: from
+    when its faults were in force to when their revert began (``chaos.execution.coverage``)."""
+    ends = {p.name: p.t_end for p in obs.phases}
+    return [
+        {"name": pt.name, "start_s": pt.start_s, "in_force_at_s": pt.in_force_at_s,
+         "end_s": None if ends.get(pt.name) is None else round((ends[pt.name] - obs.t0) / 1e9, 4),  # type: ignore[operator]
+         "planned_duration_s": pt.planned_s,
+         "actual_duration_s": None if pt.actual_s is None else round(pt.actual_s, 4)}
+        for pt in phase_times(obs, planned)
+    ]
+
+
+def fault_report(obs: Observations, planned: dict[str, float]) -> list[dict[str, Any]]:
+    """``fault_timeline`` plus each fault's planned vs actual time in force (inject returned → revert began)."""
+    times = {ft.name: ft for ft in fault_times(obs, planned)}
+    out = []
+    for entry in fault_timeline(obs):
+        ft = times.get(entry["name"])
+        actual = None if ft is None or ft.in_force_s is None else round(ft.in_force_s, 4)
+        coverage = None if ft is None or ft.coverage is None else round(ft.coverage, 4)
+        out.append({**entry, "revert_started_at": None if ft is None else ft.revert_started_at_s,
+                    "planned_in_force_s": None if ft is None else ft.planned_s, "actual_in_force_s": actual,
+                    "coverage": coverage})
+    return out
+
+
+def report_dict(result: Result) -> dict[str, Any]:
+    obs: Observations = result.observations
+    planned = {p.name: p.duration for p in result.experiment.phases}
+    population = obs.population()
+    target = result.target
+    return _clean({
+        "experiment": result.experiment.name,
+        "description": result.experiment.description,
+        "seed": result.experiment.seed,
+        "status": result.status,
+        "exit_code": result.exit_code,
+        "error": result.error,
+        "start": result.started,
+        "end": result.ended,
+        "duration_s": round(result.ended - result.started, 3),
+        "target": None if target is None else {
+            "kind": target.kind, "base_url": target.base_url, "metrics_url": target.metrics_url,
+            "device": target.device, "model": target.model, "engine": engine_facts(obs),
+        },
+        "proxy": None if result.proxy is None else {
+            "server": result.proxy.server, "api_url": result.proxy.api_url, "listen": result.proxy.listen,
+            "upstream": result.proxy.upstream,
+        },
+        "phases": phase_report(obs, planned),
+        "faults": fault_report(obs, planned),
+        "environment": environment(obs),
+        "gpu": gpu_summary(obs),
+        "host": host_summary(obs),
+        "load": {
+            "streams": len(population),
+            "background_streams": len(obs.streams) - len(population),
+            "complete": sum(1 for s in population if obs.complete(s)),
+            "hung_up_on_purpose": sum(1 for s in population if s.hangup is not None),
+            "client_lag": result.client_lag,
+        },
+        "errors": {"top": top_errors(stream_errors(population))},
+        "halt": halt_facts(obs),
+        "verdicts": [v.to_dict() for v in result.verdicts],
+    })
+
+
+def stream_errors(population: list[Any]) -> list[str]:
+    """Each failed stream's error as ``kind: message`` (hang-ups by client faults are not errors)."""
+    out = []
+    for st in population:
+        if st.hangup is not None:
+            continue
+        if st.error is not None:
+            out.append(f"{st.error.kind}: {st.error.message}")
+        elif st.in_band_error is not None:
+            out.append(f"in_band: {st.in_band_error}")
+    return out
+
+
+def engine_facts(obs: Observations) -> dict[str, Any] | None:
+    """The engine profile the run used, why, and what the preflight dropped from the load's requests."""
+    notes = obs.notes_on("engine_profile")
+    if not notes:
+        return None
+    data = notes[-1].data
+    preflight = obs.notes_on("preflight")
+    dropped = preflight[-1].data.get("dropped") if preflight else None
+    cut = preflight[-1].data.get("cut") if preflight else None
+    return {"profile": data.get("name"), "detected_by": data.get("detected_by"), "end_of_stream": data.get("end"),
+            "dropped_fields": dropped or {}, **({"end_of_stream_assumed": cut} if cut else {})}
+
+
+def host_summary(obs: Observations) -> dict[str, Any] | None:
+    """Per phase, the mean cores the whole host, the run and everything else used (``chaos.host.contention``)."""
+    from chaos.host.contention import CONTENTION_NOTE, phase_contention
+
+    notes = obs.notes_on(CONTENTION_NOTE)
+    if not notes:
+        return None
+    return {
+        "cpus": notes[-1].data.get("cpus"),
+        "target_processes_known": notes[-1].data.get("target_processes_known"),
+        "phases": {name: {"busy_cores": round(p.busy, 3), "run_cores": round(p.run, 3),
+                          "neighbour_cores": round(p.neighbour, 3),
+                          "run_wait_cores": round(p.wait, 3)}
+                   for name, p in phase_contention(obs).items()},
+    }
+
+
+def halt_facts(obs: Observations) -> dict[str, Any] | None:
+    """Why a halt condition stopped the run, and the top error messages then, when one did."""
+    notes = obs.notes_on("halt")
+    return dict(notes[-1].data) if notes else None
+
+
+def _junit(result: Result) -> ET.ElementTree:
+    suite = ET.Element("testsuite", name=f"streamchaos.{result.experiment.name}", tests=str(len(result.verdicts)))
+    failures = errors = 0
+    for v in result.verdicts:
+        case = ET.SubElement(suite, "testcase", classname=f"streamchaos.{result.experiment.name}",
+                             name=verdict_label(v))
+        detail = json.dumps(_clean({"figure": v.figure, "budget": v.budget, "unit": v.unit, "samples": v.samples,
+                                    "evidence": v.evidence}), indent=1, default=str)
+        if v.status == "inconclusive":
+            ET.SubElement(case, "skipped", message=verdict_line(v, evidence=False)).text = detail
+        elif not v.ok:
+            failures += 1
+            ET.SubElement(case, "failure", message=verdict_line(v, evidence=False)).text = detail
+    if result.status != "completed":
+        errors += 1
+        case = ET.SubElement(suite, "testcase", classname=f"streamchaos.{result.experiment.name}", name="run")
+        ET.SubElement(case, "error", message=result.status).text = result.error or ""
+    suite.set("failures", str(failures))
+    suite.set("errors", str(errors))
+    return ET.ElementTree(suite)
+
+
+def render_summary(result: Result, *, page_name: str = "report.html") -> str:
+    """The terminal account of a run: its cause first when it failed, the verdict table when there
+    are verdicts, the outcome, and last where its page is (``open: .../report.html``)."""
+    from chaos.model.outcome import ended, judged_nothing, next_steps
+
+    report = report_dict(result)
+    load = report["load"]
+    lag = load.get("client_lag") or {}
+    lines: list[str] = []
+    if result.error:
+        lines.append(f"error: {result.error}")
+    if judged_nothing(report):
+        lines.append(f"{result.experiment.name}: the run {ended(result.status)} before any verdict: nothing was judged "
+                     f"(exit {result.exit_code})")
+        steps = next_steps(result.error, result.status)
+        if steps:
+            lines.append("check:")
+            lines.extend(f"  - {step}" for step in steps)
+        lines.append(f"open: {Path(result.out_dir) / page_name}")
+        return "\n".join(lines)
+    if lines:
+        lines.append("")
+    lines.extend(verdict_table(result.verdicts))
+    lines.append("")
+    lines.append(
+        f"{result.experiment.name}: {result.status}, {load['streams']} streams "
+        f"({load['complete']} complete, {load['hung_up_on_purpose']} hung up by client faults), "
+        + (f"client lag p99 {lag['p99_ms']:.2f}ms" if lag.get("samples") else "no client lag measured")
+        + "".join(f", send delay p99 {d['p99_ms']:.2f}ms ({p or 'run'})"
+                  for p, d in (lag.get("send_delay") or {}).items())
+        + f", exit {result.exit_code}"
+    )
+    lines.extend(timing_lines(report))
+    if result.status == "halted":
+        for entry in report["errors"]["top"]:
+            lines.append(f"  {entry['count']:>6} x {entry['message']}")
+    engine = (report.get("target") or {}).get("engine")
+    if engine:
+        dropped = ", ".join(engine["dropped_fields"]) or "nothing"
+        lines.append(f"engine profile: {engine['profile']} ({engine['detected_by']}); dropped from requests: {dropped}")
+        if engine.get("end_of_stream_assumed"):
+            lines.append("  end-of-stream rule assumed from the profile, not observed: "
+                         f"{engine['end_of_stream_assumed']}")
+    lines.append(f"open: {Path(result.out_dir) / page_name}")
+    return "\n".join(lines)
+
+
+def _secs(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}s"
+
+
+def timing_lines(report: dict[str, Any]) -> list[str]:
+    """One line per phase: planned vs actual duration, and each of its faults' actual vs planned time in force."""
+    lines = []
+    for phase in report.get("phases") or []:
+        text = (f"phase {phase['name']}: {_secs(phase.get('actual_duration_s'))} of {phase['planned_duration_s']:g}s "
+                "planned")
+        start, in_force = phase.get("start_s"), phase.get("in_force_at_s")
+        if in_force is not None and start is not None and in_force - start >= 0.01:
+            text += f" (its injects took {in_force - start:.2f}s)"
+        for fault in report.get("faults") or []:
+            if fault.get("phase") == phase["name"]:
+                text += (f"; {fault['name']} in force {_secs(fault.get('actual_in_force_s'))} of "
+                         f"{fault['planned_in_force_s']:g}s")
+        lines.append(text)
+    return lines
+
+
+_XML_INVALID = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _xml_text(body: str) -> bytes:
+    """An XML document without the characters XML 1.0 cannot hold (a target's control bytes in an error)."""
+    return ("<?xml version='1.0' encoding='utf-8'?>\n" + _XML_INVALID.sub("", body)).encode("utf-8", "replace")
+
+
+def write_reports(result: Result, *, json_name: str = "report.json", html_name: str | None = "report.html",
+                  junit_name: str | None = "junit.xml", replace: bool = False) -> None:
+    """The run's report files, each created new (0600, never through a link; ``replace``: renamed over
+    an earlier one). Each is written even when another fails; the first failure is raised after."""
+    out = Path(result.out_dir)
+    write = replace_file if replace else write_new
+    report = report_dict(result)
+    pages: list[tuple[str, Callable[[], str | bytes]]] = [(json_name,
+                                                           lambda: json.dumps(report, indent=2, default=str))]
+    if html_name:
+        from chaos.output.reports.page import render_html
+
+        pages.append((html_name, lambda: render_html(report, result.observations)))
+    if junit_name:
+        pages.append((junit_name, lambda: _xml_text(ET.tostring(cast(ET.Element, _junit(result).getroot()),
+                                                                encoding="unicode"))))
+    failure: Exception | None = None
+    for name, render in pages:
+        try:
+            data = render()  # a credential a target echoed, a URL's userinfo: never written (chaos.host.redact)
+            write(out / name, redact_bytes(data) if isinstance(data, bytes) else redact(data))
+        except Exception as exc:  # noqa: BLE001 - the other files are still written; raised below
+            failure = failure or exc
+    if failure is not None:
+        raise failure
+
+
+class ReportWriter:
+    """Run listener: writes the run's report files when it finishes."""
+
+    def __init__(self, *, json_name: str = "report.json", html_name: str | None = "report.html",
+                 junit_name: str | None = "junit.xml",
+                 replace: bool = False) -> None:
+        self.json_name, self.html_name, self.junit_name, self.replace = json_name, html_name, junit_name, replace
+
+    def on_event(self, event: RunEvent) -> None:
+        if isinstance(event, RunFinished):
+            write_reports(event.result, json_name=self.json_name, html_name=self.html_name, junit_name=self.junit_name,
+                          replace=self.replace)

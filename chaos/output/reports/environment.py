@@ -1,0 +1,45 @@
+"""The environment a run ran in: versions, host, seed, the target and its engine profile, the proxy
+and why that one was chosen, the warm-up and the load generator's own lag. Pure: report dict → HTML."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from chaos.output.reports.html import esc, kv_table
+
+__all__ = ["render_environment"]
+
+_SECTIONS = (
+    ("target", "target"),
+    ("engine_profile", "engine profile"),
+    ("profile", "engine profile"),
+    ("preflight", "preflight"),
+    ("proxy", "proxy (and why this one)"),
+    ("warmup", "warm-up request"),
+    ("client_lag", "load generator's own event-loop lag"),
+    ("shards", "load shards: clock offsets (shard − coordinator, ± bound), records live and merged"),
+    ("allowed_targets", "allowed targets (checked before anything started)"),
+)
+
+
+def render_environment(report: Mapping[str, Any]) -> str:
+    env: Mapping[str, Any] = report.get("environment") or {}
+    host = {k: v for k, v in env.items() if k not in {key for key, _ in _SECTIONS} and k != "versions"}
+    rows = [("run", kv_table({"experiment": report.get("experiment"), "seed": report.get("seed"),
+                              "status": report.get("status"), "exit code": report.get("exit_code")})),
+            ("host", kv_table(host)), ("versions", kv_table(env.get("versions") or {}))]
+    shown = set()
+    for key, title in _SECTIONS:
+        if key in env and title not in shown:
+            rows.append((title, kv_table(env[key])))
+            shown.add(title)
+    if "proxy" not in env and report.get("proxy"):
+        rows.append(("proxy", kv_table(report["proxy"])))
+    if "target" not in env and report.get("target"):
+        rows.append(("target", kv_table(report["target"])))
+    if "proxy" not in env and not report.get("proxy"):
+        rows.append(("proxy",
+                     '<span class="muted">none: no network fault, the load went straight to the target</span>'))
+    return ('<table class="environment">' + "".join(f"<tr><th>{esc(t)}</th><td>{body}</td></tr>" for t, body in rows)
+            + "</table>")

@@ -1,0 +1,310 @@
+"""`target.kind: docker`: a container started through the Docker SDK, reached where it listens.
+
+With ``image`` the container runs that image (``command``, ``env``, ``volumes``, ``gpus``); without
+one it runs the builtin stack from this host's Python (``chaos.targets.host_image``: no registry needed),
+shaped by the same keys as a builtin target. It listens on the host's network (``network: host``,
+the default) or, with ``network: bridge``, on a port Docker publishes on 127.0.0.1.
+
+The container is labelled with the run (``chaos.targets.containers.run_labels``) and journaled as a
+resource before it is created and again with its id, so ``streamchaos rollback`` (and the watchdog,
+should the runner die) can remove it; ``stop`` keeps its logs in the run directory
+(``container.log``) and removes it, on every exit path of the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import socket
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from chaos.model.context import TargetInfo
+from chaos.model.errors import SetupFailed
+from chaos.stack.serve import ADMIN_TOKEN_ENV
+from chaos.targets.base import ResourceRecorder, Target, configured_admin_token, serve_args
+from chaos.targets.containers import (
+    container_facts,
+    docker_client,
+    find_container,
+    parse_gpus,
+    parse_volume,
+    remove_container,
+    remove_run_containers,
+    run_labels,
+)
+
+if TYPE_CHECKING:
+    from chaos.model.experiment import TargetSpec
+
+__all__ = ["DEFAULT_IMAGE_PORT", "RESOURCE_KIND", "DockerTarget", "container_config", "published_port"]
+
+RESOURCE_KIND = "docker.container"
+DEFAULT_IMAGE_PORT = 8000  # vLLM's, SGLang's (30000 aside) and TGI's usual API port
+LOG_MAX_SIZE = "64m"  # what the daemon keeps of the container's output (json-file log-opts)
+POLL_S = 0.25
+IMAGE_CAP_DROP = ("NET_RAW", "MKNOD", "SYS_CHROOT", "SETFCAP", "SETPCAP", "AUDIT_WRITE")  # target.hardening: default
+
+
+def container_config(
+    spec: TargetSpec, *, image: str, port: int, labels: dict[str, str], name: str,
+    command: list[str] | None = None, environment: dict[str, str] | None = None,
+    mounts: dict[str, dict[str, str]] | None = None, hardened_user: str | None = None,
+) -> dict[str, Any]:
+    """Keyword arguments for ``client.containers.create``, from the target spec. Pure.
+
+    ``hardened_user`` (the host-Python stack): run as that uid:gid with a read-only root, a private
+    /tmp, no capabilities and no new privileges.
+    """
+    volumes = dict(mounts or {})
+    for text in spec.volumes:
+        host, inside, mode = parse_volume(text)
+        volumes[host] = {"bind": inside, "mode": mode}
+    config: dict[str, Any] = {
+        "image": image,
+        "name": name,
+        "command": command if command is not None else (list(spec.command) or None),
+        "environment": {**dict(spec.env), **(environment or {})},
+        "labels": labels,
+        "volumes": volumes,
+        "detach": True,
+        "log_config": {"type": "json-file", "config": {"max-size": LOG_MAX_SIZE, "max-file": "1"}},
+        "restart_policy": {"Name": "no"},  # restarts are the faults' to make, and to record
+    }
+    if spec.network == "host":
+        config["network_mode"] = "host"
+    else:
+        config["ports"] = {f"{port}/tcp": ("127.0.0.1", None)}  # an ephemeral host port on loopback only
+    if spec.gpus:
+        from docker.types import DeviceRequest  # type: ignore[import-untyped]
+
+        count, ids = parse_gpus(spec.gpus)
+        config["device_requests"] = [DeviceRequest(count=count if not ids else None, device_ids=list(ids) or None,
+                                                   capabilities=[["gpu"]])]
+    if hardened_user is not None:
+        config.update(user=hardened_user, read_only=True, tmpfs={"/tmp": "rw,size=256m"}, working_dir="/tmp",
+                      cap_drop=["ALL"], security_opt=["no-new-privileges"])
+    elif spec.hardening == "default":
+        # an image's own entrypoint may chown, setuid down or bind a low port (Docker's defaults keep
+        # those); what no inference server needs goes: raw sockets, device nodes, chroot, file
+        # capabilities, audit writes, and gaining privileges through a setuid binary
+        config.update(cap_drop=list(IMAGE_CAP_DROP), security_opt=["no-new-privileges"])
+    return config
+
+
+def published_port(attrs: dict[str, Any], port: int) -> int | None:
+    """The host port Docker published for the container's ``port`` (bridge networking). Pure."""
+    bindings = ((attrs.get("NetworkSettings") or {}).get("Ports") or {}).get(f"{port}/tcp") or []
+    for binding in bindings:
+        if binding.get("HostPort"):
+            return int(binding["HostPort"])
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class DockerTarget(Target):
+    """One container for one run: created, started, waited on until it answers, and removed."""
+
+    outlives_runner = True  # a container keeps running when the runner is killed: the watchdog removes it
+
+    def __init__(self, spec: TargetSpec, *, run_dir: Path, seed: int, run_id: str,
+                 record: ResourceRecorder | None) -> None:
+        self.spec = spec
+        self.run_dir = run_dir.resolve()
+        self.seed = seed
+        self.run_id = run_id or secrets.token_hex(8)
+        self.record = record or (lambda body: None)
+        self.builtin = spec.image is None
+        self.token = (configured_admin_token(spec) or secrets.token_urlsafe(32)) if self.builtin else None
+        self.container_id: str | None = None
+        self._planned = False  # journaled: from then on stop() removes and records a release
+        self.port = 0
+        self.info = TargetInfo(kind="docker", base_url="", model=spec.model)
+        self._client: Any = None
+        self._host_pid: int | None = None  # the container's init process, seen from this host
+
+    # -- life ----------------------------------------------------------------------------------
+    async def start(self) -> TargetInfo:
+        await asyncio.to_thread(self._launch)
+        self.info = await self._wait_ready()
+        return self.info
+
+    async def restart(self) -> None:
+        """Start the same container again (after ``docker.kill``), on the same port, and wait until it answers."""
+        old = self.info
+        await asyncio.to_thread(self._start_again)
+        self.info = await self._wait_ready()
+        if self.info.base_url != old.base_url:
+            raise SetupFailed(f"the restarted container came back at {self.info.base_url}, not {old.base_url}")
+
+    async def stop(self) -> None:
+        await asyncio.to_thread(self._remove)
+
+    def host_processes(self) -> tuple[int, ...] | None:
+        return (self._host_pid,) if self._host_pid else None
+
+    # -- in a worker thread (the SDK blocks) ---------------------------------------------------------
+    def _launch(self) -> None:
+        from docker.errors import APIError, ImageNotFound  # type: ignore[import-untyped]
+
+        client = self._client = docker_client(SetupFailed)
+        spec = self.spec
+        labels = run_labels(self.run_id, self.run_dir, "target")
+        name = f"streamchaos-{self.run_id}"
+        if self.builtin:
+            from chaos.targets.host_image import host_image, host_mounts, host_python
+
+            image = host_image(client)
+            self.port = spec.port or _free_port()
+            model = Path(str(spec.model))
+            extra = (str(model.resolve()),) if model.is_dir() else ()
+            config = container_config(
+                spec, image=image, port=self.port, labels=labels, name=name,
+                command=[host_python(), "-m", "chaos", "stack", "serve", *serve_args(spec, self.port, self.seed)],
+                environment={"HOME": "/tmp", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
+                             ADMIN_TOKEN_ENV: self.token or ""},
+                mounts=host_mounts(extra), hardened_user=f"{os.getuid()}:{os.getgid()}",
+            )
+            if spec.network == "bridge":  # the stack must listen where Docker forwards to
+                config["command"] = [a if a != "127.0.0.1" else "0.0.0.0" for a in config["command"]]
+        else:
+            image = str(spec.image)
+            self.port = spec.port or DEFAULT_IMAGE_PORT
+            config = container_config(spec, image=image, port=self.port, labels=labels, name=name)
+        for host in config["volumes"]:
+            if not Path(host).exists():
+                raise SetupFailed(f"target.volumes: {host} does not exist on this host")
+        # journaled (fsync'd) before it exists: rollback finds it by its labels even if we die right after
+        self._planned = True
+        self.record({"name": "target", "kind": RESOURCE_KIND, "action": "plan",
+                     "undo": {"container_name": name, "image": image, "labels": labels}})
+        try:
+            container = client.containers.create(**config)
+        except ImageNotFound:
+            raise SetupFailed(f"image {image!r} is not on the Docker daemon: `docker pull {image}` (or build it) first;"
+                              " streamchaos does not pull, a pull can outlast any startup timeout") from None
+        except APIError as exc:
+            raise SetupFailed("the Docker daemon refused to create the target container: "
+                              f"{exc.explanation or exc}") from None
+        self.container_id = container.id
+        self.record({"name": "target", "kind": RESOURCE_KIND, "action": "plan", "undo": {"container_id": container.id}})
+        try:
+            container.start()
+        except APIError as exc:
+            raise SetupFailed(f"the target container {container.id[:12]} did not start: "
+                              f"{exc.explanation or exc}") from None
+        self._learn_host_pid(container)
+
+    def _learn_host_pid(self, container: Any) -> None:
+        """The container's first process as this host sees it: the root of its tree for the host record."""
+        try:
+            container.reload()
+            self._host_pid = int(container.attrs.get("State", {}).get("Pid") or 0) or None
+        except Exception:  # noqa: BLE001 - a record of CPU use must never stop a run
+            self._host_pid = None
+
+    def _start_again(self) -> None:
+        container = self._container()
+        container.reload()
+        if container.status != "running":
+            container.start()
+        self._learn_host_pid(container)
+
+    def _container(self) -> Any:
+        if self._client is None:
+            self._client = docker_client(SetupFailed)
+        container = find_container(self._client, self.container_id or "")
+        if container is None:
+            raise SetupFailed(f"the target container {str(self.container_id)[:12]} is gone (removed by someone else?)")
+        return container
+
+    def _state(self) -> dict[str, Any]:
+        container = self._container()
+        container.reload()
+        facts = container_facts(container.attrs)
+        if self.spec.network == "bridge" and facts["status"] == "running":
+            facts["host_port"] = published_port(container.attrs, self.port)
+        return facts
+
+    def _log_tail(self, lines: int = 20) -> str:
+        try:
+            return self._container().logs(tail=lines).decode("utf-8", "replace").strip()
+        except Exception as exc:  # noqa: BLE001 - only for a message
+            return f"(no log: {exc!r})"
+
+    def _remove(self) -> None:
+        if not self._planned:
+            return
+        if self._client is None:
+            self._client = docker_client(SetupFailed)
+        container = find_container(self._client, self.container_id or "")
+        evidence: dict[str, Any] = {"removed": False,
+                                    "why": "never created" if self.container_id is None else "already gone"}
+        if container is not None:
+            evidence = remove_container(container, self.run_dir / "container.log")
+        # and any container of this run whose id never reached us (a create whose answer was lost)
+        strays = remove_run_containers(self._client, run_id=self.run_id, run_dir=self.run_dir, log_dir=self.run_dir)
+        if strays["removed"]:
+            evidence["strays"] = strays["removed"]
+        self.record({"name": "target", "kind": RESOURCE_KIND, "action": "release", "evidence": evidence})
+        self._planned = False
+        self._client.close()
+        self._client = None
+
+    # -- readiness ------------------------------------------------------------------------------
+    async def _wait_ready(self) -> TargetInfo:
+        """Poll until the server in the container answers ``GET /v1/models``; fail early if the container exits."""
+        deadline = time.monotonic() + self.spec.startup_timeout
+        headers = {"Authorization": f"Bearer {self.spec.api_key}"} if self.spec.api_key else {}
+        last = "no answer yet"
+        async with httpx.AsyncClient(timeout=2.0, headers=headers, trust_env=False) as client:
+            while True:
+                facts = await asyncio.to_thread(self._state)
+                if facts["status"] != "running":
+                    tail = await asyncio.to_thread(self._log_tail)
+                    raise SetupFailed(f"the target container {facts['container']} is {facts['status']} (exit code "
+                                      f"{facts['exit_code']}) before it answered; its last lines:\n{tail}")
+                port = facts.get("host_port") or self.port
+                root = f"http://127.0.0.1:{port}"
+                try:
+                    response = await client.get(root + "/v1/models")
+                    if response.status_code < 400:
+                        return await self._info(client, root, response, facts)
+                    last = f"HTTP {response.status_code}"
+                except httpx.HTTPError as exc:
+                    last = repr(exc)
+                if time.monotonic() > deadline:
+                    tail = await asyncio.to_thread(self._log_tail)
+                    raise SetupFailed(f"the target container {facts['container']} did not answer {root}/v1/models "
+                                      f"within {self.spec.startup_timeout:g}s ({last}); its last lines:\n{tail}")
+                await asyncio.sleep(POLL_S)
+
+    async def _info(self, client: httpx.AsyncClient, root: str, models: httpx.Response,
+                    facts: dict[str, Any]) -> TargetInfo:
+        try:
+            served = [m["id"] for m in models.json().get("data", [])]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            served = []
+        model = str(self.spec.model)
+        if served and model not in served:
+            model = served[0]  # the experiment's name for it rarely matches what an image serves
+        info = TargetInfo(kind="docker", base_url=root + "/v1", metrics_url=self.spec.metrics_url or root + "/metrics",
+                          model=model, container_id=self.container_id)
+        if self.builtin:  # our own stack: its admin API (in-process faults) and where its engine runs
+            device = "cpu"
+            try:
+                device = str((await client.get(root + "/health")).json().get("device", "cpu"))
+            except (httpx.HTTPError, ValueError, AttributeError):
+                pass
+            info = replace(info, admin_url=root + "/admin", admin_token=self.token, device=device)
+        return info

@@ -1,0 +1,144 @@
+"""Scraping the target's Prometheus endpoint on a fixed period into ``MetricSample`` records.
+
+Only the series verifiers and reports use are kept (vLLM, SGLang, TGI and our own names), so a
+large production exposition does not flood the journal. Parsing uses prometheus-client's parser.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Mapping
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from chaos.host.capped import METRICS_LIMIT, get_capped
+from chaos.model.observations import MetricSample, Note
+
+__all__ = ["KEPT_PREFIXES", "MetricScraper", "all_metric_names", "parse_exposition"]
+
+# Series names (after prometheus-client strips nothing: samples keep their full names) we keep.
+KEPT_PREFIXES = (
+    "streamchaos_",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc",
+    "vllm:num_preemptions",
+    "vllm:request_success",
+    "sglang:num_running_reqs",
+    "sglang:num_queue_reqs",
+    "sglang:token_usage",
+    "sglang:num_aborted_requests",
+    "tgi_queue_size",
+    "tgi_batch_current_size",
+    "tgi_batch_current_max_tokens",
+    "tgi_batch_max_total_tokens",
+    "tgi_request_failure",
+    "llamacpp:requests_processing",
+    "llamacpp:requests_deferred",
+)
+
+
+def parse_exposition(text: str, t: int, keep: Iterable[str] = KEPT_PREFIXES) -> list[MetricSample]:
+    """Prometheus text → samples of the kept series, all stamped ``t``. Pure."""
+    prefixes = tuple(keep)
+    out: list[MetricSample] = []
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith(prefixes) and not sample.name.endswith("_created"):
+                out.append(MetricSample(name=sample.name, labels=dict(sample.labels), value=float(sample.value), t=t))
+    return out
+
+
+def all_metric_names(text: str) -> tuple[str, ...]:
+    """Every family name in an exposition (engine detection reads them); empty when it does not parse. Pure."""
+    try:
+        return tuple(sorted({family.name for family in text_string_to_metric_families(text)}))
+    except ValueError:
+        return ()
+
+
+class MetricScraper:
+    """Polls ``url`` every ``interval`` seconds until stopped (or while entered); each sample goes to ``sink``.
+
+    ``headers`` go with every scrape (the target's credentials, or ``target.metrics_auth``): a
+    gateway such as LiteLLM answers ``/metrics`` 401 without them. A failing scrape is a
+    ``scrape_error`` note (the 1st, 10th and 100th) with its HTTP status when there is one, so the
+    console and the ``kv_cleanup`` verdict can say why a series is missing; the headers never are.
+    """
+
+    def __init__(self, url: str | None, interval: float, sink: Callable[[MetricSample | Note], None],
+                 headers: Mapping[str, str] | None = None) -> None:
+        self.url = url
+        self.interval = interval
+        self.sink = sink
+        self.scrapes = 0
+        self.failures = 0
+        self._task: asyncio.Task[None] | None = None
+        # redirects followed: LiteLLM answers /metrics with 307 to /metrics/ (httpx drops the
+        # Authorization header on a redirect to another origin)
+        self._deadline = max(1.0, 4 * interval)
+        self._client = httpx.AsyncClient(timeout=self._deadline, headers=dict(headers or {}), follow_redirects=True,
+                                         trust_env=False)
+
+    async def scrape_once(self) -> int:
+        if not self.url:
+            return 0
+        t = time.monotonic_ns()
+        status: int | None = None
+        refused: str | None = None
+        try:
+            # streamed, at most METRICS_LIMIT bytes and one deadline: a 150 MB or slow-drip exposition
+            # costs a bounded read, not the run's memory
+            response = await get_capped(self._client, self.url, limit=METRICS_LIMIT, deadline=self._deadline)
+            if response.status_code >= 400:
+                status, refused = response.status_code, f"HTTP {response.status_code}"
+            elif response.over:
+                refused = response.too_large()
+            if refused is not None:
+                raise ValueError(refused)
+            samples = parse_exposition(response.text, t)
+        except (httpx.HTTPError, ValueError) as exc:
+            self.failures += 1
+            if self.failures in (1, 10, 100):
+                error = refused or f"{type(exc).__name__}: {exc}"
+                self.sink(Note(topic="scrape_error", t=t, data={"url": self.url, "error": error[:300], "status": status,
+                                                               "failures": self.failures}))
+            return 0
+        self.scrapes += 1
+        for sample in samples:
+            self.sink(sample)
+        return len(samples)
+
+    async def _loop(self) -> None:
+        next_t = time.monotonic()
+        while True:
+            await self.scrape_once()
+            next_t += self.interval
+            now = time.monotonic()
+            if next_t < now:  # a slow scrape or a stalled loop: skip the missed slots, no burst
+                next_t += self.interval * ((now - next_t) // self.interval + 1)
+            await asyncio.sleep(next_t - now)
+
+    async def __aenter__(self) -> MetricScraper:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    def start(self) -> None:
+        if self.url and self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="metric-scraper")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        await self._client.aclose()
