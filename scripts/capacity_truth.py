@@ -1,5 +1,5 @@
 """How often the capacity search finds the known capacity: the builtin stack with 4 batch slots,
-whose capacity under a 50 ms TTFT p50 budget is 4 streams (tests/e2e/test_capacity_runs.py says
+whose capacity under a 30 ms TTFT p50 budget is 4 streams (tests/e2e/test_capacity_runs.py says
 why), searched with N seeds; prints each seed's interval and the share that contains the truth.
 
     python scripts/capacity_truth.py [--runs 20] [--out DIR]

@@ -99,3 +99,20 @@ def test_the_redactor_removes_secrets_in_every_form_and_url_userinfo() -> None:
     assert strip_userinfo("see http://u:p%40ss@h:1/x and https://tok@h/") == "see http://h:1/x and https://h/"
     register_secret("abc")  # too short to redact without mangling ordinary text
     assert redact("abc") == "abc"
+
+
+def test_the_admin_tokens_a_run_makes_for_its_targets_are_redacted(tmp_path: Path) -> None:
+    """A builtin stack in a container and vLLM with the middleware inside get a fresh admin token per
+    run; each is redacted from then on, as a configured one is (the token is in the container's or
+    vLLM's environment, and a target that echoes it must not put it in a run file)."""
+    from chaos.model.experiment import TargetSpec
+    from chaos.targets.docker import DockerTarget
+    from chaos.targets.vllm import VllmTarget
+
+    docker = DockerTarget(TargetSpec(kind="docker"), run_dir=tmp_path, seed=1, run_id="redact", record=None)
+    assert docker.token and redact(f"echoed {docker.token}") == f"echoed {MARK}"
+    vllm = VllmTarget.__new__(VllmTarget)  # its constructor looks for a vLLM install; the token needs none
+    vllm.spec, vllm._token = TargetSpec(kind="vllm"), None
+    token = vllm.run_admin_token()
+    assert token == vllm.run_admin_token()  # one per run, kept across a restart
+    assert redact(f'{{"token": "{token}"}}') == f'{{"token": "{MARK}"}}'

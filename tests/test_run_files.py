@@ -184,3 +184,24 @@ def test_a_prompt_file_named_relative_to_the_experiment_is_found_from_the_kept_c
     kept = load_experiment(run_dir / "experiment.yaml")  # raised "prompt file 'prompts.jsonl' not found" before
     assert kept.load.prompts.source == exp.load.prompts.source == str((tmp_path / "src" / "prompts.jsonl").resolve())
     assert (run_dir / "experiment.yaml").read_text(encoding="utf-8").startswith("# kept as written\n")
+
+
+def test_the_embedded_toxiproxy_log_is_0600_and_never_written_through_a_link(tmp_path: Path) -> None:
+    """The embedded Toxiproxy's stderr goes to the run directory's toxiproxy.log like every other
+    run file: created 0600, and a link planted where it goes is refused, its target untouched."""
+    from chaos.execution.proxy import resolve_server
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    server = resolve_server("embedded", None, 1, run_dir / "toxiproxy.log")
+    try:
+        assert server.kind == "embedded"
+    finally:
+        server.stop()
+    assert _mode(run_dir / "toxiproxy.log") == 0o600
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n", encoding="utf-8")
+    (run_dir / "linked.log").symlink_to(victim)
+    with pytest.raises(OSError):
+        resolve_server("embedded", None, 1, run_dir / "linked.log")
+    assert victim.read_text(encoding="utf-8") == "precious\n"

@@ -15,6 +15,7 @@ import httpx
 
 from chaos.execution.result import Result
 from chaos.experiment.loader import BASELINE_S
+from chaos.host.capped import METRICS_LIMIT, get_capped
 from chaos.model.capacity import BASELINE_CASE, CapacitySpec, Probe, ProbeOutcome
 from chaos.model.context import HaltSpec
 from chaos.model.engines import PROFILES
@@ -28,6 +29,7 @@ __all__ = ["WARMUP", "WINDOW", "Case", "cases_of", "judged_entries", "outcome_of
 WARMUP, WINDOW = "warmup", "probe"  # the probe run's two phases
 FRESH_TARGETS = ("builtin", "vllm", "docker")  # started by each probe run: nothing to settle between probes
 SETTLE_POLL_S = 0.5
+SETTLE_READ_DEADLINE_S = 5.0  # one /metrics answer, read whole (byte-capped: chaos.host.capped)
 # A probe's own halts (capacity.halt_factor) read every stream it has ended so far, warm-up included,
 # and decide nothing before this many: a transient in the first seconds is not the window's quantile.
 HALT_MIN_STREAMS = 20
@@ -207,7 +209,10 @@ async def settle(metrics_url: str | None, engine: str, timeout_s: float,
     async with httpx.AsyncClient(timeout=2.0, trust_env=False, headers=headers) as client:
         while time.monotonic() - started < timeout_s:
             try:
-                samples = parse_exposition((await client.get(metrics_url)).text, 0, (*running_names, *usage_names))
+                answer = await get_capped(client, metrics_url, limit=METRICS_LIMIT, deadline=SETTLE_READ_DEADLINE_S)
+                if answer.over:
+                    raise ValueError(answer.too_large())
+                samples = parse_exposition(answer.text, 0, (*running_names, *usage_names))
                 running = sum(s.value for s in samples if s.name in running_names)
                 usage = _first_present(samples, usage_names)
             except (httpx.HTTPError, ValueError):

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from chaos.host.children import first_line, spawn
+from chaos.host.runfiles import open_append
 from chaos.model.context import ProxyInfo, TargetInfo
 from chaos.model.errors import FaultError, SetupFailed
 from faults.toxiproxy_client import ToxiproxyAPI
@@ -180,7 +181,7 @@ def embedded_command(seed: int, listen: str) -> list[str]:
 
 
 def _start_embedded(seed: int, log: Path, listen: str) -> ToxiproxyServer:
-    with open(log, "ab") as err:
+    with open_append(log) as err:  # 0600, never through a link planted in the run directory
         process = spawn(embedded_command(seed, listen), stdout=subprocess.PIPE, stderr=err)
     line = first_line(process, EMBEDDED_START_TIMEOUT_S)
     if line.startswith(EMBEDDED_READY):

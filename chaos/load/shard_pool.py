@@ -116,6 +116,7 @@ class _Peer:
     clock_end: ClockOffset | None = None
     live: set[str] = field(default_factory=set)
     written: int | None = None  # records in its journal shard, as it said when closed
+    activity: list[int] = field(default_factory=list)  # its in-flight streams' last-byte stamps, on our clock
     pongs: dict[int, asyncio.Future[Exchange]] = field(default_factory=dict)
     task: asyncio.Task[None] | None = None
 
@@ -331,6 +332,9 @@ class ShardPool:
             fut = peer.pongs.get(int(message["seq"]))
             if fut is not None and not fut.done():
                 fut.set_result(Exchange(int(message["t0"]), int(message["t1"]), int(message["t2"]), t3))
+        elif op == "activity":
+            assert peer.clock is not None
+            peer.activity = [int(t) - peer.clock.offset_ns for t in message["stamps"]]
         elif op == "reply":
             self._reply(peer.index, message)
         else:
@@ -383,6 +387,11 @@ class ShardPool:
         for peer in peers:
             peer.send({"op": "call", "seq": seq, "cmd": cmd, "args": args[peer.index] if per_shard else args})
         return await fut
+
+    def last_activity(self) -> list[int]:
+        """Every live shard's in-flight streams' last-byte stamps, as it last reported them, moved onto
+        this host's clock by the shard's measured offset (what ``target_down`` reads)."""
+        return [t for peer in self._alive() for t in peer.activity]
 
     def _rules_changed(self, rules: dict[str, ClientRule]) -> None:
         self._broadcast({"op": "rules", "rules": [rule_to_json(r) for r in rules.values()]})

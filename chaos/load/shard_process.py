@@ -33,7 +33,15 @@ from typing import Any
 from chaos.host.journal_file import JournalFile
 from chaos.load.clock import shift_record
 from chaos.load.generator import LoadGenerator
-from chaos.load.wire import PROTOCOL_VERSION, ProtocolError, encode, read_message, rules_from_json, settings_from_json
+from chaos.load.wire import (
+    ACTIVITY_EVERY_S,
+    PROTOCOL_VERSION,
+    ProtocolError,
+    encode,
+    read_message,
+    rules_from_json,
+    settings_from_json,
+)
 from chaos.load.workload import LoadTarget
 from chaos.model.context import ClientPolicy
 from chaos.model.errors import ChaosError, SetupFailed
@@ -134,6 +142,15 @@ class _Shard:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
+    async def report_activity(self) -> None:
+        """Every ACTIVITY_EVERY_S, when this shard's in-flight streams last got a byte (on the shard's
+        clock, as its records are): what the coordinator's ``target_down`` halt reads, as it reads a
+        local worker's."""
+        while True:
+            await asyncio.sleep(ACTIVITY_EVERY_S)
+            if self.gen is not None:
+                self.send({"op": "activity", "stamps": [t + self.skew_ns for t in self.gen.last_activity()]})
+
     async def stop(self) -> None:
         for task in list(self.tasks):
             task.cancel()
@@ -211,6 +228,7 @@ async def run_shard(coordinator: str, *, index: int, count: int, token: str, jou
         lifetime = float(welcome["config"].get("lifetime_s", 3600.0))
         serving = asyncio.ensure_future(asyncio.wait_for(shard.serve(), lifetime))
         stopped_by = _on_signals(serving)
+        reporting = asyncio.ensure_future(shard.report_activity())
         try:
             ended = await serving
         except asyncio.TimeoutError:
@@ -223,6 +241,8 @@ async def run_shard(coordinator: str, *, index: int, count: int, token: str, jou
             if not stopped_by:
                 raise
             ended = f"stopped by {stopped_by[0]}"
+        finally:
+            reporting.cancel()
         if ended != "closed":
             await shard.stop()  # no coordinator, no load: a shard never drives load on its own
             raise ShardLost(f"shard {index}: {ended}; its load was stopped ({shard.written} records in its journal "

@@ -25,6 +25,7 @@ from chaos.model.context import ClientRule
 from chaos.model.errors import ChaosError
 
 __all__ = [
+    "ACTIVITY_EVERY_S",
     "MAX_LINE_BYTES",
     "PROTOCOL_VERSION",
     "ProtocolError",
@@ -37,7 +38,8 @@ __all__ = [
     "settings_to_json",
 ]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: shards report their in-flight streams' last-byte stamps (op activity)
+ACTIVITY_EVERY_S = 0.5  # how often a load process reports when its in-flight streams last got a byte
 MAX_LINE_BYTES = 8 * 1024 * 1024  # a record with a long text and thousands of token stamps fits many times over
 _RULES: dict[str, type[ClientRule]] = {cls.__name__: cls for cls in (DisconnectRule, SlowReaderRule, TimeoutRule)}
 

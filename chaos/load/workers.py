@@ -22,6 +22,7 @@ from typing import Any
 from chaos.load.generator import LoadGenerator
 from chaos.load.lag import merged_lag, merged_send_delay, summed_stats
 from chaos.load.uplink import FrameReader, Uplink
+from chaos.load.wire import ACTIVITY_EVERY_S
 from chaos.load.workload import LoadSettings, LoadSpecLike, LoadTarget, split_evenly
 from chaos.model.context import ClientPolicy, ClientRule
 from chaos.model.errors import SetupFailed
@@ -30,7 +31,6 @@ from chaos.model.observations import StreamRecord
 __all__ = ["WorkerPool"]
 
 _CLOSE_TIMEOUT_S = 10.0
-ACTIVITY_EVERY_S = 0.5  # how often a worker reports when its in-flight streams last got a byte
 
 
 # ---- the worker process ------------------------------------------------------------------------

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from chaos.host.capped import JSON_LIMIT, Capped, clip, get_capped
+from chaos.host.redact import register_secret
 from chaos.model.context import TargetInfo
 from chaos.model.errors import SetupFailed
 from chaos.stack.serve import ADMIN_TOKEN_ENV
@@ -48,6 +50,7 @@ RESOURCE_KIND = "docker.container"
 DEFAULT_IMAGE_PORT = 8000  # vLLM's, SGLang's (30000 aside) and TGI's usual API port
 LOG_MAX_SIZE = "64m"  # what the daemon keeps of the container's output (json-file log-opts)
 POLL_S = 0.25
+READ_DEADLINE_S = 5.0  # one readiness answer, read whole (byte-capped: chaos.host.capped)
 IMAGE_CAP_DROP = ("NET_RAW", "MKNOD", "SYS_CHROOT", "SETFCAP", "SETPCAP", "AUDIT_WRITE")  # target.hardening: default
 
 
@@ -126,6 +129,7 @@ class DockerTarget(Target):
         self.record = record or (lambda body: None)
         self.builtin = spec.image is None
         self.token = (configured_admin_token(spec) or secrets.token_urlsafe(32)) if self.builtin else None
+        register_secret(self.token)  # never recorded or printed (chaos.host.redact)
         self.container_id: str | None = None
         self._planned = False  # journaled: from then on stop() removes and records a release
         self.port = 0
@@ -277,7 +281,7 @@ class DockerTarget(Target):
                 port = facts.get("host_port") or self.port
                 root = f"http://127.0.0.1:{port}"
                 try:
-                    response = await client.get(root + "/v1/models")
+                    response = await get_capped(client, root + "/v1/models", limit=JSON_LIMIT, deadline=READ_DEADLINE_S)
                     if response.status_code < 400:
                         return await self._info(client, root, response, facts)
                     last = f"HTTP {response.status_code}"
@@ -289,7 +293,7 @@ class DockerTarget(Target):
                                       f"within {self.spec.startup_timeout:g}s ({last}); its last lines:\n{tail}")
                 await asyncio.sleep(POLL_S)
 
-    async def _info(self, client: httpx.AsyncClient, root: str, models: httpx.Response,
+    async def _info(self, client: httpx.AsyncClient, root: str, models: Capped,
                     facts: dict[str, Any]) -> TargetInfo:
         try:
             served = [m["id"] for m in models.json().get("data", [])]
@@ -303,7 +307,8 @@ class DockerTarget(Target):
         if self.builtin:  # our own stack: its admin API (in-process faults) and where its engine runs
             device = "cpu"
             try:
-                device = str((await client.get(root + "/health")).json().get("device", "cpu"))
+                health = await get_capped(client, root + "/health", limit=JSON_LIMIT, deadline=READ_DEADLINE_S)
+                device = clip(health.json().get("device", "cpu"), 32) or "cpu"
             except (httpx.HTTPError, ValueError, AttributeError):
                 pass
             info = replace(info, admin_url=root + "/admin", admin_token=self.token, device=device)

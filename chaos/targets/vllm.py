@@ -48,9 +48,11 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from chaos.host.capped import JSON_LIMIT, get_capped
 from chaos.host.children import first_line, spawn
 from chaos.host.cpuset import allowed_cpus, format_cpu_list, server_cpus
 from chaos.host.procguard import group_members, group_undo
+from chaos.host.redact import register_secret
 from chaos.host.runfiles import open_append
 from chaos.model.context import TargetInfo
 from chaos.model.errors import SetupFailed
@@ -262,9 +264,16 @@ class VllmTarget(Target):
             env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
         return env
 
-    async def start(self) -> TargetInfo:
-        if self._token is None:  # one per run, kept across a restart
+    def run_admin_token(self) -> str:
+        """The admin token of the middleware inside vLLM: one per run, kept across a restart, and
+        never recorded or printed (chaos.host.redact)."""
+        if self._token is None:
             self._token = configured_admin_token(self.spec) or secrets.token_urlsafe(32)
+            register_secret(self._token)
+        return self._token
+
+    async def start(self) -> TargetInfo:
+        self.run_admin_token()
         if not self._port:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
@@ -310,7 +319,8 @@ class VllmTarget(Target):
                     raise SetupFailed(f"vLLM exited during start-up ({_last_error(self.log_path)}); log: "
                                       f"{self.log_path}")
                 with contextlib.suppress(httpx.HTTPError):
-                    if (await client.get(root + "/v1/models")).status_code == 200:
+                    models = await get_capped(client, root + "/v1/models", limit=JSON_LIMIT, deadline=5.0)
+                    if models.status_code == 200:
                         return
                 if time.monotonic() > deadline:
                     await self.stop()

@@ -83,3 +83,14 @@ def test_the_idle_level_is_a_probe_runs_kv_usage_before_its_first_stream() -> No
     obs.streams.append(StreamRecord(id="0", phase="probe", t_sent=3))
     assert pre_load_kv(obs, "vllm") == pytest.approx(0.02)
     assert pre_load_kv(Observations(), "vllm") is None  # nothing sent: no baseline
+
+
+def test_settle_does_not_read_an_oversized_exposition_whole(draining, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A /metrics answer past the byte cap is not parsed (nor held whole): the settle reads no
+    figures from it and gives up at its timeout, as for a target that does not answer."""
+    import chaos.capacity.probes as probes
+
+    monkeypatch.setattr(probes, "METRICS_LIMIT", 64)  # the exposition below is ~150 bytes
+    url = draining(lambda t: (0, 0.0))
+    rest = asyncio.run(settle(url, "vllm", 1.0))
+    assert rest["running"] is None and rest["kv_usage"] is None and rest["waited_s"] >= 1.0, rest

@@ -1,8 +1,10 @@
 """`streamchaos capacity` on the builtin stack, where the capacity is known: with 4 batch slots
-(max_num_seqs) and 96-160-token streams, a fifth stream in flight waits for a slot (~100 ms at this
-box's ~3 ms a step: a quarter of a stream's service time) where four see ~11 ms; a TTFT p50 budget of
-50 ms between the two makes 4 streams the capacity, whatever the CPU's speed within 2x. Measured here:
-4 streams 10.7 ms, 5 streams 118 ms, 6 streams 229 ms."""
+(max_num_seqs) and 192-320-token streams, a fifth stream in flight waits for a slot (a quarter of a
+stream's service time) where four see only their own prefill; a TTFT p50 budget of 30 ms, near the
+geometric middle of the two, makes 4 streams the capacity whatever the CPU's speed within ~2.5x
+either way. Measured: 4 streams 6.2 ms, 5 streams 84 ms on a quiet box at ~1.2 ms a step; on one
+at ~3 ms a step, 4 streams ~11 ms. (With 96-160-token streams and a 50 ms budget, the quiet box's
+5 streams read a p50 of 40 ms and passed: a CI failure.)"""
 
 from __future__ import annotations
 
@@ -26,11 +28,11 @@ EXPERIMENT = """
 name: capacity-truth
 seed: 1
 target: {kind: builtin, model: tiny, max_num_seqs: 4}
-load: {max_tokens: [96, 160]}
+load: {max_tokens: [192, 320]}
 phases:
   - {name: baseline, duration: 4s}
 sla:
-  - {kind: ttft, quantile: p50, budget: 50ms}
+  - {kind: ttft, quantile: p50, budget: 30ms}
   - {kind: errors, budget: 0%}
 capacity:
   min: 3
@@ -85,12 +87,13 @@ def test_the_search_finds_the_batch_slots_as_the_capacity(tmp_path: Path) -> Non
     assert case["bound_by"] == ["ttft"]
     assert "baseline: capacity [4, 5) streams, bound by ttft" in done.stdout
     # every probe a real run of its own: a report, a journal, its SLAs judged in its window only; or,
-    # far over capacity (6 streams: TTFT p50 ~230 ms), stopped by its own halt at 3x the budget
+    # far over capacity (6 streams), stopped by its own halt at 3x the budget
     judged: dict[str, dict[str, Any]] = {}
     for probe in case["probes"]:
         run_dir = Path(probe["run_dir"])
         report = json.loads((run_dir / "report.json").read_text())
-        assert [p["name"] for p in report["phases"]] == ["warmup", "probe"]
+        # a halted probe stops where its halt tripped: in the warm-up too (it reads the whole probe)
+        assert [p["name"] for p in report["phases"]] in (["warmup", "probe"], ["warmup"]), report["phases"]
         pgids = [json.loads(line)["undo"]["pgid"] for line in (run_dir / "journal.jsonl").read_text().splitlines()
                  if '"action":"plan"' in line and '"pgid"' in line]
         assert not [pid for pgid in pgids for pid in group_members(pgid)]  # each probe's stack is gone
@@ -112,7 +115,7 @@ def test_the_search_finds_the_batch_slots_as_the_capacity(tmp_path: Path) -> Non
     passed = {p["level"]: p["verdicts"]["ttft"]["figure"] for p in case["probes"] if p["outcome"] == "pass"}
     failed = {p["level"]: p["verdicts"]["ttft"]["figure"] for p in case["probes"]
               if p["outcome"] == "fail" and p["verdicts"]}
-    assert max(passed.values()) < 0.05 < min(failed.values()), (passed, failed)
+    assert max(passed.values()) < 0.03 < min(failed.values()), (passed, failed)
     # Prometheus: a push after every probe, then the final one with the exit code
     assert len(_Gateway.bodies) == len(case["probes"]) + 1
     final = _samples(_Gateway.bodies[-1])

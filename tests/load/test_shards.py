@@ -235,3 +235,39 @@ async def test_local_shards_reach_a_coordinator_listening_on_one_address_other_t
     finally:
         await pool.aclose()
     assert {r.id.split("-")[0] for r in records} == {"0", "1"}
+
+
+async def test_shards_report_their_in_flight_streams_last_bytes_on_the_coordinators_clock(
+    tmp_path: Path, token: str
+) -> None:
+    """What ``halt_on: target_down`` reads of streams still in flight: each shard reports when its
+    open streams last got a byte, and the coordinator moves the stamps onto its own clock (the
+    skewed shard's would read 7.5 s in the past otherwise)."""
+    pool = None
+    shards: list[subprocess.Popen[str]] = []
+    with ThreadedMockServer(tick_s=0.1) as slow:  # 40 tokens at 100 ms: streams stay open ~4 s
+        pool = ShardPool(_spec(max_tokens=(40, 40)), LoadTarget(slow.base_url, "m", 4), policy=ClientPolicy(),
+                         sink=lambda record: None, run_dir=tmp_path, notes=lambda note: None, run_id="run-a",
+                         lifetime_s=60)
+        try:
+            await _open(pool, shards, lambda address: [_start_shard(address, 0, tmp_path, token),
+                                                       _start_shard(address, 1, tmp_path, token, SKEW_NS)])
+            await pool.ready()
+            pool.phase = "one"
+            running = asyncio.create_task(pool.run(time.monotonic_ns() + 3 * S))
+            stamps: list[int] = []
+            for _ in range(100):  # until both shards have reported their 2 open streams each (bounded: 10 s)
+                await asyncio.sleep(0.1)
+                stamps = pool.last_activity()
+                if len(stamps) >= 4:
+                    break
+            now = time.monotonic_ns()
+            await running
+            await pool.drain(15)
+        finally:
+            await pool.aclose()
+            outputs = _reap(shards)
+    assert [p.returncode for p in shards] == [0, 0], outputs
+    assert len(stamps) >= 4, stamps
+    # every stamp on this host's clock, recent: the skewed shard's too (a 100 ms tick, a 0.5 s report period)
+    assert all(now - 2 * S <= t <= now + S // 10 for t in stamps), [(now - t) / S for t in stamps]
