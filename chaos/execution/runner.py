@@ -357,8 +357,15 @@ class Runner:
         assert self.journal is not None
         # a container's labels and journal
         owner = RunOwner(run_id=self._run_id(), run_dir=self.out_dir, record=self.journal.resource)
+        if self.experiment.proxy.server == "docker" and not self.watchdogs:
+            # a container that outlives a killed runner: guarded before it exists (it is journaled
+            # before it is created), as a container target is; removing it removes its toxics
+            await self._guard(resources, target, urls=self._contacted_urls(target.info), token=target.info.admin_token)
         handle = await resources.enter_async_context(running_proxy(self.experiment, target.info, self.out_dir, owner))
         self.proxy = handle.info
+        if handle.info.server == "docker" and not self.watchdogs:
+            # `auto` found the image on a Docker daemon: guarded at once, not after the load starts
+            await self._guard(resources, target, urls=self._contacted_urls(target.info), token=target.info.admin_token)
         self._note("proxy", handle.facts())
         return handle.client_base_url
 

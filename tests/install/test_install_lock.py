@@ -89,6 +89,46 @@ def test_the_lock_holds_every_requirement_at_a_version_pyproject_admits() -> Non
                           + "\n".join(problems))
 
 
+def _needed_by(reqs: list[Requirement]) -> tuple[set[str], list[str]]:
+    """Every distribution ``reqs`` need on CI's platform, through the installed distributions'
+    own Requires-Dist (extras followed), and the names that are not installed here."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    needed: set[str] = set()
+    missing: list[str] = []
+    queue = [(canonicalize_name(r.name), frozenset(r.extras)) for r in reqs]
+    done: set[tuple[str, frozenset[str]]] = set()
+    while queue:
+        name, extras = queue.pop()
+        if (name, extras) in done:
+            continue
+        done.add((name, extras))
+        needed.add(name)
+        try:
+            requires = distribution(name).requires or []
+        except PackageNotFoundError:
+            missing.append(name)
+            continue
+        for line in requires:
+            req = Requirement(line)
+            if req.marker is None or any(req.marker.evaluate({**CI_ENV, "extra": extra}) for extra in ("", *extras)):
+                queue.append((canonicalize_name(req.name), frozenset(req.extras)))
+    return needed, missing
+
+
+def test_the_lock_holds_nothing_the_project_does_not_need() -> None:
+    """The other direction: a package left in the lock after pyproject.toml stopped asking for it
+    (directly or through another) is installed by CI for nothing, unreviewed. Followed through the
+    metadata of what is installed here (CI's environment is exactly the lock)."""
+    needed, missing = _needed_by(ci_requirements())
+    if missing:
+        pytest.skip(f"not installed here, so their requirements cannot be followed: {sorted(missing)[:5]}")
+    build_only = {"setuptools"}  # CI builds the project with --no-build-isolation
+    stale = sorted(set(locked()) - needed - build_only)
+    assert not stale, ("in .ci/lock.txt but needed by nothing pyproject.toml asks for (run python "
+                       f"scripts/lock.py): {stale}")
+
+
 def test_every_locked_package_is_hashed_and_torch_is_the_cpu_build() -> None:
     lock = locked()
     unhashed = [name for name, (_, hashes) in lock.items()
