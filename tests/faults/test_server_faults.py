@@ -59,8 +59,10 @@ def _fault(cls: Any, name: str, raw: dict[str, Any]) -> Any:
     return fault
 
 
-def _stream_events(stack: StackProcess, max_tokens: int = 400) -> tuple[list[Any], list[float]]:
-    """One streamed completion read over a bare socket: its events and the arrival time of each read."""
+def _stream_events(stack: StackProcess, max_tokens: int = 400,
+                   times: list[float] | None = None) -> tuple[list[Any], list[float]]:
+    """One streamed completion read over a bare socket: its events and the arrival time of each read
+    (appended to ``times`` as they come, when given: a caller can wait for the stream to flow)."""
     body = json.dumps({"model": "tiny", "prompt": "go", "max_tokens": max_tokens, "ignore_eos": True,
                        "stream": True}).encode()
     host, port = stack.url.removeprefix("http://").split(":")
@@ -68,7 +70,8 @@ def _stream_events(stack: StackProcess, max_tokens: int = 400) -> tuple[list[Any
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
                      b"Content-Type: application/json\r\n"
                      + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        raw, times = b"", []
+        raw = b""
+        times = [] if times is None else times
         while chunk := sock.recv(65536):
             raw += chunk
             if b"data: " in chunk:
@@ -175,8 +178,12 @@ def test_stall_makes_a_gap_in_token_arrival(stack: StackProcess, env: RunContext
 
     async def go() -> None:
         loop = asyncio.get_running_loop()
-        reader = loop.run_in_executor(None, _stream_events, stack, 600)
-        await asyncio.sleep(0.3)  # the stream is flowing
+        arrived: list[float] = []
+        reader = loop.run_in_executor(None, _stream_events, stack, 600, arrived)
+        for _ in range(200):  # until the stream is flowing (a few events read; bounded: 10 s)
+            if len(arrived) >= 3:
+                break
+            await asyncio.sleep(0.05)
         result["evidence"] = await fault.inject()
         result["events"], result["times"] = await reader
         result["reverted"] = await fault.revert()
