@@ -55,6 +55,12 @@ def test_budgets_proposed_from_healthy_runs_pass_a_rerun(tmp_path: Path) -> None
     text = path.read_text(encoding="utf-8")
     assert "# proposed from the runs" in text and "min_on_time:" in text
 
+    # the rerun twice as long as the baselines: its verdicts must be decided, not only right. A rerun
+    # of the same 4 s beside the other worker's vLLM read a TTFT p50 of 11.5 ms against a proposed
+    # 14.6 ms, but its 310 samples were worth 66 (lag-1 autocorrelation 0.49) and the interval's
+    # upper end (15.9 ms) crossed the budget: inconclusive (a CI run)
+    assert "duration: 4s" in text
+    path.write_text(text.replace("duration: 4s", "duration: 8s"), encoding="utf-8")
     rerun = run(load_experiment(path), out_dir=tmp_path / "rerun", seed=4, handle_signals=False)
     verdicts = {v.name: v for v in rerun.verdicts}
     for name, p in proposed.items():
