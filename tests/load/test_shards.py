@@ -245,8 +245,8 @@ async def test_shards_report_their_in_flight_streams_last_bytes_on_the_coordinat
     skewed shard's would read 7.5 s in the past otherwise)."""
     pool = None
     shards: list[subprocess.Popen[str]] = []
-    with ThreadedMockServer(tick_s=0.1) as slow:  # 40 tokens at 100 ms: streams stay open ~4 s
-        pool = ShardPool(_spec(max_tokens=(40, 40)), LoadTarget(slow.base_url, "m", 4), policy=ClientPolicy(),
+    with ThreadedMockServer(tick_s=0.1) as slow:  # 20 tokens at 100 ms: streams stay open ~2 s
+        pool = ShardPool(_spec(max_tokens=(20, 20)), LoadTarget(slow.base_url, "m", 4), policy=ClientPolicy(),
                          sink=lambda record: None, run_dir=tmp_path, notes=lambda note: None, run_id="run-a",
                          lifetime_s=60)
         try:
@@ -254,7 +254,7 @@ async def test_shards_report_their_in_flight_streams_last_bytes_on_the_coordinat
                                                        _start_shard(address, 1, tmp_path, token, SKEW_NS)])
             await pool.ready()
             pool.phase = "one"
-            running = asyncio.create_task(pool.run(time.monotonic_ns() + 3 * S))
+            running = asyncio.create_task(pool.run(time.monotonic_ns() + S))
             stamps: list[int] = []
             for _ in range(100):  # until both shards have reported their 2 open streams each (bounded: 10 s)
                 await asyncio.sleep(0.1)
