@@ -131,6 +131,8 @@ class Runner:
             lag["send_delay"] = self.load.send_delay_stats()
         if lag:
             self._note("client_lag", lag)
+        if self.load is not None:  # where the load ran: its processes, their event loop, the uplink's backlog
+            self._note("load_process", self.load.stats())
         verdicts: list[Verdict] = []
         if outcome.status == "completed":
             from chaos.execution.verify import judge_all

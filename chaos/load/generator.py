@@ -345,7 +345,8 @@ class LoadGenerator:
 
     def stats(self) -> dict[str, Any]:
         return {"sent": self.sent, "in_flight": len(self._inflight), "overflows": self.overflows,
-                "abandoned": self.abandoned, "inflight_cap": self.inflight_cap}
+                "abandoned": self.abandoned, "inflight_cap": self.inflight_cap,
+                "loops": [kind] if (kind := _running_loop_kind()) else []}
 
     # ---- BackgroundLoad (faults' own streams, outside the SLA population) --------------------------
 
@@ -427,3 +428,11 @@ def _mark_stopped(record: StreamRecord, fault: str, t: int) -> None:
     if record.error is not None and record.error.kind == "cancelled":
         record.error = None
 
+
+def _running_loop_kind() -> str | None:
+    """``uvloop`` or ``asyncio``: the event loop this generator's process runs (None outside one)."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    return "uvloop" if type(loop).__module__.split(".")[0] == "uvloop" else "asyncio"

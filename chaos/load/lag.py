@@ -67,9 +67,17 @@ def merged_send_delay(per_process: Mapping[int, Mapping[str, Iterable[float]]]) 
 
 
 def summed_stats(per_process: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
-    """The generators' counters (sent, in flight, overflows, abandoned) added over several processes."""
+    """The generators' counters (sent, in flight, overflows, abandoned) added over several processes;
+    the event loops they ran on; the most any of them had buffered for the runner, and the longest
+    time one spent above its uplink's high-water mark (a runner that fell behind its load)."""
     keys = ("sent", "in_flight", "overflows", "abandoned")
-    return {k: sum(s.get(k, 0) for s in per_process.values()) for k in keys}
+    out: dict[str, Any] = {k: sum(s.get(k, 0) for s in per_process.values()) for k in keys}
+    out["loops"] = sorted({str(kind) for s in per_process.values() for kind in s.get("loops", ())})
+    for key in ("uplink_buffered_bytes", "uplink_over_high_water_s"):
+        values = [s[key] for s in per_process.values() if key in s]
+        if values:
+            out[key] = max(values)
+    return out
 
 
 class LagMonitor:

@@ -30,8 +30,8 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
         import uvloop
     except ImportError:
         if wanted == "uvloop":
-            raise SetupFailed("STREAMCHAOS_LOOP=uvloop but uvloop is not installed: "
-                              "pip install 'streamchaos[fast]'") from None
+            raise SetupFailed("STREAMCHAOS_LOOP=uvloop but uvloop is not installed (a core dependency, "
+                              "except on Windows): pip install uvloop") from None
         return None
     factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
     return factory
