@@ -362,12 +362,12 @@ class Runner:
         if self.experiment.proxy.server == "docker" and not self.watchdogs:
             # a container that outlives a killed runner: guarded before it exists (it is journaled
             # before it is created), as a container target is; removing it removes its toxics
-            await self._guard(resources, target, urls=self._contacted_urls(target.info), token=target.info.admin_token)
+            await self._guard_run(resources, target)
         handle = await resources.enter_async_context(running_proxy(self.experiment, target.info, self.out_dir, owner))
         self.proxy = handle.info
         if handle.info.server == "docker" and not self.watchdogs:
             # `auto` found the image on a Docker daemon: guarded at once, not after the load starts
-            await self._guard(resources, target, urls=self._contacted_urls(target.info), token=target.info.admin_token)
+            await self._guard_run(resources, target)
         self._note("proxy", handle.facts())
         return handle.client_base_url
 
@@ -404,8 +404,11 @@ class Runner:
         proxy_container = self.proxy is not None and self.proxy.server == "docker"
         faults_outlive = any(i.outlives_runner for i in self.injections.values())
         if faults_outlive or (proxy_container and not self.watchdogs):
-            info = target.info
-            await self._guard(resources, target, urls=self._contacted_urls(info), token=info.admin_token)
+            await self._guard_run(resources, target)
+
+    async def _guard_run(self, resources: contextlib.AsyncExitStack, target: Target) -> None:
+        """A watchdog that knows the URLs this run's faults talk to (and the admin token)."""
+        await self._guard(resources, target, urls=self._contacted_urls(target.info), token=target.info.admin_token)
 
     async def _guard(self, resources: contextlib.AsyncExitStack, target: Target, *, urls: Iterable[str],
                      token: str | None) -> None:

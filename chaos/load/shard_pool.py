@@ -333,8 +333,8 @@ class ShardPool:
             if fut is not None and not fut.done():
                 fut.set_result(Exchange(int(message["t0"]), int(message["t1"]), int(message["t2"]), t3))
         elif op == "activity":
-            assert peer.clock is not None
-            peer.activity = [int(t) - peer.clock.offset_ns for t in message["stamps"]]
+            if peer.clock is not None:  # before its clock is measured it has no stream in flight yet
+                peer.activity = [int(t) - peer.clock.offset_ns for t in message["stamps"]]
         elif op == "reply":
             self._reply(peer.index, message)
         else:

@@ -146,10 +146,13 @@ class _Shard:
         """Every ACTIVITY_EVERY_S, when this shard's in-flight streams last got a byte (on the shard's
         clock, as its records are): what the coordinator's ``target_down`` halt reads, as it reads a
         local worker's."""
+        sent_empty = False
         while True:
             await asyncio.sleep(ACTIVITY_EVERY_S)
-            if self.gen is not None:
-                self.send({"op": "activity", "stamps": [t + self.skew_ns for t in self.gen.last_activity()]})
+            stamps = [t + self.skew_ns for t in self.gen.last_activity()] if self.gen is not None else []
+            if stamps or not sent_empty:  # an idle shard says so once, then keeps quiet
+                self.send({"op": "activity", "stamps": stamps})
+            sent_empty = not stamps
 
     async def stop(self) -> None:
         for task in list(self.tasks):

@@ -43,10 +43,13 @@ def test_a_halted_run_reverts_and_says_why(tmp_path: Path) -> None:
     assert result.ended - result.started < 25  # it did not wait for the 30s phase
 
 
-def test_a_frozen_target_halts_within_its_window(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_frozen_target_halts_within_its_window(tmp_path: Path, shards: int) -> None:
     """SIGSTOP the builtin stack mid-run: it still accepts connections, so no stream ends before the
     request timeout (60 s); ``target_down`` must see that the streams in flight get no byte and
-    halt within its 3 s window (plus the check period and slack), not after the timeout."""
+    halt within its 3 s window (plus the check period and slack), not after the timeout. With two
+    load shards (local processes) the in-flight stamps come from each shard, on the coordinator's
+    clock."""
     import contextlib
     import os
     import signal
@@ -55,7 +58,7 @@ def test_a_frozen_target_halts_within_its_window(tmp_path: Path) -> None:
     window = 3.0
     experiment = experiment_from_dict({
         "name": "frozen", "target": {"kind": "builtin"},
-        "load": {"concurrency": 2, "max_tokens": 8, "request_timeout": "60s"},
+        "load": {"concurrency": 2, "max_tokens": 8, "request_timeout": "60s", "shards": shards},
         "phases": [{"name": "steady", "duration": "60s"}],
         "safety": {"max_duration": "2m", "cleanup_window": "200ms", "drain_timeout": "2s",
                    "halt_on": [{"kind": "target_down", "window": f"{window:g}s"}]},
