@@ -79,25 +79,6 @@ def test_verify_rejudges_a_finished_run_against_other_budgets(tmp_path: Path,
     assert "cli-short" in capsys.readouterr().out
 
 
-@pytest.mark.timeout(120)
-def test_a_run_of_an_experiment_built_from_a_dict_is_verified_and_budgeted(tmp_path: Path,
-                                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    """`chaos_run({...})` and tests build experiments from dicts: their runs keep an experiment.yaml
-    too, so `verify` re-judges them (to the same verdicts) and `budgets` reads them."""
-    from chaos.api import run
-    from chaos.experiment import experiment_from_dict
-
-    run_dir = tmp_path / "run"
-    result = run(experiment_from_dict(dict(SHORT, name="cli-dict")), out_dir=run_dir, handle_signals=False)
-    assert result.status == "completed", result.error
-    assert main(["verify", str(run_dir)]) == result.exit_code
-    rejudged = json.loads((run_dir / "verify.json").read_text())["verdicts"]
-    assert [(v["sla"], v["phase"], v["status"], v["figure"]) for v in rejudged] == [
-        (v.sla, v.phase, v.status, v.figure) for v in result.verdicts]
-    assert main(["budgets", str(run_dir)]) == 0
-    assert "ttft" in capsys.readouterr().out
-
-
 def test_a_used_run_directory_is_refused_and_left_as_it_was(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     exp = tmp_path / "exp.yaml"
     exp.write_text(yaml.safe_dump(SHORT), encoding="utf-8")
