@@ -9,8 +9,8 @@ import gzip
 import json
 import time
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 
 import pytest
 
@@ -19,6 +19,7 @@ from chaos.load.generator import LoadGenerator
 from chaos.load.workload import LoadSettings, LoadTarget
 from chaos.model.context import ClientPlan, ClientPolicy
 from chaos.model.observations import StreamRecord
+from tests.load.conftest import loopback_server
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
 
@@ -42,26 +43,9 @@ def _compressor(coding: str) -> zlib._Compress:
     return zlib.compressobj(6, zlib.DEFLATED, wbits)
 
 
-@asynccontextmanager
-async def server(reply: Reply) -> AsyncIterator[str]:
+def server(reply: Reply) -> AbstractAsyncContextManager[str]:
     """A loopback HTTP server: ``reply`` gets each request's head and the connection's writer."""
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = next((int(v) for k, _, v in (ln.partition(b":") for ln in head.split(b"\r\n"))
-                           if k.lower() == b"content-length"), 0)
-            await reader.readexactly(length)
-            await reply(head, writer)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-
-    srv = await asyncio.start_server(handle, "127.0.0.1", 0)
-    try:
-        yield f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}/v1/completions"
-    finally:
-        srv.close()
+    return loopback_server(lambda head, _reader, writer: reply(head, writer))
 
 
 def streamer(coding: str, *, apart_s: float = 0.03, status: int = 200, events: list[bytes] = EVENTS) -> Reply:

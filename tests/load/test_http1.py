@@ -4,8 +4,8 @@ framing it must accept, responses it must reject, and its limits."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 
 import pytest
 
@@ -13,6 +13,7 @@ from chaos.load.client import make_http_client, stream_request
 from chaos.load.http1 import parse_target
 from chaos.load.mock import ThreadedMockServer
 from chaos.model.observations import StreamRecord
+from tests.load.conftest import loopback_server
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
 
@@ -20,27 +21,10 @@ EVENTS = (b'data: {"choices":[{"index":0,"text":"a","finish_reason":null}]}\n\n'
           b'data: {"choices":[{"index":0,"text":"b","finish_reason":"stop"}]}\n\ndata: [DONE]\n\n')
 
 
-@asynccontextmanager
-async def raw_server(reply: Callable[[asyncio.StreamReader, asyncio.StreamWriter],
-                                     Awaitable[None]]) -> AsyncIterator[str]:
-    """A one-behaviour HTTP server on loopback: ``reply`` gets each connection after its request head."""
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = next((int(v) for k, _, v in (ln.partition(b":") for ln in head.split(b"\r\n"))
-                           if k.lower() == b"content-length"), 0)
-            await reader.readexactly(length)
-            await reply(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    try:
-        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/completions"
-    finally:
-        server.close()
+def raw_server(reply: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+               ) -> AbstractAsyncContextManager[str]:
+    """A one-behaviour HTTP server on loopback: ``reply`` gets each connection after its request."""
+    return loopback_server(lambda _head, reader, writer: reply(reader, writer))
 
 
 async def fetch(url: str, **kwargs: object) -> StreamRecord:
