@@ -115,7 +115,10 @@ def test_the_search_finds_the_batch_slots_as_the_capacity(tmp_path: Path) -> Non
     passed = {p["level"]: p["verdicts"]["ttft"]["figure"] for p in case["probes"] if p["outcome"] == "pass"}
     failed = {p["level"]: p["verdicts"]["ttft"]["figure"] for p in case["probes"]
               if p["outcome"] == "fail" and p["verdicts"]}
-    assert max(passed.values()) < 0.03 < min(failed.values()), (passed, failed)
+    assert max(passed.values()) < 0.03, (passed, failed)
+    # a failing probe judged (not halted: those are checked above, by their halt) read over the budget;
+    # on a fast box every failing probe may have halted, and then there is none (a CI run)
+    assert all(figure > 0.03 for figure in failed.values()), (passed, failed)
     # Prometheus: a push after every probe, then the final one with the exit code
     assert len(_Gateway.bodies) == len(case["probes"]) + 1
     final = _samples(_Gateway.bodies[-1])
