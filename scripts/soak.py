@@ -1,6 +1,6 @@
 """Shipped experiments run again and again under a CPU hog: how often a verdict is not what it is meant to be.
 
-    python scripts/soak.py [--runs 30] [--hogs 2] [--experiments smoke,network-jitter,...|all] [--out DIR]
+    python scripts/soak.py [--runs 30] [--first-seed 1] [--hogs 2] [--experiments smoke,network-jitter,...|all] [--out DIR]
 
 Each run is ``streamchaos run EXPERIMENT --seed N --quiet`` with a fresh seed, on the target the
 experiment names (the builtin stack for most), while ``--hogs`` processes each spin a core; the
@@ -8,7 +8,8 @@ experiments that need a cluster, a GPU or vLLM are left out (``--experiments`` c
 Per experiment: runs, runs as meant (exit 0), false failures (a verdict meant to pass that failed,
 or one meant to fail that passed), inconclusive verdicts with their SLA and reason, and the load
 average. Figures go to ``DIR/soak.json`` and ``DIR/soak.md``; exit 1 when any run was not as meant.
-This is issue 23's proof that verdicts do not depend on the machine's mood; it takes hours at 30 runs.
+This is issue 23's proof that verdicts do not depend on the machine's mood; it takes hours at 30 runs,
+so it can be taken in parts: ``--first-seed 11 --runs 20`` runs seeds 11-30.
 """
 
 from __future__ import annotations
@@ -46,11 +47,11 @@ def judged(report: dict[str, Any]) -> dict[str, Any]:
     return {"false": false, "inconclusive": undecided}
 
 
-def soak_one(name: str, runs: int, hogs: int, out: Path) -> dict[str, Any]:
+def soak_one(name: str, seeds: range, hogs: int, out: Path) -> dict[str, Any]:
     path = ROOT / "experiments" / f"{name}.yaml"
     row: dict[str, Any] = {"experiment": name, "runs": 0, "as_meant": 0, "false": Counter(), "inconclusive": Counter(),
                            "errors": [], "load_average": []}
-    for seed in range(1, runs + 1):
+    for seed in seeds:
         run_dir = out / f"{name}-{seed}"
         stop_at = time.monotonic() + 600
         spinners = [multiprocessing.Process(target=_spin, args=(stop_at,), daemon=True) for _ in range(hogs)]
@@ -93,6 +94,7 @@ def markdown(rows: list[dict[str, Any]], hogs: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--first-seed", type=int, default=1)
     parser.add_argument("--hogs", type=int, default=2)
     parser.add_argument("--experiments", default="all")
     parser.add_argument("--out")
@@ -101,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
              if args.experiments == "all" else [n.strip() for n in args.experiments.split(",") if n.strip()])
     out = Path(args.out or ROOT / "runs" / f"soak-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
-    rows = [soak_one(name, args.runs, args.hogs, out) for name in names]
+    seeds = range(args.first_seed, args.first_seed + args.runs)
+    rows = [soak_one(name, seeds, args.hogs, out) for name in names]
     (out / "soak.json").write_text(json.dumps(rows, indent=2, default=dict), encoding="utf-8")
     (out / "soak.md").write_text(markdown(rows, args.hogs), encoding="utf-8")
     print(markdown(rows, args.hogs))
