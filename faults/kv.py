@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,7 @@ TOPUP_STOP_TIMEOUT_S = 2.0  # a reserve call answers in ms; a hung one is cancel
 _STATE_KEYS = ("kv_blocks_used", "kv_blocks_total", "kv_blocks_reserved", "num_running", "num_waiting",
                "num_preemptions")
 _HOG_ALTERNATIVE = "kv.pressure with method: hog"
+HOG_SETTLE_MAX_S = 10.0  # the longest a hog inject waits for its streams to hold their blocks
 
 
 @register
@@ -192,8 +194,18 @@ class _Hog(Injection):
 
     async def inject(self) -> dict[str, Any]:
         spec = self.spec
-        await self.background.start(self.name, spec.hog_streams, spec.hog_prompt_chars, spec.hog_max_tokens)
-        evidence: dict[str, Any] = {"method": "hog", "streams_started": spec.hog_streams}
+        # the engine's state is read once the hog streams hold their blocks (each has its first token),
+        # not at once: on a busy box they are admitted later. Bounded: half the phase, at most 10 s.
+        phase_s = self.ctx.phase_duration_s
+        settle_s = min(HOG_SETTLE_MAX_S, phase_s / 2) if phase_s else HOG_SETTLE_MAX_S
+        started = time.monotonic()
+        holding = await self.background.start(self.name, spec.hog_streams, spec.hog_prompt_chars,
+                                              spec.hog_max_tokens, settle_s)
+        evidence: dict[str, Any] = {"method": "hog", "streams_started": spec.hog_streams, "streams_holding": holding,
+                                    "settled_in_s": round(time.monotonic() - started, 3)}
+        if holding < spec.hog_streams:
+            evidence["note"] = (f"{holding} of {spec.hog_streams} hog streams had their first token within "
+                                f"{settle_s:g}s; the others are queued or refused by the engine")
         if self.ctx.target.admin_url:
             async with AdminClient(self.ctx.target.admin_url, self.ctx.target.admin_token) as admin:
                 evidence["engine"] = _pick(await admin.state())

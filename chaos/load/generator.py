@@ -51,6 +51,7 @@ SEND_DELAY_KEEP = 100_000  # send-delay samples kept per phase (newest)
 
 
 CONNECT_BACKOFF_S = 0.05  # a closed-loop slot's pause after a refused connect
+_SETTLE_POLL_S = 0.01  # how often start() looks whether its background streams have their first token
 
 
 class LoadGenerator:
@@ -350,19 +351,31 @@ class LoadGenerator:
 
     # ---- BackgroundLoad (faults' own streams, outside the SLA population) --------------------------
 
-    async def start(self, fault: str, streams: int, prompt_chars: int, max_tokens: int) -> None:
-        """Keep ``streams`` background streams open for ``fault`` until ``stop(fault)``."""
+    async def start(self, fault: str, streams: int, prompt_chars: int, max_tokens: int,
+                    settle_s: float = 0.0) -> int:
+        """Keep ``streams`` background streams open for ``fault`` until ``stop(fault)``; wait up to
+        ``settle_s`` until every one has its first token (the engine has its prompt's KV blocks), and
+        return how many have by then. A fault that reads the engine's state at once would otherwise
+        read it before the streams were admitted, later on a busier box."""
         if fault in self._bg:
             await self.stop(fault)
         if self._bg_http is None:
             self._bg_http = make_http_client(max(streams, 1) + 16, api_key=self.target.api_key, headers=self._headers())
         tasks: set[asyncio.Task[StreamRecord]] = set()
+        current: list[StreamRecord | None] = [None] * streams  # each slot's stream now
         loop = asyncio.get_running_loop()
-        slots = [loop.create_task(self._bg_slot(fault, i, prompt_chars, max_tokens, tasks)) for i in range(streams)]
+        slots = [loop.create_task(self._bg_slot(fault, i, prompt_chars, max_tokens, tasks, current))
+                 for i in range(streams)]
         self._bg[fault] = (slots, tasks)
+        deadline = time.monotonic() + max(0.0, settle_s)
+        while True:  # bounded by settle_s
+            holding = sum(r is not None and r.t_first_content is not None and r.t_end is None for r in current)
+            if holding >= streams or time.monotonic() >= deadline:
+                return holding
+            await asyncio.sleep(_SETTLE_POLL_S)
 
     async def _bg_slot(self, fault: str, slot: int, prompt_chars: int, max_tokens: int,
-                       tasks: set[asyncio.Task[StreamRecord]]) -> None:
+                       tasks: set[asyncio.Task[StreamRecord]], current: list[StreamRecord | None]) -> None:
         assert self._bg_http is not None
         while True:
             self._bg_count += 1
@@ -376,6 +389,7 @@ class LoadGenerator:
                 include_usage=self.spec.include_usage,
             )
             record = self._record(request_id, body, prompt, background=True)
+            current[slot] = record
             http = self._bg_http
             task = self._launch(record, self._bg_request(http, body, record, request_id), bg_fault=fault)
             tasks.add(task)

@@ -418,11 +418,13 @@ class ShardPool:
     async def drain(self, timeout: float) -> int:
         return sum(n or 0 for n in await self._call("drain", [timeout]))
 
-    async def start(self, fault: str, streams: int, prompt_chars: int, max_tokens: int) -> None:
+    async def start(self, fault: str, streams: int, prompt_chars: int, max_tokens: int,
+                    settle_s: float = 0.0) -> int:
         from chaos.load.workload import split_evenly
 
         shares = split_evenly(streams, self.count)
-        await self._call("start", [[fault, shares[i], prompt_chars, max_tokens] for i in range(self.count)])
+        return sum(n or 0 for n in await self._call(
+            "start", [[fault, shares[i], prompt_chars, max_tokens, settle_s] for i in range(self.count)]))
 
     async def stop(self, fault: str) -> int:
         return sum(n or 0 for n in await self._call("stop", [fault]))

@@ -131,7 +131,8 @@ class _Shard:
             "run": lambda: gen.run(int(args[0]) + self.offset_ns - self.skew_ns),
             "deadline": lambda: gen.move_deadline(int(args[0]) + self.offset_ns - self.skew_ns),
             "drain": lambda: gen.drain(float(args[0])),
-            "start": lambda: gen.start(str(args[0]), int(args[1]), int(args[2]), int(args[3])),
+            "start": lambda: gen.start(str(args[0]), int(args[1]), int(args[2]), int(args[3]),
+                                       float(args[4]) if len(args) > 4 else 0.0),
             "stop": lambda: gen.stop(str(args[0])),
             "lag": lambda: asyncio.sleep(0),
         }

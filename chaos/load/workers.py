@@ -317,9 +317,11 @@ class WorkerPool:
     async def drain(self, timeout: float) -> int:
         return sum(n or 0 for n in await self._call((timeout,), "drain"))
 
-    async def start(self, fault: str, streams: int, prompt_chars: int, max_tokens: int) -> None:
+    async def start(self, fault: str, streams: int, prompt_chars: int, max_tokens: int,
+                    settle_s: float = 0.0) -> int:
         shares = split_evenly(streams, self.count)
-        await self._call([(fault, shares[i], prompt_chars, max_tokens) for i in range(self.count)], "start")
+        return sum(n or 0 for n in await self._call(
+            [(fault, shares[i], prompt_chars, max_tokens, settle_s) for i in range(self.count)], "start"))
 
     async def stop(self, fault: str) -> int:
         return sum(n or 0 for n in await self._call((fault,), "stop"))

@@ -214,7 +214,11 @@ class ClientPolicy:
 class BackgroundLoad(Protocol):
     """Streams a fault sends on its own (kv.pressure hog), kept outside the SLA population."""
 
-    async def start(self, fault: str, streams: int, prompt_chars: int, max_tokens: int) -> None: ...
+    async def start(self, fault: str, streams: int, prompt_chars: int, max_tokens: int,
+                    settle_s: float = 0.0) -> int:
+        """Open the fault's background streams; wait up to ``settle_s`` until every one has its first
+        token (its prompt's KV blocks are held), and return how many have by then."""
+        ...
 
     async def stop(self, fault: str) -> int:
         """Abort the fault's background streams; return how many were running."""

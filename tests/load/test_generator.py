@@ -166,9 +166,9 @@ async def test_background_load_is_marked_and_stopped(mock_server: ThreadedMockSe
     records: list[StreamRecord] = []
     gen = generator(make_spec(concurrency=1), mock_server, records)
     mock_server.server.tick_s = 0.02
-    await gen.start("hog", 3, 50, 500)
+    # start() waits until each background stream has its first token (bounded), and says how many did
+    assert await gen.start("hog", 3, 50, 500, settle_s=30) == 3
     assert await mock_server.until(lambda: mock_server.server.active == 3)
-    await asyncio.sleep(0.1)
     assert await gen.stop("hog") == 3
     assert await gen.stop("hog") == 0
     await gen.aclose()
