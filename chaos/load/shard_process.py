@@ -100,13 +100,21 @@ class _Shard:
             self.writer.write(b'{"op":"record","record":' + line.encode("utf-8") + b"}\n")
 
     def setup(self, config: dict[str, Any], target_url: str | None, api_key: str | None) -> None:
+        from chaos.host.fd_limit import ensure_open_files, open_files_needed
+        from chaos.load.generator import DEFAULT_INFLIGHT_CAP
+        from chaos.load.workload import streams_at_most
+
         settings = settings_from_json(config["settings"])
+        # a shard on another host or in a pod inherits no limit the runner raised: it raises its own to
+        # what its share of the streams needs (SetupFailed, one line, when the hard limit is too low)
+        open_files = ensure_open_files(open_files_needed(streams_at_most(settings, DEFAULT_INFLIGHT_CAP)))
         self.policy.rules = rules_from_json(config.get("rules", []))
         path = self.journal_dir / shard_journal_name(self.index)
         self.journal_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.journal = JournalFile(path, create=True)
         self.journal.write({"type": "shard", "index": self.index, "count": self.count, "run_id": config.get("run_id"),
-                            "pid": os.getpid(), "host": socket.gethostname(), "skew_ns": self.skew_ns}, durable=True)
+                            "pid": os.getpid(), "host": socket.gethostname(), "skew_ns": self.skew_ns,
+                            "open_files": open_files.to_dict()}, durable=True)
         target = LoadTarget(base_url=target_url or str(config["base_url"]), model=str(config["model"]),
                             seed=int(config["seed"]), api_key=api_key)
         self.gen = LoadGenerator(settings, target, policy=self.policy, sink=self.sink, worker_index=self.index,

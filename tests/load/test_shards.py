@@ -271,3 +271,67 @@ async def test_shards_report_their_in_flight_streams_last_bytes_on_the_coordinat
     assert len(stamps) >= 4, stamps
     # every stamp on this host's clock, recent: the skewed shard's too (a 100 ms tick, a 0.5 s report period)
     assert all(now - 2 * S <= t <= now + S // 10 for t in stamps), [(now - t) / S for t in stamps]
+
+
+def _low_open_files(soft: int, hard: int | None = None) -> Any:
+    """A child's RLIMIT_NOFILE as a host with the common soft limit has it (hard: lowered too, when given)."""
+    import resource
+
+    def apply() -> None:
+        _, current_hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard if hard is not None else current_hard))
+
+    return apply
+
+
+async def test_an_external_shard_raises_its_own_open_file_limit_or_says_in_one_line_why_it_cannot(
+    tmp_path: Path, mock_server: ThreadedMockServer, token: str
+) -> None:
+    """Issue 24: a shard pod inherits no limit the runner raised. Each shard here holds 300 streams'
+    worth of its share (600 of 2 x 300 + 256 spare = 856 files) under a soft limit of 64."""
+    import json
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.skip(f"this host's hard open-file limit ({hard}) is below what the test raises to")
+
+    def start(address: str, hard_limit: int | None) -> subprocess.Popen[str]:
+        env = {k: v for k, v in os.environ.items() if k not in (TOKEN_ENV, SKEW_ENV)} | {TOKEN_ENV: token}
+        return subprocess.Popen(
+            [sys.executable, "-m", "chaos", "shard", "--coordinator", address, "--index", "0", "--count", "1",
+             "--journal-dir", str(tmp_path), "--connect-timeout", "20"],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            preexec_fn=_low_open_files(64, hard_limit),
+        )
+
+    # the soft limit is raised to what the share needs, and the shard journal says so
+    pool = ShardPool(_spec(shards=1, concurrency=300), LoadTarget(mock_server.base_url, "m", 1), policy=ClientPolicy(),
+                     sink=lambda r: None, run_dir=tmp_path, run_id="fd")
+    shards: list[subprocess.Popen[str]] = []
+    try:
+        await _open(pool, shards, lambda address: [start(address, None)])
+        await pool.ready()
+    finally:
+        await pool.aclose()
+        _reap(shards)
+    first = json.loads((tmp_path / "journal.shard-0.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    assert first["type"] == "shard" and first["open_files"]["soft_before"] == 64, first
+    assert first["open_files"]["soft"] >= first["open_files"]["needed"] == 856, first
+
+    # a hard limit below that: the shard stops before any load with one line naming the fix
+    (tmp_path / "journal.shard-0.jsonl").unlink()
+    pool = ShardPool(_spec(shards=1, concurrency=300, shard_connect_timeout=6.0),
+                     LoadTarget(mock_server.base_url, "m", 1), policy=ClientPolicy(), sink=lambda r: None,
+                     run_dir=tmp_path, run_id="fd2")
+    shards = []
+    with pytest.raises(Exception, match="shard"):
+        try:
+            await _open(pool, shards, lambda address: [start(address, 128)])
+            await pool.ready()
+        finally:
+            await pool.aclose()
+            outputs = _reap(shards)
+    assert shards[0].returncode == 4, outputs
+    assert "needs about 856 open files" in outputs[0] and "Traceback" not in outputs[0], outputs
+    assert not mock_server.requests  # nobody sent load
