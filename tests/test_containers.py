@@ -41,8 +41,12 @@ def test_container_config_from_the_spec() -> None:
     request = config["device_requests"][0]
     assert request["DeviceIDs"] == ["0", "2"] and request["Capabilities"] == [["gpu"]]
     assert config["restart_policy"] == {"Name": "no"} and "user" not in config
+    # bridge is the default (issue 23: a server binding 0.0.0.0 must not land on the host's interfaces)
     everything = container_config(spec(gpus="all"), image="i", port=1, labels={}, name="n", hardened_user="1000:1000")
-    assert everything["device_requests"][0]["Count"] == -1 and everything["network_mode"] == "host"
+    assert everything["device_requests"][0]["Count"] == -1 and "network_mode" not in everything
+    assert everything["ports"] == {"1/tcp": ("127.0.0.1", None)}
+    host = container_config(spec(network="host"), image="i", port=1, labels={}, name="n")
+    assert host["network_mode"] == "host" and "ports" not in host
     assert everything["read_only"] and everything["cap_drop"] == ["ALL"] and everything["user"] == "1000:1000"
 
 

@@ -37,7 +37,7 @@ TOP_LEVEL = Schema((
 ))
 
 TARGET_KINDS = ("builtin", "openai", "vllm", "docker", "kubernetes")
-DOCKER_NETWORKS = ("host", "bridge")
+DOCKER_NETWORKS = ("bridge", "host")
 ENGINE_CHOICES = ("auto", *PROFILES)
 
 TARGET = Schema((
@@ -71,8 +71,9 @@ TARGET = Schema((
     Param("image", "str", None, doc="docker: the image to run; none runs the builtin stack from this host's Python"),
     Param("command", "str_list", (), doc="docker: the image's command, e.g. [--model, m, --port, '8000']"),
     Param("env", "mapping", None, doc="docker: environment variables {NAME: value}"),
-    Param("network", "choice", "host", choices=DOCKER_NETWORKS,
-          doc="docker: host networking, or bridge with the port published on 127.0.0.1"),
+    Param("network", "choice", "bridge", choices=DOCKER_NETWORKS,
+          doc="docker: bridge (default: a network of the run's own, the port published on 127.0.0.1 only), "
+              "or host (the host's network: a server binding 0.0.0.0 listens on every interface)"),
     Param("port", "int", None, min=1, max=65535,
           doc="docker: the port the server listens on in the container (image default 8000)"),
     Param("volumes", "str_list", (), doc="docker: bind mounts HOST:CONTAINER[:ro|rw], read-only unless :rw"),

@@ -37,6 +37,7 @@ __all__ = [
     "parse_volume",
     "remove_container",
     "remove_run_containers",
+    "remove_run_networks",
     "rollback_container",
     "run_labels",
     "save_logs",
@@ -83,8 +84,9 @@ def run_labels(run_id: str, run_dir: str | Path, role: str) -> dict[str, str]:
 
 
 def ownership_problem(attrs: Mapping[str, Any], *, run_dir: str | Path, run_id: str | None = None) -> str | None:
-    """Why the container described by ``attrs`` (the daemon's inspect data) is not this run's; None when it is. Pure."""
-    labels = (attrs.get("Config") or {}).get("Labels") or {}
+    """Why the container (or network) described by ``attrs`` (the daemon's inspect data) is not this
+    run's; None when it is. Pure."""
+    labels = (attrs.get("Config") or {}).get("Labels") or attrs.get("Labels") or {}
     want_dir = str(Path(run_dir).resolve())
     if labels.get(LABEL_RUN_DIR) != want_dir:
         found = labels.get(LABEL_RUN_DIR)
@@ -191,11 +193,34 @@ def remove_run_containers(client: Any, *, run_id: str, run_dir: str | Path, cont
         log = (log_dir / f"container-{container.id[:12]}.log") if log_dir is not None else None
         removed.append(remove_container(container, log))
     evidence: dict[str, Any] = {"removed": removed}
+    networks, network_refusals = remove_run_networks(client, run_id=run_id, run_dir=run_dir)
+    refused += network_refusals
+    if networks:
+        evidence["networks_removed"] = networks
     if refused:
         evidence["left_alone"] = refused
-    if not removed and not refused:
+    if not removed and not refused and not networks:
         evidence["skipped"] = "no container of this run is left"
     return evidence
+
+
+def remove_run_networks(client: Any, *, run_id: str, run_dir: str | Path) -> tuple[list[str], list[str]]:
+    """Remove every network of this run (both labels match; its containers are gone first): the
+    names removed, and why any was left alone."""
+    import docker.errors
+
+    removed, refused = [], []
+    for network in client.networks.list(filters={"label": f"{LABEL_RUN_ID}={run_id}"}):
+        why = ownership_problem(network.attrs, run_dir=run_dir, run_id=run_id)
+        if why is not None:
+            refused.append(why.replace("container ", "network ", 1))
+            continue
+        try:
+            network.remove()
+        except docker.errors.NotFound:
+            pass
+        removed.append(network.name)
+    return removed, refused
 
 
 # -- the target section's container keys, parsed (pure; the experiment loader reports the errors) --

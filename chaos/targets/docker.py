@@ -2,8 +2,10 @@
 
 With ``image`` the container runs that image (``command``, ``env``, ``volumes``, ``gpus``); without
 one it runs the builtin stack from this host's Python (``chaos.targets.host_image``: no registry needed),
-shaped by the same keys as a builtin target. It listens on the host's network (``network: host``,
-the default) or, with ``network: bridge``, on a port Docker publishes on 127.0.0.1.
+shaped by the same keys as a builtin target. By default (``network: bridge``) the container gets a
+bridge network of the run's own (labelled like the container, removed with it) and its port is
+published on 127.0.0.1 only, so a server that binds 0.0.0.0 inside (vLLM's default) is not on the
+host's interfaces; ``network: host`` puts it on the host's network instead.
 
 The container is labelled with the run (``chaos.targets.containers.run_labels``) and journaled as a
 resource before it is created and again with its id, so ``streamchaos rollback`` (and the watchdog,
@@ -192,6 +194,9 @@ class DockerTarget(Target):
         self._planned = True
         self.record({"name": "target", "kind": RESOURCE_KIND, "action": "plan",
                      "undo": {"container_name": name, "image": image, "labels": labels}})
+        if spec.network == "bridge":  # after the plan: rollback removes the run's networks with its containers
+            self._make_network(client, name, labels)
+            config["network"] = name
         try:
             container = client.containers.create(**config)
         except ImageNotFound:
@@ -208,6 +213,18 @@ class DockerTarget(Target):
             raise SetupFailed(f"the target container {container.id[:12]} did not start: "
                               f"{exc.explanation or exc}") from None
         self._learn_host_pid(container)
+
+    @staticmethod
+    def _make_network(client: Any, name: str, labels: dict[str, str]) -> None:
+        """A bridge network of this run's own: the container is reachable only through the port
+        published on 127.0.0.1 and the bridge's private address, and shares it with no other run."""
+        from docker.errors import APIError
+
+        try:
+            client.networks.create(name, driver="bridge", labels=labels)
+        except APIError as exc:
+            raise SetupFailed(f"the Docker daemon could not make a bridge network for the target "
+                              f"({exc.explanation or exc}): set target.network: host to use the host's network") from None
 
     def _learn_host_pid(self, container: Any) -> None:
         """The container's first process as this host sees it: the root of its tree for the host record."""
@@ -260,6 +277,8 @@ class DockerTarget(Target):
         strays = remove_run_containers(self._client, run_id=self.run_id, run_dir=self.run_dir, log_dir=self.run_dir)
         if strays["removed"]:
             evidence["strays"] = strays["removed"]
+        if strays.get("networks_removed"):
+            evidence["networks_removed"] = strays["networks_removed"]
         self.record({"name": "target", "kind": RESOURCE_KIND, "action": "release", "evidence": evidence})
         self._planned = False
         self._client.close()

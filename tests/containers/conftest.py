@@ -43,7 +43,8 @@ def docker_client() -> Iterator[Any]:
 
 @pytest.fixture
 def leftovers(docker_client: Any) -> Iterator[list[str]]:
-    """Run directories whose containers must all be gone at the end; any left is removed, then the test fails."""
+    """Run directories whose containers and networks must all be gone at the end; any left is
+    removed, then the test fails."""
     from chaos.targets.containers import LABEL_RUN_DIR
 
     run_dirs: list[str] = []
@@ -54,6 +55,9 @@ def leftovers(docker_client: Any) -> Iterator[list[str]]:
         for container in docker_client.containers.list(all=True, filters={"label": f"{LABEL_RUN_DIR}={resolved}"}):
             left.append(f"{container.short_id} ({container.status}) of {resolved}")
             container.remove(force=True)
+        for network in docker_client.networks.list(filters={"label": f"{LABEL_RUN_DIR}={resolved}"}):
+            left.append(f"network {network.name} of {resolved}")
+            network.remove()
     assert not left, f"containers left behind: {left}"
 
 

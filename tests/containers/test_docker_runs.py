@@ -73,6 +73,11 @@ def run_containers(docker_client: Any, run_dir: Path) -> list[Any]:
     return docker_client.containers.list(all=True, filters={"label": f"{LABEL_RUN_DIR}={run_dir.resolve()}"})
 
 
+def run_networks(docker_client: Any, run_dir: Path) -> list[Any]:
+    """The run's own bridge network (the docker target's default), labelled like its container."""
+    return docker_client.networks.list(filters={"label": f"{LABEL_RUN_DIR}={run_dir.resolve()}"})
+
+
 def start_run(tmp_path: Path, docker_client: Any,
               experiment: dict[str, Any]) -> tuple[subprocess.Popen[bytes], Path, Any]:
     """A runner with every fault of its first phase injected and its watchdog up; (runner, run_dir, container)."""
@@ -97,6 +102,7 @@ def test_sigkill_of_runner_and_watchdog_then_rollback_leaves_nothing(tmp_path: P
     leftovers.append(str(tmp_path / "run"))
     runner, run_dir, container = start_run(tmp_path, docker_client, EXPERIMENT)
     assert container.status == "paused" and container.attrs["HostConfig"]["CpuQuota"] == 50_000
+    assert len(run_networks(docker_client, run_dir)) == 1
     for pid in watchdog_pids(run_dir):
         os.kill(pid, signal.SIGKILL)  # the dead-man's switch is gone too: only the journal is left
     runner.kill()
@@ -109,7 +115,7 @@ def test_sigkill_of_runner_and_watchdog_then_rollback_leaves_nothing(tmp_path: P
     assert done.returncode == 0, done.stdout + done.stderr
     assert "rolled back docker.pause" in done.stdout and "rolled back docker.cpu_limit" in done.stdout
     assert "rolled back target (docker.container)" in done.stdout
-    assert run_containers(docker_client, run_dir) == []
+    assert run_containers(docker_client, run_dir) == [] and run_networks(docker_client, run_dir) == []
     assert list(run_dir.glob("container-*.log"))  # its logs kept in the run directory
     again = subprocess.run([sys.executable, "-m", "chaos", "rollback", str(run_dir)], capture_output=True, text=True,
                            timeout=60)
@@ -126,6 +132,7 @@ def test_sigkill_of_the_runner_alone_the_watchdog_removes_the_container(tmp_path
     runner.kill()
     runner.wait(timeout=10)
     wait_for(lambda: not run_containers(docker_client, run_dir), 60, "the watchdog to remove the container")
+    wait_for(lambda: not run_networks(docker_client, run_dir), 10, "the watchdog to remove the run's network")
     assert "runner process gone" in (run_dir / "watchdog.log").read_text()
     assert [r["action"] for r in records(run_dir, "resource")][-1] == "rollback"
 
@@ -158,4 +165,5 @@ def test_a_runner_killed_while_its_container_starts_leaves_nothing(tmp_path: Pat
         runner.kill()
         runner.wait(timeout=10)
     wait_for(lambda: not run_containers(docker_client, run_dir), 60, "the watchdog to remove the starting container")
+    wait_for(lambda: not run_networks(docker_client, run_dir), 10, "the watchdog to remove the run's network")
     assert "runner process gone" in (run_dir / "watchdog.log").read_text()

@@ -46,7 +46,14 @@ async def test_builtin_stack_in_a_container_is_labelled_hardened_reached_and_rem
         assert attrs["Config"]["Labels"][LABEL_RUN_DIR] == str(run_dir.resolve())
         host = attrs["HostConfig"]
         assert host["ReadonlyRootfs"] and host["CapDrop"] == ["ALL"] and "no-new-privileges" in host["SecurityOpt"]
-        assert host["NetworkMode"] == "host" and host["LogConfig"]["Config"]["max-size"] == "64m"
+        assert host["LogConfig"]["Config"]["max-size"] == "64m"
+        # a bridge network of the run's own (the default), the port published on loopback only
+        assert host["NetworkMode"] == "streamchaos-feedc0de"
+        network = docker_client.networks.get("streamchaos-feedc0de")
+        assert network.attrs["Labels"][LABEL_RUN_ID] == "feedc0de" and network.attrs["Driver"] == "bridge"
+        bindings = [b for ports in attrs["NetworkSettings"]["Ports"].values() for b in ports or []]
+        assert bindings and {b["HostIp"] for b in bindings} == {"127.0.0.1"}, bindings
+        assert info.base_url == f"http://127.0.0.1:{bindings[0]['HostPort']}/v1"
         assert all(m["RW"] is False for m in attrs["Mounts"] if m["Type"] == "bind")
         assert "--admin-token" not in " ".join(attrs["Config"]["Cmd"])  # the token travels in the environment only
         # it serves: a streamed completion through the container, and its admin API with the run's token
@@ -59,10 +66,11 @@ async def test_builtin_stack_in_a_container_is_labelled_hardened_reached_and_rem
         container_id = info.container_id
     # removed on exit, its log kept, and journaled: planned before creation (labels), then with its id, then released
     assert docker_client.containers.list(all=True, filters={"id": container_id}) == []
+    assert docker_client.networks.list(names=["streamchaos-feedc0de"]) == []
     assert "streamchaos stack ready" in (run_dir / "container.log").read_text()
     assert [(r["action"], sorted(r.get("undo", r.get("evidence", {})))) for r in records] == [
         ("plan", ["container_name", "image", "labels"]), ("plan", ["container_id"]),
-        ("release", ["container", "exit_code", "log", "log_bytes", "removed", "status"])]
+        ("release", ["container", "exit_code", "log", "log_bytes", "networks_removed", "removed", "status"])]
     assert records[0]["undo"]["labels"] == run_labels("feedc0de", run_dir, "target")
 
 
@@ -78,7 +86,7 @@ async def test_an_image_target_gets_its_command_env_volumes_and_port(tmp_path: P
     port = free_port()
     volumes = [f"{path}:{path}:ro" for path in host_mounts()] + [f"{shared}:/data"]
     target_spec = spec(
-        image=host_image(docker_client), port=port, volumes=volumes, model="served-name",
+        image=host_image(docker_client), port=port, volumes=volumes, model="served-name", network="host",
         env={"STREAMCHAOS_TEST_MARKER": "on", "PYTHONUNBUFFERED": 1, "HOME": "/tmp"},
         command=[sys.executable, "-m", "chaos", "stack", "serve", "--host", "127.0.0.1", "--port", str(port)],
     )
