@@ -224,7 +224,8 @@ class DockerTarget(Target):
             client.networks.create(name, driver="bridge", labels=labels)
         except APIError as exc:
             raise SetupFailed(f"the Docker daemon could not make a bridge network for the target "
-                              f"({exc.explanation or exc}): set target.network: host to use the host's network") from None
+                              f"({exc.explanation or exc}): set target.network: host to use the host's "
+                              "network") from None
 
     def _learn_host_pid(self, container: Any) -> None:
         """The container's first process as this host sees it: the root of its tree for the host record."""
