@@ -77,6 +77,9 @@ def summed_stats(per_process: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]
         values = [s[key] for s in per_process.values() if key in s]
         if values:
             out[key] = max(values)
+    spilled = [s["uplink_spilled_bytes"] for s in per_process.values() if "uplink_spilled_bytes" in s]
+    if spilled:
+        out["uplink_spilled_bytes"] = sum(spilled)
     return out
 
 

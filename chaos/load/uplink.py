@@ -12,7 +12,10 @@ Frames are ``4-byte big-endian length`` + a pickle; the reader (``FrameReader``)
 protocol on the runner's loop. The buffer is bounded by ``HIGH_WATER_BYTES`` in normal running:
 above it the worker keeps buffering (a stall would distort every stamp) and counts the time it
 spent above, which the run reports (``uplink_over_high_water_s``): a runner that cannot keep up is
-flagged, never silently stalling the load.
+flagged, never silently stalling the load. Memory stays bounded even then: past ``SPILL_AT_BYTES``
+every frame goes to an unlinked temporary file instead (an append to the page cache, not a wait on
+the runner), in order, and is fed back into the pipe as it drains; the run reports the bytes that
+took that way (``uplink_spilled_bytes``).
 """
 
 from __future__ import annotations
@@ -20,13 +23,16 @@ from __future__ import annotations
 import asyncio
 import pickle
 import struct
+import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import IO, Any
 
-__all__ = ["HIGH_WATER_BYTES", "FrameReader", "Uplink"]
+__all__ = ["HIGH_WATER_BYTES", "SPILL_AT_BYTES", "FrameReader", "Uplink"]
 
 HIGH_WATER_BYTES = 64 * 1024 * 1024
+SPILL_AT_BYTES = 256 * 1024 * 1024  # the most frames held in memory; past it they go to a file
+SPILL_CHUNK_BYTES = 4 * 1024 * 1024  # fed back from the file into the pipe at a time
 _HEADER = struct.Struct("!I")
 
 
@@ -37,6 +43,7 @@ class _WriteSide(asyncio.Protocol):
         self.paused_at: float | None = None
         self.paused_s = 0.0
         self.lost = asyncio.get_running_loop().create_future()
+        self.on_resume: Callable[[], None] = lambda: None
 
     def pause_writing(self) -> None:
         self.paused_at = time.monotonic()
@@ -45,6 +52,7 @@ class _WriteSide(asyncio.Protocol):
         if self.paused_at is not None:
             self.paused_s += time.monotonic() - self.paused_at
             self.paused_at = None
+        self.on_resume()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.lost.done():
@@ -59,6 +67,10 @@ class Uplink:
         self.loop = asyncio.get_running_loop()
         self.pending: list[Any] = []
         self.frames = 0
+        self.spill: IO[bytes] | None = None  # frames past SPILL_AT_BYTES, in order, not yet in the pipe
+        self.spill_read_at = 0
+        self.spilled_bytes = 0
+        side.on_resume = self._refill
 
     @classmethod
     async def open(cls, fileno: int) -> Uplink:
@@ -89,20 +101,49 @@ class Uplink:
         if self.transport.is_closing():
             return
         data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
-        self.transport.write(_HEADER.pack(len(data)) + data)
+        frame = _HEADER.pack(len(data)) + data
+        if self.spill is None and self.transport.get_write_buffer_size() + len(frame) > SPILL_AT_BYTES:
+            self.spill = tempfile.TemporaryFile()  # unlinked already: a killed worker leaves nothing behind
+            self.spill_read_at = 0
+        if self.spill is not None:  # once spilling, every frame queues behind the spilled ones: order holds
+            self.spill.seek(0, 2)
+            self.spill.write(frame)
+            self.spilled_bytes += len(frame)
+        else:
+            self.transport.write(frame)
         self.frames += 1
+
+    def _refill(self) -> None:
+        """The pipe drained below its low-water mark: feed it from the spill file up to the high water."""
+        spill = self.spill
+        high = self.transport.get_write_buffer_limits()[1]
+        while spill is not None and not self.transport.is_closing() and self.transport.get_write_buffer_size() < high:
+            spill.seek(self.spill_read_at)
+            chunk = spill.read(SPILL_CHUNK_BYTES)
+            if not chunk:  # all of it is in the pipe's buffer now: frames go straight there again
+                spill.close()
+                self.spill = spill = None
+                break
+            self.spill_read_at += len(chunk)
+            self.transport.write(chunk)
 
     def stats(self) -> dict[str, Any]:
         over = self.side.paused_s + (time.monotonic() - self.side.paused_at if self.side.paused_at is not None else 0.0)
         return {"uplink_buffered_bytes": self.transport.get_write_buffer_size(),
-                "uplink_over_high_water_s": round(over, 3)}
+                "uplink_over_high_water_s": round(over, 3), "uplink_spilled_bytes": self.spilled_bytes}
 
     async def aclose(self, timeout: float = 10.0) -> None:
-        """Flush what is buffered (up to ``timeout``), then close."""
+        """Flush what is buffered and spilled (up to ``timeout``), then close."""
         self.flush()
         deadline = time.monotonic() + timeout
-        while self.transport.get_write_buffer_size() and time.monotonic() < deadline and not self.side.lost.done():
+        while (self.transport.get_write_buffer_size() or self.spill is not None) and time.monotonic() < deadline \
+                and not self.side.lost.done():
+            if self.spill is not None and self.side.paused_at is None:
+                self._refill()
             await asyncio.sleep(0.01)
+        if self.spill is not None:
+            self.spill.close()
+            self.spill = None
         self.transport.close()
 
 

@@ -1,0 +1,54 @@
+"""The uplink from a load process to the runner holds bounded memory when the runner stops reading:
+past ``SPILL_AT_BYTES`` frames go to an unlinked file, and every record still arrives, in order,
+once the runner reads again (issue 24). Thresholds are scaled down so megabytes stand for the
+hundreds of megabytes a real run would need."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import pytest
+
+from chaos.load import uplink as uplink_module
+from chaos.load.uplink import FrameReader, Uplink
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
+
+SPILL_AT = 1024 * 1024
+
+
+async def test_a_runner_that_stops_reading_costs_the_worker_bounded_memory_and_no_record(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(uplink_module, "HIGH_WATER_BYTES", 256 * 1024)
+    monkeypatch.setattr(uplink_module, "SPILL_AT_BYTES", SPILL_AT)
+    monkeypatch.setattr(uplink_module, "SPILL_CHUNK_BYTES", 64 * 1024)
+    read_end, write_end = os.pipe()
+    uplink = await Uplink.open(write_end)
+    os.close(write_end)
+    records = [("r", i, f"{i:06d}" + "x" * 4000) for i in range(2000)]  # ~8 MB, each its own; nobody reads yet
+    most_buffered = 0
+    for i, record in enumerate(records):
+        uplink.record(record)
+        if i % 20 == 19:
+            uplink.flush()
+            most_buffered = max(most_buffered, uplink.transport.get_write_buffer_size())
+    uplink.send(("reply", 1, True, "after the records"))
+    stats = uplink.stats()
+    assert most_buffered <= SPILL_AT, most_buffered  # memory bounded: the rest went to the file
+    assert stats["uplink_spilled_bytes"] > 6 * 1024 * 1024, stats
+
+    # the runner reads again: every record arrives, in the order made, the reply after them
+    got: list[Any] = []
+    lost = asyncio.get_running_loop().create_future()
+    transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+        lambda: FrameReader(got.append, lambda: lost.done() or lost.set_result(None)),
+        os.fdopen(read_end, "rb", buffering=0))
+    await uplink.aclose(timeout=30)
+    await asyncio.wait_for(lost, 30)
+    transport.close()
+    delivered = [r for message in got if message[0] == "records" for r in message[1]]
+    assert delivered == records
+    assert got[-1] == ("reply", 1, True, "after the records")
+    assert uplink.spill is None
