@@ -168,7 +168,7 @@ class DockerTarget(Target):
         labels = run_labels(self.run_id, self.run_dir, "target")
         name = f"streamchaos-{self.run_id}"
         if self.builtin:
-            from chaos.targets.host_image import host_image, host_mounts, host_python
+            from chaos.targets.host_image import host_image, host_mounts, host_python, host_pythonpath
 
             image = host_image(client)
             self.port = spec.port or _free_port()
@@ -178,7 +178,7 @@ class DockerTarget(Target):
                 spec, image=image, port=self.port, labels=labels, name=name,
                 command=[host_python(), "-m", "chaos", "stack", "serve", *serve_args(spec, self.port, self.seed)],
                 environment={"HOME": "/tmp", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
-                             ADMIN_TOKEN_ENV: self.token or ""},
+                             "PYTHONPATH": host_pythonpath(), ADMIN_TOKEN_ENV: self.token or ""},
                 mounts=host_mounts(extra), hardened_user=f"{os.getuid()}:{os.getgid()}",
             )
             if spec.network == "bridge":  # the stack must listen where Docker forwards to

@@ -22,7 +22,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HOST_IMAGE_REPOSITORY", "host_image", "host_mounts", "host_python", "skeleton_tar"]
+__all__ = ["HOST_IMAGE_REPOSITORY", "host_image", "host_mounts", "host_python", "host_pythonpath", "skeleton_tar"]
 
 HOST_IMAGE_REPOSITORY = "streamchaos-host"
 _DIRS = ("usr", "etc", "tmp", "proc", "sys", "dev", "run", "var", "home", "root", "opt", "srv", "mnt", "work")
@@ -85,6 +85,13 @@ def host_mounts(extra: tuple[str, ...] = ()) -> dict[str, dict[str, str]]:
             paths.append(path)
     kept = [p for p in paths if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in paths)]
     return {p: {"bind": p, "mode": "ro"} for p in sorted(kept)}
+
+
+def host_pythonpath() -> str:
+    """Where the container's Python imports ``chaos`` from: the directory this runner imported it
+    from (mounted by ``host_mounts``), so the container runs the runner's own code even when that is
+    a checkout on PYTHONPATH rather than what the virtualenv's install points at."""
+    return str(_project_root())
 
 
 def host_python() -> str:

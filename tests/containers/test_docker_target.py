@@ -10,6 +10,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+import chaos
 from dockerd import free_port
 
 from chaos.experiment import experiment_from_dict
@@ -56,6 +58,8 @@ async def test_builtin_stack_in_a_container_is_labelled_hardened_reached_and_rem
         assert info.base_url == f"http://127.0.0.1:{bindings[0]['HostPort']}/v1"
         assert all(m["RW"] is False for m in attrs["Mounts"] if m["Type"] == "bind")
         assert "--admin-token" not in " ".join(attrs["Config"]["Cmd"])  # the token travels in the environment only
+        # it imports chaos from where this runner did (a checkout on PYTHONPATH runs its own code there too)
+        assert f"PYTHONPATH={Path(chaos.__file__).resolve().parents[1]}" in attrs["Config"]["Env"]
         # it serves: a streamed completion through the container, and its admin API with the run's token
         async with httpx.AsyncClient(timeout=10) as client:
             reply = await client.post(info.base_url + "/completions",
