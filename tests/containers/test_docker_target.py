@@ -10,10 +10,9 @@ from typing import Any
 
 import httpx
 import pytest
-
-import chaos
 from dockerd import free_port
 
+import chaos
 from chaos.experiment import experiment_from_dict
 from chaos.model.errors import SetupFailed
 from chaos.targets.containers import LABEL_RUN_DIR, LABEL_RUN_ID, run_labels
