@@ -386,13 +386,17 @@ def _cmd_budgets(args: argparse.Namespace) -> int:
         false_fail = parse_fraction(args.false_fail)
     except UnitError as exc:
         raise UsageError(f"--false-fail: {exc}") from None
+    try:
+        headroom = parse_fraction(args.headroom)
+    except UnitError as exc:
+        raise UsageError(f"--headroom: {exc}") from None
     left_out: list[Path] = []
     runs = load_baselines(args.run_dirs, left_out=left_out)
     for path in left_out:
         print(f"left out {path}: it ended before any verdict (failed or stopped during setup), so it says nothing "
               "about a healthy run")
-    proposals = propose(runs, false_fail)
-    print(render_proposals(proposals, runs, false_fail), end="")
+    proposals = propose(runs, false_fail, headroom)
+    print(render_proposals(proposals, runs, false_fail, headroom), end="")
     if args.write:
         changed = write_budgets(args.write, proposals, runs)
         print(f"wrote {len(changed)} value(s) to {args.write}: " + ", ".join(changed) if changed else
@@ -548,6 +552,9 @@ def _add_budgets(sub: Commands) -> None:
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="finished runs of one experiment on a healthy stack")
     p.add_argument("--false-fail", default="1%",
                    help="the largest chance a healthy run fails or is undecided (default 1%%)")
+    p.add_argument("--headroom", default="0%",
+                   help="room for a box unlike the runs' (a shared CI machine): latency budgets x (1 + it), rate "
+                        "floors x (1 - it); e.g. 25%% (default 0%%)")
     p.add_argument("--write", metavar="EXPERIMENT.yaml", help="write the proposed budgets into this experiment file")
     p.set_defaults(fn=_cmd_budgets)
 

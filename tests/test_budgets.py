@@ -175,3 +175,20 @@ def test_the_table_says_in_plain_words_what_needed_and_n_eff_mean(tmp_path: Path
     assert "NEEDED: how many samples, counted like SAMPLES/RUN (not like n_eff), a run needs" in text
     assert "(n_eff N): successive samples are alike, so they carry as much information as N independent ones" in text
     assert "ttft, how it was found: " in text
+
+
+def test_headroom_widens_latency_budgets_and_lowers_rate_floors_and_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Room for a box unlike the baselines' (a shared CI machine), applied last and stated."""
+    dirs = [write_run(tmp_path, f"run{s}", synthetic_run(s)) for s in range(3)]
+    runs = load_baselines(dirs)
+    plain = {p.name: p for p in propose(runs, false_fail=0.01)}
+    roomy = {p.name: p for p in propose(runs, false_fail=0.01, headroom=0.25)}
+    assert roomy["ttft"].proposed == pytest.approx(plain["ttft"].proposed * 1.25)
+    assert roomy["throughput"].proposed == pytest.approx(plain["throughput"].proposed * 0.75)
+    assert roomy["goodput"].proposed == plain["goodput"].proposed  # a share floor keeps its binomial allowance
+    assert any("25% headroom" in n for n in roomy["ttft"].notes)
+    assert main(["budgets", *map(str, dirs), "--headroom", "25%"]) == 0
+    assert "plus 25% headroom for a box unlike theirs" in capsys.readouterr().out
+    assert main(["budgets", *map(str, dirs), "--headroom", "100%"]) == 2
+    assert "--headroom must lie between 0 and 100%" in capsys.readouterr().err

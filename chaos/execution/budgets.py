@@ -22,6 +22,13 @@ with no interval, is the runs' geometric mean minus z of their log spread, and n
 slowest run. Entries whose budget is a policy rather than a measurement (errors, early closes,
 integrity, KV cleanup, recovery) are listed and left as they are.
 
+The false-fail promise holds for a rerun on the box the runs came from, as it was then. A shared
+CI machine is not: a rerun minutes later beside other work read an ITL p90 5% over the baselines'
+own and straddled a budget proposed from them. ``headroom`` (``--headroom 25%``) is the room for
+that, stated and applied last: latency budgets times (1 + headroom), rate floors times
+(1 - headroom); share floors keep their binomial allowance, which a slower box does not move
+unless its objective is within reach of the drift.
+
 Rounding never tightens: budgets round up and floors round down, to three significant digits.
 ``--write`` edits those values in the experiment file in place (``chaos.experiment.yamledit``)
 and re-validates it.
@@ -422,10 +429,12 @@ _POLICY = {
 }
 
 
-def propose(runs: list[Baseline], false_fail: float = DEFAULT_FALSE_FAIL) -> list[Proposal]:
-    """One proposal per SLA entry of the runs' experiment."""
+def propose(runs: list[Baseline], false_fail: float = DEFAULT_FALSE_FAIL, headroom: float = 0.0) -> list[Proposal]:
+    """One proposal per SLA entry of the runs' experiment, ``headroom`` applied last (see above)."""
     if not 0.0 < false_fail < 0.5:
         raise UsageError(f"--false-fail must lie between 0 and 50%, found {false_fail:g}")
+    if not 0.0 <= headroom < 1.0:
+        raise UsageError(f"--headroom must lie between 0 and 100% (exclusive), found {headroom:g}")
     proposals: list[Proposal] = []
     for index, entry in enumerate(runs[0].experiment.sla):
         if entry.kind not in _KEYS:
@@ -442,8 +451,20 @@ def propose(runs: list[Baseline], false_fail: float = DEFAULT_FALSE_FAIL) -> lis
             _propose_share(entry, runs, false_fail, proposal)
         else:
             _propose_throughput(entry, runs, false_fail, proposal)
+        _add_headroom(proposal, headroom)
         proposals.append(proposal)
     return proposals
+
+
+def _add_headroom(proposal: Proposal, headroom: float) -> None:
+    """Room for a box that differs from the baselines': latency budgets up, rate floors down."""
+    if not headroom or proposal.proposed is None or proposal.unit == "fraction":
+        return
+    scale = 1.0 + headroom if proposal.unit == "s" else 1.0 - headroom
+    before = proposal.proposed
+    proposal.proposed = before * scale
+    shown = format_value(before, proposal.unit, upper=proposal.unit == "s")
+    proposal.notes.append(f"with {headroom * 100:g}% headroom: {shown} x {scale:g}")
 
 
 def _fmt(value: float | None, unit: str) -> str:
@@ -456,11 +477,13 @@ def _fmt(value: float | None, unit: str) -> str:
     return f"{value:.4g}/s"
 
 
-def render_proposals(proposals: list[Proposal], runs: list[Baseline], false_fail: float) -> str:
+def render_proposals(proposals: list[Proposal], runs: list[Baseline], false_fail: float,
+                     headroom: float = 0.0) -> str:
     """The table `streamchaos budgets` prints, with how each budget was found."""
+    room = f", plus {headroom * 100:g}% headroom for a box unlike theirs" if headroom else ""
     lines = [
         f"{runs[0].experiment.name}: budgets from {len(runs)} healthy run(s), "
-        f"each passed by a healthy run with probability >= {1 - false_fail:.4g}",
+        f"each passed by a healthy run with probability >= {1 - false_fail:.4g}{room}",
         "",
     ]
     rows = [("SLA", "KIND", "KEY", "CURRENT", "PROPOSED", "RUNS", "SAMPLES/RUN", "NEEDED")]

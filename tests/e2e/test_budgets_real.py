@@ -52,7 +52,10 @@ def test_budgets_proposed_from_healthy_runs_pass_a_rerun(tmp_path: Path) -> None
         dirs.append(tmp_path / f"base{seed}")
 
     runs = load_baselines(dirs)
-    proposals = propose(runs, false_fail=0.01)
+    # 25% headroom, as a shared CI box needs (docs/slas.md): the rerun runs minutes after the baselines
+    # beside other work. Without it CI run 7 read an ITL p90 of 7.9 ms against a proposed 8.3 ms
+    # (the baselines' own figures had been lower), and the interval straddled it: inconclusive.
+    proposals = propose(runs, false_fail=0.01, headroom=0.25)
     proposed = {p.name: p for p in proposals if p.text is not None}
     assert set(proposed) == {"ttft", "itl", "goodput", "fluidity"}, [(p.name, p.notes) for p in proposals]
     changed = write_budgets(path, proposals, runs)
