@@ -38,9 +38,10 @@ class FdLimit:
                 "hard": self.hard, "raised": self.raised}
 
 
-def open_files_needed(streams: int) -> int:
-    """File descriptors one process of the run may need for ``streams`` concurrent streams. Pure."""
-    return max(0, streams) * SOCKETS_PER_STREAM + RESERVE_FDS
+def open_files_needed(streams: int, sockets_per_stream: int = SOCKETS_PER_STREAM) -> int:
+    """File descriptors one process of the run may need for ``streams`` concurrent streams (a
+    process that only drives load, such as a shard, holds one socket a stream). Pure."""
+    return max(0, streams) * sockets_per_stream + RESERVE_FDS
 
 
 def _shown(limit: int) -> int:

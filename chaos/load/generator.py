@@ -363,19 +363,21 @@ class LoadGenerator:
             self._bg_http = make_http_client(max(streams, 1) + 16, api_key=self.target.api_key, headers=self._headers())
         tasks: set[asyncio.Task[StreamRecord]] = set()
         current: list[StreamRecord | None] = [None] * streams  # each slot's stream now
+        held = [False] * streams  # a slot whose stream had its first token, even one that has ended since
         loop = asyncio.get_running_loop()
-        slots = [loop.create_task(self._bg_slot(fault, i, prompt_chars, max_tokens, tasks, current))
+        slots = [loop.create_task(self._bg_slot(fault, i, prompt_chars, max_tokens, tasks, current, held))
                  for i in range(streams)]
         self._bg[fault] = (slots, tasks)
         deadline = time.monotonic() + max(0.0, settle_s)
         while True:  # bounded by settle_s
-            holding = sum(r is not None and r.t_first_content is not None and r.t_end is None for r in current)
+            holding = sum(h or (r is not None and r.t_first_content is not None) for h, r in zip(held, current))
             if holding >= streams or time.monotonic() >= deadline:
                 return holding
             await asyncio.sleep(_SETTLE_POLL_S)
 
     async def _bg_slot(self, fault: str, slot: int, prompt_chars: int, max_tokens: int,
-                       tasks: set[asyncio.Task[StreamRecord]], current: list[StreamRecord | None]) -> None:
+                       tasks: set[asyncio.Task[StreamRecord]], current: list[StreamRecord | None],
+                       held: list[bool]) -> None:
         assert self._bg_http is not None
         while True:
             self._bg_count += 1
@@ -395,6 +397,7 @@ class LoadGenerator:
             tasks.add(task)
             task.add_done_callback(tasks.discard)
             await asyncio.wait([task])
+            held[slot] = held[slot] or record.t_first_content is not None
             if record.error is not None and record.error.kind != "cancelled":
                 await asyncio.sleep(0.1)  # do not spin against a target that refuses
 

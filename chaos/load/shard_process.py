@@ -106,8 +106,9 @@ class _Shard:
 
         settings = settings_from_json(config["settings"])
         # a shard on another host or in a pod inherits no limit the runner raised: it raises its own to
-        # what its share of the streams needs (SetupFailed, one line, when the hard limit is too low)
-        open_files = ensure_open_files(open_files_needed(streams_at_most(settings, DEFAULT_INFLIGHT_CAP)))
+        # what its share of the streams needs, one socket each (SetupFailed, one line, when the hard
+        # limit is too low)
+        open_files = ensure_open_files(open_files_needed(streams_at_most(settings, DEFAULT_INFLIGHT_CAP), 1))
         self.policy.rules = rules_from_json(config.get("rules", []))
         path = self.journal_dir / shard_journal_name(self.index)
         self.journal_dir.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -15,7 +15,9 @@ spent above, which the run reports (``uplink_over_high_water_s``): a runner that
 flagged, never silently stalling the load. Memory stays bounded even then: past ``SPILL_AT_BYTES``
 every frame goes to an unlinked temporary file instead (an append to the page cache, not a wait on
 the runner), in order, and is fed back into the pipe as it drains; the run reports the bytes that
-took that way (``uplink_spilled_bytes``).
+took that way (``uplink_spilled_bytes``). The file lies in ``TMPDIR``: where that is a tmpfs (or a
+pod's in-memory emptyDir) the spill is memory again, so point ``TMPDIR`` at a disk for runs whose
+runner may fall hundreds of megabytes behind.
 """
 
 from __future__ import annotations
@@ -109,15 +111,18 @@ class Uplink:
             self.spill.seek(0, 2)
             self.spill.write(frame)
             self.spilled_bytes += len(frame)
+            if self.side.paused_at is None:  # the pipe is not full (one huge frame started the spill): no
+                self._refill()               # resume_writing will come to feed it, so feed it now
         else:
             self.transport.write(frame)
         self.frames += 1
 
     def _refill(self) -> None:
-        """The pipe drained below its low-water mark: feed it from the spill file up to the high water."""
+        """The pipe drained below its low-water mark: feed it from the spill file past the high water."""
         spill = self.spill
-        high = self.transport.get_write_buffer_limits()[1]
-        while spill is not None and not self.transport.is_closing() and self.transport.get_write_buffer_size() < high:
+        # until the transport pauses us (above its high water, strictly): a resume is then bound to come
+        # and feed the rest; stopping at the mark itself would leave it neither paused nor fed
+        while spill is not None and not self.transport.is_closing() and self.side.paused_at is None:
             spill.seek(self.spill_read_at)
             chunk = spill.read(SPILL_CHUNK_BYTES)
             if not chunk:  # all of it is in the pipe's buffer now: frames go straight there again

@@ -60,8 +60,12 @@ def container_config(
     spec: TargetSpec, *, image: str, port: int, labels: dict[str, str], name: str,
     command: list[str] | None = None, environment: dict[str, str] | None = None,
     mounts: dict[str, dict[str, str]] | None = None, hardened_user: str | None = None,
+    host_port: int | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments for ``client.containers.create``, from the target spec. Pure.
+
+    ``host_port`` (bridge): the loopback port to publish ``port`` on; None lets Docker pick one,
+    which it may change when the container is started again (``docker.kill`` with a restart).
 
     ``hardened_user`` (the host-Python stack): run as that uid:gid with a read-only root, a private
     /tmp, no capabilities and no new privileges.
@@ -84,7 +88,7 @@ def container_config(
     if spec.network == "host":
         config["network_mode"] = "host"
     else:
-        config["ports"] = {f"{port}/tcp": ("127.0.0.1", None)}  # an ephemeral host port on loopback only
+        config["ports"] = {f"{port}/tcp": ("127.0.0.1", host_port)}  # on loopback only
     if spec.gpus:
         from docker.types import DeviceRequest  # type: ignore[import-untyped]
 
@@ -175,7 +179,7 @@ class DockerTarget(Target):
             model = Path(str(spec.model))
             extra = (str(model.resolve()),) if model.is_dir() else ()
             config = container_config(
-                spec, image=image, port=self.port, labels=labels, name=name,
+                spec, image=image, port=self.port, labels=labels, name=name, host_port=_free_port(),
                 command=[host_python(), "-m", "chaos", "stack", "serve", *serve_args(spec, self.port, self.seed)],
                 environment={"HOME": "/tmp", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
                              "PYTHONPATH": host_pythonpath(), ADMIN_TOKEN_ENV: self.token or ""},
@@ -186,7 +190,8 @@ class DockerTarget(Target):
         else:
             image = str(spec.image)
             self.port = spec.port or DEFAULT_IMAGE_PORT
-            config = container_config(spec, image=image, port=self.port, labels=labels, name=name)
+            config = container_config(spec, image=image, port=self.port, labels=labels, name=name,
+                                      host_port=_free_port())
         for host in config["volumes"]:
             if not Path(host).exists():
                 raise SetupFailed(f"target.volumes: {host} does not exist on this host")

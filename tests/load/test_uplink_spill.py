@@ -52,3 +52,31 @@ async def test_a_runner_that_stops_reading_costs_the_worker_bounded_memory_and_n
     assert delivered == records
     assert got[-1] == ("reply", 1, True, "after the records")
     assert uplink.spill is None
+
+
+async def test_a_spill_drains_into_the_pipe_while_the_worker_runs_not_only_at_close(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """resume_writing feeds the spill back as the runner reads: records arrive before any close."""
+    monkeypatch.setattr(uplink_module, "HIGH_WATER_BYTES", 256 * 1024)
+    monkeypatch.setattr(uplink_module, "SPILL_AT_BYTES", SPILL_AT)
+    monkeypatch.setattr(uplink_module, "SPILL_CHUNK_BYTES", 64 * 1024)
+    read_end, write_end = os.pipe()
+    uplink = await Uplink.open(write_end)
+    os.close(write_end)
+    records = [("r", i, f"{i:06d}" + "y" * 4000) for i in range(1000)]
+    for i in range(0, len(records), 20):
+        for record in records[i:i + 20]:
+            uplink.record(record)
+        uplink.flush()
+    assert uplink.spill is not None and uplink.spilled_bytes > 0
+    got: list[Any] = []
+    transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+        lambda: FrameReader(got.append, lambda: None), os.fdopen(read_end, "rb", buffering=0))
+    delivered = lambda: [r for m in got if m[0] == "records" for r in m[1]]  # noqa: E731
+    for _ in range(3000):  # bounded: 30 s
+        if len(delivered()) == len(records):
+            break
+        await asyncio.sleep(0.01)
+    assert delivered() == records and uplink.spill is None  # all of it, in order, and the file closed
+    await uplink.aclose(timeout=5)
+    transport.close()
