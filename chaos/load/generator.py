@@ -370,7 +370,8 @@ class LoadGenerator:
         self._bg[fault] = (slots, tasks)
         deadline = time.monotonic() + max(0.0, settle_s)
         while True:  # bounded by settle_s
-            holding = sum(h or (r is not None and r.t_first_content is not None) for h, r in zip(held, current, strict=True))
+            holding = sum(h or (r is not None and r.t_first_content is not None)
+                          for h, r in zip(held, current, strict=True))
             if holding >= streams or time.monotonic() >= deadline:
                 return holding
             await asyncio.sleep(_SETTLE_POLL_S)
