@@ -19,14 +19,20 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 SPILL_AT = 1024 * 1024
 
 
-async def test_a_runner_that_stops_reading_costs_the_worker_bounded_memory_and_no_record(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+async def _scaled_uplink(monkeypatch: pytest.MonkeyPatch) -> tuple[Uplink, int]:
+    """An uplink on a fresh pipe with megabyte thresholds; (uplink, the pipe's read end)."""
     monkeypatch.setattr(uplink_module, "HIGH_WATER_BYTES", 256 * 1024)
     monkeypatch.setattr(uplink_module, "SPILL_AT_BYTES", SPILL_AT)
     monkeypatch.setattr(uplink_module, "SPILL_CHUNK_BYTES", 64 * 1024)
     read_end, write_end = os.pipe()
     uplink = await Uplink.open(write_end)
     os.close(write_end)
+    return uplink, read_end
+
+
+async def test_a_runner_that_stops_reading_costs_the_worker_bounded_memory_and_no_record(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    uplink, read_end = await _scaled_uplink(monkeypatch)
     records = [("r", i, f"{i:06d}" + "x" * 4000) for i in range(2000)]  # ~8 MB, each its own; nobody reads yet
     most_buffered = 0
     for i, record in enumerate(records):
@@ -57,12 +63,7 @@ async def test_a_runner_that_stops_reading_costs_the_worker_bounded_memory_and_n
 async def test_a_spill_drains_into_the_pipe_while_the_worker_runs_not_only_at_close(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """resume_writing feeds the spill back as the runner reads: records arrive before any close."""
-    monkeypatch.setattr(uplink_module, "HIGH_WATER_BYTES", 256 * 1024)
-    monkeypatch.setattr(uplink_module, "SPILL_AT_BYTES", SPILL_AT)
-    monkeypatch.setattr(uplink_module, "SPILL_CHUNK_BYTES", 64 * 1024)
-    read_end, write_end = os.pipe()
-    uplink = await Uplink.open(write_end)
-    os.close(write_end)
+    uplink, read_end = await _scaled_uplink(monkeypatch)
     records = [("r", i, f"{i:06d}" + "y" * 4000) for i in range(1000)]
     for i in range(0, len(records), 20):
         for record in records[i:i + 20]:
