@@ -112,3 +112,19 @@ def test_a_stream_record_is_written_as_asdict_would_write_it() -> None:
         expected = dict(dataclasses.asdict(record), type="stream")
         assert json.loads(to_json(record)) == expected
         assert from_json(to_json(record)) == record
+
+
+def test_a_stream_record_keeps_one_line_and_survives_what_orjson_refuses() -> None:
+    """Stream records go through orjson: the Unicode line breaks JSON allows raw are still escaped (one
+    record a line for any splitter), and a value orjson refuses (an int over 64 bits, a lone
+    surrogate) falls back to ``json`` instead of losing the record; a metric's NaN stays NaN."""
+    import math
+
+    record = StreamRecord(id="s", phase="p", text="a\u2028b\u2029c\x85d", usage={"big": 2**70})
+    line = to_json(record)
+    assert len(line.splitlines()) == 1 and "\u2028" not in line and "\x85" not in line
+    assert from_json(line) == record
+    lone = StreamRecord(id="s", phase="p", text="x\ud800y")
+    assert from_json(to_json(lone)) == lone
+    nan = from_json(to_json(MetricSample(name="m", labels={}, value=float("nan"), t=1)))
+    assert isinstance(nan, MetricSample) and math.isnan(nan.value)

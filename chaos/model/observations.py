@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any, ClassVar, Literal
 
+import orjson
+
 __all__ = [
     "END_RULE_TOPIC",
     "RECORD_TYPES",
@@ -243,21 +245,47 @@ _LINE_BREAKS = {0x85: "\\u0085", 0x2028: "\\u2028", 0x2029: "\\u2029"}
 def _stream_body(record: StreamRecord) -> dict[str, Any]:
     """``asdict`` of a stream record without its deep copies: what the journal writes once per
     request (``asdict`` copied each of the 64 stamps of a request one by one: 0.6 ms a record, the
-    runner's largest cost at 1,000 streams turning over)."""
-    body = {name: getattr(record, name) for name in _STREAM_FIELDS}
+    runner's largest cost at 1,000 streams turning over). Read from the instance's ``__dict__``:
+    a third of the cost of a ``getattr`` per field."""
+    attrs = record.__dict__
+    body = {name: attrs[name] for name in _STREAM_FIELDS}
     for key in _NESTED:
         if body[key] is not None:
             body[key] = asdict(body[key])
     return body
 
 
+def _dumps(body: dict[str, Any]) -> str:
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+
+
+def _dumps_stream(body: dict[str, Any]) -> str:
+    """A stream record's body as ``_dumps`` writes it, by orjson: its 64 stamps and text in a quarter
+    of ``json.dumps``'s time (the runner's largest cost per request at 1,000 streams turning over).
+    Only for stream records: orjson writes a float NaN as null where ``json`` keeps it, which a
+    scraped metric may be. ``json`` again for what orjson refuses (an int over 64 bits, a lone
+    surrogate, a key that is not a str)."""
+    try:
+        return orjson.dumps(body).decode("utf-8")
+    except TypeError:  # orjson.JSONEncodeError is one
+        return _dumps(body)
+
+
 def to_json(record: Record) -> str:
     """One record → one JSON line (no newline)."""
-    body = _stream_body(record) if type(record) is StreamRecord else asdict(record)
-    body["type"] = record.type
-    line = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    if type(record) is StreamRecord:
+        body = _stream_body(record)
+        body["type"] = record.type
+        line = _dumps_stream(body)
+    else:
+        body = asdict(record)
+        body["type"] = record.type
+        line = _dumps(body)
     # Keep one record per line for any line splitter: escape the Unicode line breaks JSON allows raw.
-    return line.translate(_LINE_BREAKS)
+    # Looked for first: translate() maps the line char by char (a third of this function's time).
+    if "\x85" in line or "\u2028" in line or "\u2029" in line:
+        line = line.translate(_LINE_BREAKS)
+    return line
 
 
 def from_json(line: str | dict[str, Any]) -> Record:

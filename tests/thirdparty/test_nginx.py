@@ -33,7 +33,15 @@ def _verdict(report: dict, sla: str) -> dict:
 
 def test_smoke_fails_behind_a_buffering_nginx(builtin_stack: StackProcess, nginx: Callable[[str, str], str],
                                               tmp_path: Path) -> None:
-    code, report, text = _run(nginx(builtin_stack.url, "buffering"), "experiments/smoke.yaml", tmp_path / "run")
+    # smoke's own SLAs, its ttft budget raised from 500 ms to 5 s: behind this nginx a TTFT is a whole
+    # 32-token response, which beside busy neighbours came near 500 ms (a CI run read ttft
+    # inconclusive); 5 s is a budget every buffered response meets on any box, so the point stands
+    # decided: ttft passes, streaming fails
+    generous = tmp_path / "smoke-generous-ttft.yaml"
+    smoke = Path("experiments/smoke.yaml").read_text()
+    assert "budget: 500ms" in smoke
+    generous.write_text(smoke.replace("budget: 500ms", "budget: 5s", 1))
+    code, report, text = _run(nginx(builtin_stack.url, "buffering"), str(generous), tmp_path / "run")
     streaming = _verdict(report, "streaming")
     assert streaming["status"] == "fail", streaming
     assert "being buffered" in streaming["evidence"]["reason"]
