@@ -171,6 +171,7 @@ class WorkerPool:
         self.lag_threshold = spec.lag_threshold
         self._loop: asyncio.AbstractEventLoop | None = None
         self._dead: dict[int, str] = {}
+        self._unconfirmed: list[int] = []  # workers whose close reply did not arrive within _CLOSE_TIMEOUT_S
         conc = split_evenly(spec.concurrency, count) if spec.concurrency is not None else [None] * count
         reqs = split_evenly(spec.max_requests, count) if spec.max_requests is not None else [None] * count
         ctx = multiprocessing.get_context("spawn")
@@ -340,7 +341,10 @@ class WorkerPool:
         return merged_send_delay(self._send_delay)
 
     def stats(self) -> dict[str, Any]:
-        return summed_stats(self._stats) | {"workers": self.count}
+        out = summed_stats(self._stats) | {"workers": self.count}
+        if self._unconfirmed:  # their last records may be missing from the journal: aclose says why
+            out["closed_unconfirmed"] = list(self._unconfirmed)
+        return out
 
     async def aclose(self) -> None:
         if self._policy is not None and self._rules_changed in self._policy.on_change:
@@ -348,7 +352,13 @@ class WorkerPool:
         try:
             if any(i not in self._dead for i in range(self.count)):
                 await asyncio.wait_for(self._call((), "close"), _CLOSE_TIMEOUT_S)
-        except (asyncio.TimeoutError, SetupFailed):
+        except asyncio.TimeoutError:
+            # a worker's close reply comes after every record it made (one uplink, in order): one that
+            # did not come in time means records still in its uplink (a backlog, a spill) are lost with
+            # it when it is stopped below. The journal's load_process note says which workers.
+            self._unconfirmed = sorted({i for _fut, _results, waiting in self._pending.values() for i in waiting
+                                        if i not in self._dead})
+        except SetupFailed:
             pass
         finally:
             loop = asyncio.get_running_loop()

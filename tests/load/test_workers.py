@@ -83,3 +83,33 @@ async def test_no_record_is_lost_when_the_parent_falls_behind(
         await pool.aclose()
     assert sent > 100
     assert len(records) == sent and len({r.id for r in records}) == sent
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(60)
+async def test_a_worker_whose_close_is_not_confirmed_is_named_in_the_stats(
+    mock_server: ThreadedMockServer, make_spec: Callable[..., LoadSettings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's close reply follows every record it made; one that never comes (here the worker is
+    frozen, as a runner that fell hundreds of MB behind would leave it still sending) means records may
+    be missing from the journal: the pool's stats (the journal's load_process note) say which worker,
+    and the frozen process is still stopped, not left behind."""
+    import os
+    import signal
+
+    from chaos.load import workers as workers_module
+
+    monkeypatch.setattr(workers_module, "_CLOSE_TIMEOUT_S", 1.0)
+    pool = make_load(make_spec(concurrency=2, workers=2, max_tokens=(2, 2)), LoadTarget(mock_server.base_url, "m", 6),
+                     policy=ClientPolicy(), sink=lambda record: None)
+    assert isinstance(pool, WorkerPool)
+    try:
+        await pool.ready()
+        assert "closed_unconfirmed" not in pool.stats()
+        frozen = pool._procs[1]
+        assert frozen.pid is not None
+        os.kill(frozen.pid, signal.SIGSTOP)
+    finally:
+        await pool.aclose()
+    assert pool.stats()["closed_unconfirmed"] == [1]
+    assert all(not p.is_alive() for p in pool._procs)
