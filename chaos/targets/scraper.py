@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -16,7 +17,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from chaos.host.capped import METRICS_LIMIT, get_capped
 from chaos.model.observations import MetricSample, Note
 
-__all__ = ["KEPT_PREFIXES", "MetricScraper", "all_metric_names", "parse_exposition"]
+__all__ = ["ABSENT_AFTER", "ABSENT_INTERVAL_S", "KEPT_PREFIXES", "MetricScraper", "all_metric_names",
+           "parse_exposition"]
+
+# A target that answers /metrics 404 this many times in a row has no metrics there (a server built
+# without them, llama.cpp without --metrics, a bare OpenAI-compatible app): it is asked every
+# ABSENT_INTERVAL_S from then on, in case they come up, not five times a second for the whole run
+# (an httpx request each: 2% of a core of the runner's, which at 64 streams was a fifth of the load's
+# own CPU). Any other answer (a 401 wanting credentials, a 500, a refused connection) keeps the
+# period: those are failures the console and kv_cleanup name, and may clear.
+ABSENT_AFTER = 10
+ABSENT_INTERVAL_S = 5.0
 
 # Series names (after prometheus-client strips nothing: samples keep their full names) we keep.
 KEPT_PREFIXES = (
@@ -76,6 +87,7 @@ class MetricScraper:
         self.sink = sink
         self.scrapes = 0
         self.failures = 0
+        self.absent_in_a_row = 0  # consecutive 404s: see ABSENT_AFTER
         self._task: asyncio.Task[None] | None = None
         # redirects followed: LiteLLM answers /metrics with 307 to /metrics/ (httpx drops the
         # Authorization header on a redirect to another origin)
@@ -102,11 +114,16 @@ class MetricScraper:
             samples = parse_exposition(response.text, t)
         except (httpx.HTTPError, ValueError) as exc:
             self.failures += 1
+            self.absent_in_a_row = self.absent_in_a_row + 1 if status == 404 else 0
             if self.failures in (1, 10, 100):
                 error = refused or f"{type(exc).__name__}: {exc}"
-                self.sink(Note(topic="scrape_error", t=t, data={"url": self.url, "error": error[:300], "status": status,
-                                                               "failures": self.failures}))
+                data: dict[str, Any] = {"url": self.url, "error": error[:300], "status": status,
+                                        "failures": self.failures}
+                if self.absent_in_a_row >= ABSENT_AFTER:
+                    data["next_every_s"] = max(self.interval, ABSENT_INTERVAL_S)
+                self.sink(Note(topic="scrape_error", t=t, data=data))
             return 0
+        self.absent_in_a_row = 0
         self.scrapes += 1
         for sample in samples:
             self.sink(sample)
@@ -116,10 +133,11 @@ class MetricScraper:
         next_t = time.monotonic()
         while True:
             await self.scrape_once()
-            next_t += self.interval
+            interval = self.interval if self.absent_in_a_row < ABSENT_AFTER else max(self.interval, ABSENT_INTERVAL_S)
+            next_t += interval
             now = time.monotonic()
             if next_t < now:  # a slow scrape or a stalled loop: skip the missed slots, no burst
-                next_t += self.interval * ((now - next_t) // self.interval + 1)
+                next_t += interval * ((now - next_t) // interval + 1)
             await asyncio.sleep(next_t - now)
 
     async def __aenter__(self) -> MetricScraper:
