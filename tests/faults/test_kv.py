@@ -150,6 +150,17 @@ def test_hog_fills_the_pool_and_stops_on_revert(stack: StackProcess, tmp_path: P
         fault = fault.activate(env)
         out: dict[str, Any] = {"evidence": await fault.inject()}
         async with httpx.AsyncClient(timeout=60, headers=stack.admin_headers) as client:
+            # the inject returns once the hogs hold their prompts' blocks; they fill the pool as they
+            # grow. Wait for that (bounded), not for a fixed while: on a quiet box the load below
+            # otherwise finished its 30 tokens before the pool was full, and saw no pressure at all
+            deadline = time.monotonic() + 30
+            while True:
+                full = (await client.get(stack.admin_url + "/state", headers=stack.admin_headers)).json()
+                if full["kv_blocks_used"] >= full["kv_blocks_total"] - 1 or full["num_preemptions"] > 0 \
+                        or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.005)
+            out["full"] = {k: full[k] for k in ("kv_blocks_used", "kv_blocks_total", "num_preemptions")}
             _, out["peaks"] = await _load(client, stack, 2, 30)
         out["reverted"] = await fault.revert()
         out["generated_at_revert"] = httpx.get(stack.admin_url + "/state", headers=stack.admin_headers,
@@ -162,6 +173,8 @@ def test_hog_fills_the_pool_and_stops_on_revert(stack: StackProcess, tmp_path: P
     # read once the three hold their blocks, however busy the box (no fixed while)
     assert evidence["streams_started"] == evidence["streams_holding"] == 3, evidence
     assert evidence["engine"]["kv_blocks_used"] > 32, evidence
+    full = out["full"]  # the hogs alone filled the pool (or pressed one of their own out)
+    assert full["kv_blocks_used"] >= full["kv_blocks_total"] - 1 or full["num_preemptions"] > 0, out
     assert out["peaks"]["num_waiting"] > 0 or out["peaks"]["num_preemptions"] > 0, out
     assert out["reverted"]["streams_stopped"] >= 1
     state = _idle(stack)
