@@ -321,7 +321,9 @@ async def test_an_external_shard_raises_its_own_open_file_limit_or_says_in_one_l
 
     # a hard limit below that: the shard stops before any load with one line naming the fix
     (tmp_path / "journal.shard-0.jsonl").unlink()
-    pool = ShardPool(_spec(shards=1, concurrency=300, shard_connect_timeout=30.0),
+    # the shard exits before it ever connects, so the pool's wait for it need not be long: 2 s, not the
+    # 30 s this part took with a default-sized wait (it was the quick tier's slowest test)
+    pool = ShardPool(_spec(shards=1, concurrency=300, shard_connect_timeout=2.0),
                      LoadTarget(mock_server.base_url, "m", 1), policy=ClientPolicy(), sink=lambda r: None,
                      run_dir=tmp_path, run_id="fd2")
     shards = []
