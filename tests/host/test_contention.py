@@ -4,6 +4,7 @@ other processes, not the run, took the CPU it lost."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -214,3 +215,53 @@ def test_the_host_is_named_before_a_saturated_load_generator(synth: Any) -> None
                         client_lag=lag)[0]
     assert verdict.status == "inconclusive"
     assert verdict.evidence["inconclusive_cause"] == HOST_CHANGED
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="Linux /proc only")
+def test_the_runs_tree_is_walked_from_its_roots_and_a_kernel_without_children_files_reads_the_whole_table(
+        tmp_path: Path) -> None:
+    """The sampler follows the run's processes down their ``children`` files instead of reading every
+    process on the host; a grandchild (the stack's engine under its server) is still the run's, a
+    process outside the tree is not, and without those files it reads the whole table as before."""
+    launcher = ("import subprocess, sys, time\n"
+                "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
+                "time.sleep(30)\n")
+    child = subprocess.Popen([sys.executable, "-c", launcher])
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    grandchild = 0
+    try:
+        deadline = time.monotonic() + 20
+        while not Path(f"/proc/{child.pid}/task/{child.pid}/children").read_text().split():
+            assert time.monotonic() < deadline, "the child never started its own child"
+            time.sleep(0.05)
+        grandchild = int(Path(f"/proc/{child.pid}/task/{child.pid}/children").read_text().split()[0])
+        walking = HostSampler(lambda: (child.pid,))
+        ticks, waits = walking._ours()
+        assert not walking.whole_table
+        assert set(ticks) == {child.pid, grandchild}
+        assert {pid for pid, _ in waits} == {child.pid, grandchild}
+        whole = HostSampler(lambda: (child.pid,))
+        whole.whole_table = True
+        assert set(whole._ours()[0]) == set(ticks)
+        assert stranger.pid not in ticks
+
+        # a /proc as a kernel without CONFIG_PROC_CHILDREN shows it: the same files, no children
+        fake = tmp_path / "proc"
+        for pid in (child.pid, grandchild):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                task = fake / str(pid) / "task" / tid
+                task.mkdir(parents=True)
+                (task / "schedstat").write_text(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text())
+                (task / "stat").write_text(Path(f"/proc/{pid}/task/{tid}/stat").read_text())
+            (fake / str(pid) / "stat").write_text(Path(f"/proc/{pid}/stat").read_text())
+        (fake / "stat").write_text(Path("/proc/stat").read_text())
+        fallback = HostSampler(lambda: (child.pid,), proc=fake)
+        assert set(fallback._ours()[0]) == {child.pid, grandchild}
+        assert fallback.whole_table
+    finally:
+        if grandchild:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(grandchild, signal.SIGKILL)
+        for proc in (child, stranger):
+            proc.kill()
+            proc.wait(timeout=10)
