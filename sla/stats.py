@@ -26,6 +26,7 @@ are given (the order the requests were sent) unless told the samples are indepen
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,7 +34,6 @@ from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-from scipy import stats as _scipy_stats
 
 from sla.correlation import EffectiveSize, effective_size, quantile_indicator
 
@@ -58,8 +58,24 @@ Status = Literal["pass", "fail", "inconclusive"]
 Samples = Sequence[float] | npt.NDArray[np.floating[Any]]
 Side = Literal["upper", "lower"]
 
-_binom = _scipy_stats.binom
-_beta = _scipy_stats.beta
+
+@functools.cache
+def _scipy_stats() -> Any:
+    """scipy.stats, imported on first use: it takes 1.1 s of CPU, and most processes that import the
+    SLA catalogue never judge (validate, list, dry runs, rollback, the load's own processes)."""
+    from scipy import stats
+
+    return stats
+
+
+def _binom() -> Any:
+    return _scipy_stats().binom
+
+
+def _beta() -> Any:
+    return _scipy_stats().beta
+
+
 # The binomial search caps here: a budget that needs more samples than this is reported as such.
 _MAX_N = 10**9
 
@@ -80,11 +96,11 @@ def _upper_index(n: int, q: float, alpha: float) -> int | None:
     """Smallest 1-based k with P(B >= k) <= alpha, B ~ Bin(n, q); None when even k = n fails."""
     if n <= 0 or q**n > alpha:
         return None
-    k = int(_binom.ppf(1.0 - alpha, n, q)) + 1  # a guess; fixed up exactly below
+    k = int(_binom().ppf(1.0 - alpha, n, q)) + 1  # a guess; fixed up exactly below
     k = min(max(k, 1), n)
-    while k > 1 and _binom.sf(k - 2, n, q) <= alpha:
+    while k > 1 and _binom().sf(k - 2, n, q) <= alpha:
         k -= 1
-    while _binom.sf(k - 1, n, q) > alpha:
+    while _binom().sf(k - 1, n, q) > alpha:
         k += 1
     return k
 
@@ -93,11 +109,11 @@ def _lower_index(n: int, q: float, alpha: float) -> int | None:
     """Largest 1-based k with P(B <= k - 1) <= alpha; None when even k = 1 fails."""
     if n <= 0 or (1.0 - q) ** n > alpha:
         return None
-    k = int(_binom.ppf(alpha, n, q))
+    k = int(_binom().ppf(alpha, n, q))
     k = min(max(k, 1), n)
-    while k < n and _binom.cdf(k, n, q) <= alpha:
+    while k < n and _binom().cdf(k, n, q) <= alpha:
         k += 1
-    while k > 1 and _binom.cdf(k - 1, n, q) > alpha:
+    while k > 1 and _binom().cdf(k - 1, n, q) > alpha:
         k -= 1
     return k
 
@@ -205,9 +221,9 @@ def samples_to_decide(q: float, confidence: float, share_within: float, *, two_s
         if heading_for_pass:
             # X_(k) <= budget iff at least k samples are within: some k <= within has P(B >= k) <= alpha
             k = np.floor(within)
-            return np.asarray((k >= 1) & (_binom.sf(k - 1, n, q) <= alpha), dtype=bool)
+            return np.asarray((k >= 1) & (_binom().sf(k - 1, n, q) <= alpha), dtype=bool)
         # X_(k) > budget iff fewer than k are within: some k - 1 >= within has P(B <= k - 1) <= alpha
-        return np.asarray(_binom.cdf(np.ceil(within), n, q) <= alpha, dtype=bool)
+        return np.asarray(_binom().cdf(np.ceil(within), n, q) <= alpha, dtype=bool)
 
     powers = 2 ** np.arange(0, int(math.log2(_MAX_N)) + 1, dtype=np.int64)
     ok = decides(powers.astype(float))
@@ -340,16 +356,16 @@ def proportion_bounds(
         raise ValueError(f"successes must lie between 0 and n ({n}), found {successes}")
     n_e = float(n) if n_eff is None else min(float(n), max(1.0, float(n_eff)))
     x = successes * n_e / n
-    lower = 0.0 if successes == 0 else float(_beta.ppf(alpha, x, n_e - x + 1.0))
-    upper = 1.0 if successes == n else float(_beta.ppf(1.0 - alpha, x + 1.0, n_e - x))
+    lower = 0.0 if successes == 0 else float(_beta().ppf(alpha, x, n_e - x + 1.0))
+    upper = 1.0 if successes == n else float(_beta().ppf(1.0 - alpha, x + 1.0, n_e - x))
     return ProportionBounds(successes, n, n_e, confidence, lower, upper)
 
 
 def _share_decides(share: float, floor: float, n_e: float, alpha: float) -> bool:
     x = share * n_e
     if share > floor:
-        return x > 0 and float(_beta.ppf(alpha, x, n_e - x + 1.0)) >= floor
-    return x < n_e and float(_beta.ppf(1.0 - alpha, x + 1.0, n_e - x)) < floor
+        return x > 0 and float(_beta().ppf(alpha, x, n_e - x + 1.0)) >= floor
+    return x < n_e and float(_beta().ppf(1.0 - alpha, x + 1.0, n_e - x)) < floor
 
 
 def share_samples_to_decide(share: float, floor: float, confidence: float = 0.95) -> int | None:
@@ -442,7 +458,7 @@ def rank_shift(later: Samples, earlier: Samples, alpha: float = 0.05) -> RankShi
     """Mann-Whitney U test, alternative "later is greater", at significance ``alpha``."""
     if len(later) == 0 or len(earlier) == 0:
         raise ValueError("the rank test needs at least one sample on each side")
-    result = _scipy_stats.mannwhitneyu(list(later), list(earlier), alternative="greater")
+    result = _scipy_stats().mannwhitneyu(list(later), list(earlier), alternative="greater")
     p = float(result.pvalue)
     return RankShift(
         statistic=float(result.statistic),

@@ -67,6 +67,20 @@ def test_a_load_shard_imports_no_fault_family() -> None:
     assert out.stdout.strip() == "[]", out.stdout
 
 
+def test_what_never_judges_never_imports_scipy_stats_or_matplotlib() -> None:
+    """scipy.stats takes 1.1 s of CPU to import and matplotlib about as much: `validate`, `list`, a dry
+    run, the runner until it judges, and every process it starts (stack, proxy, watchdog, guard) load
+    the fault and SLA catalogues but never judge or draw; the suite starts hundreds of them."""
+    code = (
+        "import sys\n"
+        "import chaos.cli, chaos.execution.runner, chaos.execution.watchdog, chaos.host.procguard\n"
+        "import chaos.stack.serve, faults.toxiproxy_server.server, chaos.load.workers, sla.stats\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('scipy.stats', 'matplotlib'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
 @pytest.mark.parametrize("kind", sorted(REGISTRY))
 def test_every_fault_kind_is_a_frozen_spec_whose_fields_are_its_parameters(kind: str) -> None:
     cls = REGISTRY[kind]
