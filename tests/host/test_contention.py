@@ -202,7 +202,9 @@ def test_the_real_proc_tells_the_runs_cpu_from_a_neighbours_and_sees_the_run_wai
     # our busy child gets a third of a core even beside a loaded CI worker and counts as the run's;
     # the detached ones count as neighbours, and with them our child waits longer for a CPU
     assert alone[RUN] >= 0.33, alone
-    assert crowded[NEIGHBOUR] >= alone[NEIGHBOUR] + 0.33, (alone, crowded)
+    # where the box was already near full of others' work (the suite beside two busy processes: 1.58 of 2
+    # cores) the neighbours cannot gain a third of a core more; they must then hold nearly all of it
+    assert crowded[NEIGHBOUR] >= min(alone[NEIGHBOUR] + 0.33, 0.9 * crowded[BUSY]), (alone, crowded)
     assert crowded[WAIT] >= alone[WAIT] + 0.1, (alone, crowded)
     assert alone[BUSY] >= alone[RUN] and crowded[BUSY] >= crowded[NEIGHBOUR]
 

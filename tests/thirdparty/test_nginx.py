@@ -33,14 +33,16 @@ def _verdict(report: dict, sla: str) -> dict:
 
 def test_smoke_fails_behind_a_buffering_nginx(builtin_stack: StackProcess, nginx: Callable[[str, str], str],
                                               tmp_path: Path) -> None:
-    # smoke's own SLAs, its ttft budget raised from 500 ms to 5 s: behind this nginx a TTFT is a whole
-    # 32-token response, which beside busy neighbours came near 500 ms (a CI run read ttft
-    # inconclusive); 5 s is a budget every buffered response meets on any box, so the point stands
-    # decided: ttft passes, streaming fails
+    # smoke's own SLAs, its ttft p75 within 500 ms made a p50 within 5 s: behind this nginx a TTFT is a
+    # whole 32-token response, which beside busy neighbours came near 500 ms (a CI run read ttft
+    # inconclusive); 5 s is a budget every buffered response meets on any box. And a p50: whole
+    # responses drift together, so beside two busy processes and the suite 228 TTFTs were worth 12
+    # independent ones (tau 19), one short of what bounds a p75 and twice what bounds a p50. So the
+    # point stands decided: ttft passes, streaming fails
     generous = tmp_path / "smoke-generous-ttft.yaml"
     smoke = Path("experiments/smoke.yaml").read_text()
-    assert "budget: 500ms" in smoke
-    generous.write_text(smoke.replace("budget: 500ms", "budget: 5s", 1))
+    assert "quantile: p75\n    budget: 500ms" in smoke
+    generous.write_text(smoke.replace("quantile: p75\n    budget: 500ms", "quantile: p50\n    budget: 5s", 1))
     code, report, text = _run(nginx(builtin_stack.url, "buffering"), str(generous), tmp_path / "run")
     streaming = _verdict(report, "streaming")
     assert streaming["status"] == "fail", streaming
