@@ -8,6 +8,12 @@ _streamchaos_env_ok() {
 }
 if ! _streamchaos_env_ok python3; then
   if [ ! -x .venv/bin/python ]; then
+    # the locked set needs 3.11.5 or newer (pymdown-extensions 13.1.2): Debian 12's python3 is 3.11.2,
+    # where pip otherwise fails after a minute with a resolver conflict that names no Python version
+    if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 11, 5))' 2>/dev/null; then
+      echo "streamchaos needs Python 3.11.5 or newer for its locked packages; python3 here is $(python3 -V 2>&1)" >&2
+      exit 4
+    fi
     echo "setting up .venv (first run only)..." >&2
     python3 -m venv .venv
   fi
