@@ -3,7 +3,9 @@ nowhere else (``./scripts/test --quick`` deselects them). tests/README.md says w
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +18,7 @@ SLOW_FOLDERS = tuple(HERE / name for name in (
     "k8s/runs",         # whole runs against the fake API server
     "stack/processes",  # a stack process per case, or killed ones
     "reports/runs",     # real runs the report pages are made from
-    "lint",             # mypy over the packages
+    "lint",             # mypy over the packages, the suite's worker grouping
     "install/light",    # a fresh virtualenv with the light install
 ))
 
@@ -26,6 +28,82 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         path = Path(str(item.fspath))
         if any(folder in path.parents for folder in SLOW_FOLDERS):
             item.add_marker(pytest.mark.slow)
+
+
+# What one xdist worker runs as a unit (``--dist loadgroup``, as ./scripts/test runs), by node-id
+# prefix. xdist_group marks were meant to say this, but xdist 3.8 writes the group into
+# ``Item._nodeid``, which pytest 9 no longer reads: the marks did nothing, and the vLLM tier's three
+# runs started together on the two cores. The scheduler below groups by this table instead.
+ONE_WORKER: tuple[tuple[str, str], ...] = (
+    # real vLLM, built by each run (three processes, each importing vLLM): two at once starve both
+    ("tests/vllm/", "vllm"),
+    ("tests/e2e/test_budgets_real.py", "vllm"),  # compares runs minutes apart: never beside vLLM
+    # a module- or session-scoped server, site or library, built once and not once per worker (2-5 s
+    # of CPU each; the quick tier: 159 s without these groups, 139 s with the modules' alone)
+    ("tests/stack/test_", "stack"),  # the stack servers of tests/stack/conftest.py (not processes/)
+    ("tests/toxiproxy/", "toxiproxy"),  # the embedded Toxiproxy and its upstreams
+    ("tests/k8s/", "k8s"),  # the fake API server
+    ("tests/test_docs_site.py", "docs-site"),
+    ("tests/engine/test_export.py", "engine-export"),
+    ("tests/faults/test_server_faults.py", "server-faults"),
+    ("tests/faults/test_kv.py", "faults-kv"),
+)
+
+
+def worker_group(nodeid: str) -> str | None:
+    """The group whose worker runs this test, or None: any worker."""
+    return next((group for prefix, group in ONE_WORKER if nodeid.startswith(prefix)), None)
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: absent where xdist is not installed
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByTable(LoadScopeScheduling):  # type: ignore[misc]
+        """xdist's loadgroup with the groups from ONE_WORKER, every other test a unit of its own."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(nodeid) or nodeid
+
+    # in collection order (tests/vllm/conftest.py puts the vLLM tier first), not largest group first
+    config.option.loadscopereorder = False
+    return ByTable(config, log)
+
+
+class _QueueOrder:
+    """The order xdist hands the work out in (ByTable keeps collection order). The vLLM tier first: it
+    takes one worker for ~5 min while the others run everything else (collected last, it ran alone at
+    the end: 4 min of one idle worker). Then the other groups: each is one unit no worker can share,
+    so none may be the suite's tail. Then the quick tier, so what runs beside vLLM's busy cores is
+    mostly pure and in-process tests, not whole runs whose phase comparisons a neighbour starting or
+    stopping can shift (a CI run: recovery at 1.77x). The slow rest last."""
+
+    @pytest.hookimpl(trylast=True)  # after every folder's hook has marked its slow tests, and after deselection
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        def rank(item: pytest.Item) -> int:
+            group = worker_group(item.nodeid)
+            if group is not None:
+                return 0 if group == "vllm" else 1
+            return 2 if item.get_closest_marker("slow") is None else 3
+
+        items.sort(key=rank)  # stable: collection order within each rank
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_QueueOrder(), "streamchaos-queue-order")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """torch in a test process runs on one thread. Its default, one per core, made each worker that
+    runs torch in-process (exports, generate, the engine's own tests) spin OpenMP threads for the
+    two cores the other workers and the stacks they start also need: test_export took 46 s beside
+    them instead of 12. Processes the tests start (stacks, vLLM) set their own threads."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
 
 
 # The failed tests' node ids, written by the controlling process (not by xdist's workers) to the file

@@ -13,11 +13,11 @@ from chaos.execution.budgets import load_baselines, propose, write_budgets
 from chaos.experiment import load_experiment
 
 # Budgets proposed from three runs, then judged on a fourth: the test compares runs minutes apart, so
-# the box must not change under it. On the vLLM tier's worker (``--dist loadgroup``) it never runs
+# the box must not change under it. On the vLLM tier's worker (tests/conftest.py, ONE_WORKER) it never runs
 # beside real vLLM, the suite's heaviest neighbour: two CI runs beside it read a rerun TTFT p50 of
 # 10.8-11.5 ms against baselines of 8.0-8.8 ms, with lag-1 autocorrelation ~0.5 (647 samples worth
 # 60), and the interval crossed the proposed budget: inconclusive.
-pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("vllm")]
+pytestmark = pytest.mark.timeout(300)
 
 EXPERIMENT = """\
 # A short healthy run whose budgets are placeholders until `streamchaos budgets` fills them in.
