@@ -67,7 +67,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             return worker_group(nodeid) or nodeid
 
-    # in collection order (tests/vllm/conftest.py puts the vLLM tier first), not largest group first
+    # in collection order (_QueueOrder below puts the vLLM tier first), not largest group first
     config.option.loadscopereorder = False
     return ByTable(config, log)
 
@@ -100,7 +100,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     """torch in a test process runs on one thread. Its default, one per core, made each worker that
     runs torch in-process (exports, generate, the engine's own tests) spin OpenMP threads for the
     two cores the other workers and the stacks they start also need: test_export took 46 s beside
-    them instead of 12. Processes the tests start (stacks, vLLM) set their own threads."""
+    the grouped modules instead of 12 (the quick tier used 288 s of CPU instead of 239). Processes
+    the tests start (stacks, vLLM) set their own threads."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.get_num_threads() != 1:
         torch.set_num_threads(1)
