@@ -199,12 +199,16 @@ def test_the_real_proc_tells_the_runs_cpu_from_a_neighbours_and_sees_the_run_wai
     for _ in range((os.cpu_count() or 2) + 1):
         hog(detached=True)
     crowded = _measure(sampler, 1.5)
-    # our busy child gets a third of a core even beside a loaded CI worker and counts as the run's;
+    # our busy child counts as the run's: it gets a share of a core however loaded the box (0.32 of one
+    # beside a soak's two hogs and its run; a sampler that missed it would read the idle test, ~0);
     # the detached ones count as neighbours, and with them our child waits longer for a CPU
-    assert alone[RUN] >= 0.33, alone
-    # where the box was already near full of others' work (the suite beside two busy processes: 1.58 of 2
-    # cores) the neighbours cannot gain a third of a core more; they must then hold nearly all of it
-    assert crowded[NEIGHBOUR] >= min(alone[NEIGHBOUR] + 0.33, 0.9 * crowded[BUSY]), (alone, crowded)
+    assert alone[RUN] >= 0.15, alone
+    # the detached hogs are neighbours, not the run's: the run gained none of their CPU, and three of them
+    # hold at least twice what our one child gets (the scheduler shares the cores evenly among busy
+    # processes). Not "the neighbours gained a third of a core": on a box already full of the suite's
+    # work they could not (1.32 cores before the hogs, 1.56 after, 2.0 busy).
+    assert crowded[RUN] <= alone[RUN] + 0.2, (alone, crowded)
+    assert crowded[NEIGHBOUR] >= 2 * crowded[RUN], (alone, crowded)
     assert crowded[WAIT] >= alone[WAIT] + 0.1, (alone, crowded)
     assert alone[BUSY] >= alone[RUN] and crowded[BUSY] >= crowded[NEIGHBOUR]
 

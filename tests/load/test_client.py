@@ -51,8 +51,11 @@ async def test_chat_role_chunk_is_an_event_but_not_content(mock_server: Threaded
     rec = await fetch(mock_server, {"text": "x", "first_delay_s": 0.05}, chat=True, tokens=3)
     assert_ordered(rec)
     assert rec.complete and rec.text == "xxx"
-    # the role chunk came first (event), content only after the prefill delay
-    assert rec.t_first_content - rec.t_first_event >= 40_000_000  # type: ignore[operator]
+    # the role chunk is an event (first) but not content: role, 3 content, usage, [DONE]
+    assert rec.events == 6 and len(rec.t_content) == 3
+    # content only after the server's 50 ms prefill delay, counted from the send: a late stamp can only
+    # lengthen that (the gap from the role chunk's stamp was 14 ms once, the loop busy when it came)
+    assert rec.t_first_content - rec.t_sent >= 50_000_000  # type: ignore[operator]
 
 
 async def test_missing_done_ends_quietly_as_incomplete(mock_server: ThreadedMockServer) -> None:
