@@ -110,3 +110,26 @@ async def test_requests_beyond_the_limit_wait_for_a_slot(mock_server: ThreadedMo
     # the wait for the slot is the client's: each t_sent is after the previous stream ended
     ordered = sorted(recs, key=lambda r: r.t_sent or 0)
     assert all((a.t_end or 0) <= (b.t_sent or 0) for a, b in zip(ordered, ordered[1:], strict=False))
+
+
+async def test_an_idle_connection_is_reused_only_within_the_keepalive_expiry(mock_server: ThreadedMockServer) -> None:
+    """Past the expiry the client connects afresh instead of racing the server's own idle timer (which,
+    frozen or not, may close the connection as the request arrives: lost unread). The default stays
+    below uvicorn's 5 s keep-alive minus a 2 s freeze."""
+    from chaos.load.http1 import KEEPALIVE_EXPIRY_S, H1Client
+
+    assert KEEPALIVE_EXPIRY_S + 2.0 < 5.0
+    body = {"stream": True, "max_tokens": 2, "mock": {"tick_s": 0.01}}
+
+    async def one(http: H1Client, n: int) -> StreamRecord:
+        return await stream_request(http, mock_server.base_url + "/completions", body,
+                                    StreamRecord(id=f"k{n}", phase="p"), request_timeout=20)
+
+    http = H1Client(1, keepalive_expiry=0.3)
+    try:
+        assert (await one(http, 0)).complete
+        assert (await one(http, 1)).complete and http.connects == 1  # at once: the same connection
+        await asyncio.sleep(0.5)
+        assert (await one(http, 2)).complete and http.connects == 2  # idle past the expiry: a new one
+    finally:
+        await http.aclose()
