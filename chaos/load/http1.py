@@ -35,8 +35,8 @@ __all__ = ["Connection", "ConnectionClosed", "H1Client", "ResponseSink", "Target
 # an idle one on its own timer (uvicorn's 5 s: vLLM, SGLang, the builtin stack), and a request sent
 # as that timer fires is lost unread ("server disconnected without sending a response"). A timer
 # runs on while a server is frozen, and uvloop fires expired timers before reading what waits on a
-# socket: under container-freeze's 2 s freeze, 2 runs in 22 lost a request on a connection idle more
-# than 3 s when the freeze began (with the former 30 s). 1.5 s leaves a 2 s freeze 1.5 s of room
+# socket: under container-freeze's 2 s freeze, 5 runs in 22 lost 1-5 requests each, sent on connections
+# idle since before the freeze (with the former 30 s). 1.5 s leaves a 2 s freeze 1.5 s of room
 # against a 5 s server; reconnecting after 1.5 s idle costs one connect at rates that low.
 KEEPALIVE_EXPIRY_S = 1.5
 
