@@ -17,7 +17,6 @@ from chaos.model.errors import SetupFailed
 from chaos.model.experiment import TargetSpec
 from chaos.targets.vllm import VLLM_PYTHON_ENV, find_vllm_python
 
-HERE = Path(__file__).parent
 DEFAULT_VENV_PYTHON = "/var/cache/streamchaos/vllm-venv/bin/python"
 
 
