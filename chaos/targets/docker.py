@@ -53,6 +53,10 @@ DEFAULT_IMAGE_PORT = 8000  # vLLM's, SGLang's (30000 aside) and TGI's usual API 
 LOG_MAX_SIZE = "64m"  # what the daemon keeps of the container's output (json-file log-opts)
 POLL_S = 0.25
 READ_DEADLINE_S = 5.0  # one readiness answer, read whole (byte-capped: chaos.host.capped)
+# The loopback port we publish on is picked free, then bound by Docker's proxy at start: another
+# process may take it in between (a busy host's ephemeral ports turn over), and start then fails
+PORT_ATTEMPTS = 3
+PORT_TAKEN = ("address already in use", "port is already allocated")
 IMAGE_CAP_DROP = ("NET_RAW", "MKNOD", "SYS_CHROOT", "SETFCAP", "SETPCAP", "AUDIT_WRITE")  # target.hardening: default
 
 
@@ -202,21 +206,28 @@ class DockerTarget(Target):
         if spec.network == "bridge":  # after the plan: rollback removes the run's networks with its containers
             self._make_network(client, name, labels)
             config["network"] = name
-        try:
-            container = client.containers.create(**config)
-        except ImageNotFound:
-            raise SetupFailed(f"image {image!r} is not on the Docker daemon: `docker pull {image}` (or build it) first;"
-                              " streamchaos does not pull, a pull can outlast any startup timeout") from None
-        except APIError as exc:
-            raise SetupFailed("the Docker daemon refused to create the target container: "
-                              f"{exc.explanation or exc}") from None
-        self.container_id = container.id
-        self.record({"name": "target", "kind": RESOURCE_KIND, "action": "plan", "undo": {"container_id": container.id}})
-        try:
-            container.start()
-        except APIError as exc:
-            raise SetupFailed(f"the target container {container.id[:12]} did not start: "
-                              f"{exc.explanation or exc}") from None
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                container = client.containers.create(**config)
+            except ImageNotFound:
+                raise SetupFailed(f"image {image!r} is not on the Docker daemon: `docker pull {image}` (or build it) "
+                                  "first; streamchaos does not pull, a pull can outlast any startup timeout") from None
+            except APIError as exc:
+                raise SetupFailed("the Docker daemon refused to create the target container: "
+                                  f"{exc.explanation or exc}") from None
+            self.container_id = container.id
+            self.record({"name": "target", "kind": RESOURCE_KIND, "action": "plan",
+                         "undo": {"container_id": container.id}})
+            try:
+                container.start()
+                break
+            except APIError as exc:
+                why = str(exc.explanation or exc)
+                if "ports" not in config or attempt == PORT_ATTEMPTS or not any(t in why for t in PORT_TAKEN):
+                    raise SetupFailed(f"the target container {container.id[:12]} did not start: {why}") from None
+                # taken since we picked it: this container (never started) goes, the next one gets another port
+                remove_container(container, None)
+                config["ports"] = {key: ("127.0.0.1", _free_port()) for key in config["ports"]}
         self._learn_host_pid(container)
 
     @staticmethod

@@ -77,6 +77,43 @@ async def test_builtin_stack_in_a_container_is_labelled_hardened_reached_and_rem
     assert records[0]["undo"]["labels"] == run_labels("feedc0de", run_dir, "target")
 
 
+async def test_a_host_port_taken_before_the_start_gets_a_fresh_one(tmp_path: Path, docker_client: Any,
+                                                                 leftovers: list[str], monkeypatch: Any) -> None:
+    """The published port is picked free, then bound by Docker at start: a port another process took
+    in between (as on a busy host) costs one container, not the run."""
+    import socket
+
+    import chaos.targets.docker as docker_target
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    leftovers.append(str(run_dir))
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    taken = holder.getsockname()[1]
+    picks: list[int] = []
+    real_free_port = docker_target._free_port
+
+    def free_port_taken_twice() -> int:  # the stack's own port, then the first published one
+        picks.append(taken if len(picks) < 2 else real_free_port())
+        return picks[-1]
+
+    monkeypatch.setattr(docker_target, "_free_port", free_port_taken_twice)
+    records, record = journal()
+    try:
+        async with running_target(spec(), target_url=None, run_dir=run_dir, seed=3, run_id="5eedf00d",
+                                  record=record) as target:
+            attrs = docker_client.containers.get(target.info.container_id).attrs
+            [binding] = [b for ports in attrs["NetworkSettings"]["Ports"].values() for b in ports or []]
+            assert int(binding["HostPort"]) == picks[2] != taken
+            assert target.info.base_url == f"http://127.0.0.1:{picks[2]}/v1"
+            assert len(docker_client.containers.list(all=True, filters={"label": f"{LABEL_RUN_ID}=5eedf00d"})) == 1
+    finally:
+        holder.close()
+    assert [r["action"] for r in records] == ["plan", "plan", "plan", "release"]  # both containers journaled
+
+
 async def test_an_image_target_gets_its_command_env_volumes_and_port(tmp_path: Path, docker_client: Any,
                                                                      leftovers: list[str]) -> None:
     """The image path, with this host's skeleton image standing in for a served image such as vLLM's."""
