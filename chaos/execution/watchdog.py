@@ -75,8 +75,10 @@ def main(argv: list[str] | None = None) -> int:
             from chaos.execution.rollback import rollback_run
 
             why = "runner process gone" if runner_gone else "lease expired"
+            # said before acting: whoever finds the run's resources gone (or a rollback that hangs) reads why
+            print(f"watchdog: {why}; rolling back the run", file=sys.stderr, flush=True)
             done = rollback_run(args.run_dir, allowed_urls=args.allow_url)
-            print(f"watchdog: {why}; rolled back {len(done)} fault(s): {done}", file=sys.stderr)
+            print(f"watchdog: rolled back {len(done)} fault(s): {done}", file=sys.stderr, flush=True)
             return 0
         time.sleep(args.poll)
     return 0
