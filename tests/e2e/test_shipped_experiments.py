@@ -55,10 +55,10 @@ def check_network_jitter(result: Any) -> None:
     longest = {phase: statistics.median(max(s.gaps_ns) / 1e6 for s in obs.population(phase) if len(s.gaps_ns) > 1)
                for phase in ("baseline", "jitter")}
     # A busy box stretches the baseline's longest gaps too (a CI run of three workers: 28 ms, the jitter
-    # phase's 53 ms), so the widening is asked in milliseconds, and the ratio only loosely
+    # phase's 53 ms; a busier one: 37 ms and 54 ms), so the widening is asked in milliseconds, not as a
+    # ratio of a baseline the box sets. Latency without jitter keeps each stream's gaps: no widening.
     widening = longest["jitter"] - longest["baseline"]
-    assert 10 <= widening <= 150 and longest["jitter"] >= 1.5 * longest["baseline"], \
-        f"longest gap per stream (median): {longest}"
+    assert 10 <= widening <= 150, f"longest gap per stream (median): {longest}"
 
 
 def check_tiny_packets(result: Any) -> None:
