@@ -169,8 +169,6 @@ class DockerTarget(Target):
 
     # -- in a worker thread (the SDK blocks) ---------------------------------------------------------
     def _launch(self) -> None:
-        from docker.errors import APIError, ImageNotFound  # type: ignore[import-untyped]
-
         client = self._client = docker_client(SetupFailed)
         spec = self.spec
         labels = run_labels(self.run_id, self.run_dir, "target")
@@ -206,6 +204,14 @@ class DockerTarget(Target):
         if spec.network == "bridge":  # after the plan: rollback removes the run's networks with its containers
             self._make_network(client, name, labels)
             config["network"] = name
+        container = self._create_and_start(client, config, image)
+        self._learn_host_pid(container)
+
+    def _create_and_start(self, client: Any, config: dict[str, Any], image: str) -> Any:
+        """Create the container (journaled with its id) and start it; a published port another process
+        took since we picked it costs that container, and the next one gets another port."""
+        from docker.errors import APIError, ImageNotFound
+
         for attempt in range(1, PORT_ATTEMPTS + 1):
             try:
                 container = client.containers.create(**config)
@@ -228,7 +234,7 @@ class DockerTarget(Target):
                 # taken since we picked it: this container (never started) goes, the next one gets another port
                 remove_container(container, None)
                 config["ports"] = {key: ("127.0.0.1", _free_port()) for key in config["ports"]}
-        self._learn_host_pid(container)
+        return container
 
     @staticmethod
     def _make_network(client: Any, name: str, labels: dict[str, str]) -> None:

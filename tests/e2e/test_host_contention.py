@@ -85,7 +85,8 @@ def test_a_neighbour_that_takes_the_host_in_the_judged_phase_makes_recovery_inco
     assert per_phase["recovery"].wait > per_phase["baseline"].wait, per_phase
     verdict = result.verdicts[0]
     assert verdict.status == "inconclusive", verdict
-    assert verdict.evidence["inconclusive_cause"] == HOST_CHANGED, (verdict.evidence.get("saturated_because"), per_phase)
+    assert verdict.evidence["inconclusive_cause"] == HOST_CHANGED, (verdict.evidence.get("saturated_because"),
+                                                                     per_phase)
     assert "other processes on this host used" in verdict.evidence["host_contention"]["why"]
     # the same observations without the host record: the neighbour's slowdown reads as the stack's
     bare = replace(obs, metrics=[m for m in obs.metrics if not m.name.startswith("host_")])
