@@ -21,6 +21,7 @@ from toxiproxy import Toxiproxy
 from toxiproxy.api import APIConsumer
 from toxiproxy.exceptions import InvalidToxic, NotFound, ProxyExists
 
+from chaos.host.tls import tls_context
 from chaos.model.errors import FaultError
 
 __all__ = ["ToxiproxyAPI"]
@@ -130,7 +131,7 @@ class ToxiproxyAPI:
     def create_proxy_sync(self, name: str, upstream: str, listen: str) -> str:
         """Create the proxy (replacing one a killed run left behind); return its resolved listen address."""
         body = {"name": name, "listen": listen, "upstream": upstream, "enabled": True}
-        with httpx.Client(base_url=self.api_url, timeout=10.0, trust_env=False) as client:
+        with httpx.Client(base_url=self.api_url, timeout=10.0, trust_env=False, verify=tls_context()) as client:
             response = client.post("/proxies", json=body)
             if response.status_code == 409:
                 client.delete(f"/proxies/{name}")

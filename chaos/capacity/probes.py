@@ -16,6 +16,7 @@ import httpx
 from chaos.execution.result import Result
 from chaos.experiment.loader import BASELINE_S
 from chaos.host.capped import METRICS_LIMIT, get_capped
+from chaos.host.tls import tls_context
 from chaos.model.capacity import BASELINE_CASE, CapacitySpec, Probe, ProbeOutcome
 from chaos.model.context import HaltSpec
 from chaos.model.engines import PROFILES
@@ -206,7 +207,7 @@ async def settle(metrics_url: str | None, engine: str, timeout_s: float,
     running: float | None = None
     usage: float | None = None
     before: float | None = None
-    async with httpx.AsyncClient(timeout=2.0, trust_env=False, headers=headers) as client:
+    async with httpx.AsyncClient(timeout=2.0, trust_env=False, verify=tls_context(), headers=headers) as client:
         while time.monotonic() - started < timeout_s:
             try:
                 answer = await get_capped(client, metrics_url, limit=METRICS_LIMIT, deadline=SETTLE_READ_DEADLINE_S)

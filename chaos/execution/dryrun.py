@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from chaos.host.capped import JSON_LIMIT, Capped, clip, get_capped
+from chaos.host.tls import tls_context
 from chaos.model.allowlist import experiment_reach, refusals
 from chaos.model.context import ProxyInfo, Scene, TargetInfo
 from chaos.model.experiment import Experiment, TargetSpec
@@ -107,7 +108,8 @@ async def _get(url: str, headers: dict[str, str], out: DryRun) -> Capped | str:
     """One GET (the only kind of request a dry run makes), recorded; the response (at most
     ``JSON_LIMIT`` bytes of it) or why there is none."""
     try:
-        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, headers=headers, trust_env=False) as client:
+        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, headers=headers, trust_env=False,
+                                     verify=tls_context()) as client:
             response = await get_capped(client, url, limit=JSON_LIMIT, deadline=PROBE_TIMEOUT_S)
     except httpx.HTTPError as exc:
         out.contacted.append(f"GET {url} -> {type(exc).__name__}")

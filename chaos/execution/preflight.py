@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 
 from chaos.host.capped import JSON_LIMIT, METRICS_LIMIT, Capped, clip, clip_json, get_capped
+from chaos.host.tls import tls_context
 from chaos.model.engines import CONVENIENCE_FIELDS, PROFILES, EngineProfile, Evidence, identify
 from chaos.model.errors import SetupFailed
 from chaos.model.experiment import LoadSpec
@@ -131,7 +132,7 @@ async def detect(base_url: str, metrics_url: str | None, headers: Mapping[str, s
     from chaos.targets.scraper import all_metric_names
 
     root = base_url[: -len("/v1")] if base_url.endswith("/v1") else base_url
-    async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, headers=dict(headers), trust_env=False,
+    async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, headers=dict(headers), trust_env=False, verify=tls_context(),
                                  follow_redirects=True) as client:
         models, health, version, info, alive = await asyncio.gather(
             _get(client, base_url + "/models"), _get(client, root + "/health"), _get(client, root + "/version"),
@@ -141,7 +142,7 @@ async def detect(base_url: str, metrics_url: str | None, headers: Mapping[str, s
             scraped = await _get(client, metrics_url, METRICS_LIMIT) if metrics_headers is None else None
             if metrics_headers is not None:
                 async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, headers=dict(metrics_headers), trust_env=False,
-                                             follow_redirects=True) as m:
+                                             verify=tls_context(), follow_redirects=True) as m:
                     scraped = await _get(m, metrics_url, METRICS_LIMIT)
             if scraped is not None and scraped.status_code < 400 and not scraped.over:
                 names = all_metric_names(scraped.text)

@@ -22,6 +22,7 @@ from urllib.parse import quote
 
 import httpx
 
+from chaos.host.tls import tls_context
 from chaos.model.errors import FaultError, FaultPermissionDenied, TargetUnreachable
 
 __all__ = ["LEASE_RENEW_EVERY_S", "LEASE_TTL_S", "AdminClient", "LeaseKeeper", "admin_delete_sync", "admin_url_of",
@@ -50,7 +51,7 @@ async def recognise(root_url: str, token: str, timeout: float = 5.0) -> str | No
     root = root_url.rstrip("/")
     nonce = secrets.token_urlsafe(24)
     try:
-        async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
+        async with httpx.AsyncClient(timeout=timeout, trust_env=False, verify=tls_context()) as client:
             health = await client.get(root + "/health")
             if health.status_code not in (200, 503) or _json(health).get("server") != "streamchaos":
                 return f"{root}/health does not say it is a streamchaos stack"
@@ -86,7 +87,8 @@ class AdminClient:
     def __init__(self, admin_url: str, token: str | None = None, timeout: float = 10.0) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.admin_url = admin_url.rstrip("/")
-        self._http = httpx.AsyncClient(base_url=self.admin_url, headers=headers, timeout=timeout, trust_env=False)
+        self._http = httpx.AsyncClient(base_url=self.admin_url, headers=headers, timeout=timeout, trust_env=False,
+                                       verify=tls_context())
 
     async def __aenter__(self) -> Self:
         return self

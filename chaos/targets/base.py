@@ -26,6 +26,7 @@ import httpx
 
 from chaos.host.capped import JSON_LIMIT, clip, get_capped
 from chaos.host.redact import register_secret
+from chaos.host.tls import tls_context
 from chaos.model.context import TargetInfo
 from chaos.model.errors import ExperimentInvalid, SetupFailed, TargetUnreachable
 from chaos.model.observations import MetricSample, Note
@@ -155,7 +156,7 @@ class BuiltinStack(Target):
         try:
             # trust_env=False: an HTTP(S)_PROXY in the environment must not carry a probe of our own
             # loopback stack (or of the target below) anywhere the load itself does not go
-            async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
+            async with httpx.AsyncClient(timeout=5.0, trust_env=False, verify=tls_context()) as client:
                 health = (await get_capped(client, url + "/health", limit=JSON_LIMIT, deadline=5.0)).json()
                 device = str(health.get("device", "cpu"))
         except (httpx.HTTPError, ValueError, AttributeError):
@@ -196,7 +197,8 @@ class RemoteTarget(Target):
     async def start(self) -> TargetInfo:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         try:
-            async with httpx.AsyncClient(timeout=10.0, headers=headers, trust_env=False) as client:
+            async with httpx.AsyncClient(timeout=10.0, headers=headers, trust_env=False,
+                                         verify=tls_context()) as client:
                 response = await get_capped(client, self.info.base_url + "/models", limit=JSON_LIMIT, deadline=10.0)
         except httpx.HTTPError as exc:
             raise TargetUnreachable(f"{self.info.base_url}/models did not answer: {exc!r}") from exc
@@ -229,7 +231,7 @@ class RemoteTarget(Target):
             log.warning("not sending the admin token to %s: %s", root, why)
             return
         try:
-            async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
+            async with httpx.AsyncClient(timeout=5.0, trust_env=False, verify=tls_context()) as client:
                 health = (await get_capped(client, root + "/health", limit=JSON_LIMIT, deadline=5.0)).json()
                 state = await get_capped(client, root + "/admin/state", limit=JSON_LIMIT, deadline=5.0,
                                          headers={"Authorization": f"Bearer {self.admin_token}"})

@@ -28,6 +28,7 @@ import httpx
 
 from chaos.host.capped import JSON_LIMIT, Capped, clip, get_capped
 from chaos.host.redact import register_secret
+from chaos.host.tls import tls_context
 from chaos.model.context import TargetInfo
 from chaos.model.errors import SetupFailed
 from chaos.stack.serve import ADMIN_TOKEN_ENV
@@ -313,7 +314,7 @@ class DockerTarget(Target):
         deadline = time.monotonic() + self.spec.startup_timeout
         headers = {"Authorization": f"Bearer {self.spec.api_key}"} if self.spec.api_key else {}
         last = "no answer yet"
-        async with httpx.AsyncClient(timeout=2.0, headers=headers, trust_env=False) as client:
+        async with httpx.AsyncClient(timeout=2.0, headers=headers, trust_env=False, verify=tls_context()) as client:
             while True:
                 facts = await asyncio.to_thread(self._state)
                 if facts["status"] != "running":

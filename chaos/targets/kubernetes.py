@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from chaos.host.capped import METRICS_LIMIT, get_capped
+from chaos.host.tls import tls_context
 from chaos.k8s.client import CONTEXT_ENV, INCLUSTER_TOKEN, KUBECONFIG_ENV, KubeApi, config_source, default_namespace
 from chaos.k8s.relay import DirectDial, ForwardDial, Relay
 from chaos.k8s.watch import PodWatch
@@ -245,7 +246,8 @@ class KubernetesTarget(Target):
         """Each serving pod's /metrics every ``interval``, in parallel; samples labelled with the pod."""
         assert self.watch is not None
         failures: dict[str, int] = {}
-        async with httpx.AsyncClient(timeout=max(1.0, 4 * interval), trust_env=False, headers=headers) as client:
+        async with httpx.AsyncClient(timeout=max(1.0, 4 * interval), trust_env=False, verify=tls_context(),
+                                     headers=headers) as client:
             next_t = time.monotonic()
             while True:
                 t = time.monotonic_ns()

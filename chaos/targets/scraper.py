@@ -15,6 +15,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from chaos.host.capped import METRICS_LIMIT, get_capped
+from chaos.host.tls import tls_context
 from chaos.model.observations import MetricSample, Note
 
 __all__ = ["ABSENT_AFTER", "ABSENT_INTERVAL_S", "KEPT_PREFIXES", "MetricScraper", "all_metric_names",
@@ -93,7 +94,7 @@ class MetricScraper:
         # Authorization header on a redirect to another origin)
         self._deadline = max(1.0, 4 * interval)
         self._client = httpx.AsyncClient(timeout=self._deadline, headers=dict(headers or {}), follow_redirects=True,
-                                         trust_env=False)
+                                         trust_env=False, verify=tls_context())
 
     async def scrape_once(self) -> int:
         if not self.url:

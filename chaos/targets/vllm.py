@@ -54,6 +54,7 @@ from chaos.host.cpuset import allowed_cpus, format_cpu_list, server_cpus
 from chaos.host.procguard import group_members, group_undo
 from chaos.host.redact import register_secret
 from chaos.host.runfiles import open_append
+from chaos.host.tls import tls_context
 from chaos.model.context import TargetInfo
 from chaos.model.errors import SetupFailed
 from chaos.targets.base import ResourceRecorder, Target, configured_admin_token, require_engine
@@ -313,7 +314,7 @@ class VllmTarget(Target):
         """Poll /v1/models until vLLM answers; a vLLM that exits or never answers is a one-line SetupFailed."""
         assert self.guard is not None
         deadline = time.monotonic() + self.startup_timeout
-        async with httpx.AsyncClient(timeout=2.0, trust_env=False) as client:
+        async with httpx.AsyncClient(timeout=2.0, trust_env=False, verify=tls_context()) as client:
             while True:
                 if self.guard.poll() is not None:
                     raise SetupFailed(f"vLLM exited during start-up ({_last_error(self.log_path)}); log: "
