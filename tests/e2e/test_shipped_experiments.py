@@ -104,7 +104,11 @@ def check_event_loop_stall(result: Any) -> None:
     assert longest["stalls"] >= 0.12, longest
     stalled = {phase: sum(1 for g in gaps(result.observations, phase) if g >= 120)
                for phase in ("baseline", "stalls", "recovery")}
-    assert stalled["stalls"] >= 5 > stalled["recovery"], stalled  # 5 stalls hit every stream in flight
+    # 5 stalls hit every stream in flight; a stall left in force after the revert would stall recovery as
+    # often. A box that takes the CPU makes such gaps too (a CI run beside two busy processes and the
+    # suite: 4 in the 3 s baseline, 9 in the 3 s recovery, 16 in the stalls), so recovery is judged
+    # against the baseline, which lasts as long
+    assert stalled["stalls"] >= 5 and stalled["recovery"] <= max(4, 3 * stalled["baseline"]), stalled
 
 
 def check_kv_pressure(result: Any) -> None:
