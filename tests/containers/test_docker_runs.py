@@ -133,7 +133,10 @@ def test_sigkill_of_the_runner_alone_the_watchdog_removes_the_container(tmp_path
     runner.wait(timeout=10)
     wait_for(lambda: not run_containers(docker_client, run_dir), 60, "the watchdog to remove the container")
     wait_for(lambda: not run_networks(docker_client, run_dir), 10, "the watchdog to remove the run's network")
-    assert "runner process gone" in (run_dir / "watchdog.log").read_text()
+    # the journal's rollback records are written after each removal: done when the watchdog says so
+    log = run_dir / "watchdog.log"
+    wait_for(lambda: "watchdog: rolled back" in log.read_text(), 30, "the watchdog to finish its rollback")
+    assert "runner process gone" in log.read_text()
     assert [r["action"] for r in records(run_dir, "resource")][-1] == "rollback"
 
 
