@@ -32,7 +32,7 @@ p50/p99 (sent → first content), the server's CPU use (% of one core) and which
 ``server`` when it used ≥ 90% of a core, ``client`` when its lag p99 exceeded the threshold or a
 process of it used ≥ 90% of a core. Prints figures; asserts nothing.
 
-    python benchmarks/bench_load.py [--streams 64,256,512,1024] [--workers 1,2] [--tokens 64]
+    python benchmarks/bench_load.py [--streams 64,256,512,1024] [--workers 1,2] [--tokens 64] [--through-run]
                                     [--tick 0.02] [--seconds 5] [--warmup 1.5] [--gzip] [--json]
                                     [--first-hold 0.05]
                                     [--clients ours,run,aiohttp,aiperf,guidellm,inference-perf]
@@ -445,7 +445,8 @@ def run_through(args: argparse.Namespace) -> dict[str, Any]:
     ttft = [(r["t_first_content"] - r["t_sent"]) / 1e6 for r in streams
             if r.get("t_first_content") is not None and r.get("t_sent") is not None and t0 <= r["t_sent"] <= t1]
     errors = sum(1 for r in streams if r.get("error") and r["error"].get("kind") != "cancelled")
-    lag: dict[str, Any] = next((r["data"] for r in reversed(records) if r.get("type") == "note" and r.get("topic") == "client_lag"), {})
+    lag: dict[str, Any] = next((r["data"] for r in reversed(records)
+                                if r.get("type") == "note" and r.get("topic") == "client_lag"), {})
     start, end = marks.get("start"), marks.get("end")
     seconds = (t1 - t0) / 1e9
     win = {"t0": 0.0, "t1": seconds, "client_cpu_s": (end[1] - start[1]) if start and end else float("nan"),
@@ -861,10 +862,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="measured window per row")
     parser.add_argument("--warmup", type=float, default=1.5,
                         help="seconds before the window (connects, first requests)")
-    parser.add_argument("--clients", default="ours,run,aiohttp",
-                        help="which clients to run: ours (the bare generator), run (the same load through "
-                             "`streamchaos run`), aiohttp (the anchor), and the peer tools aiperf, guidellm, "
-                             "inference-perf (each from its own virtualenv: see this file's docstring)")
+    parser.add_argument("--clients", default=None,
+                        help="which clients to run (default ours,run,aiohttp): ours (the bare generator), run "
+                             "(the same load through `streamchaos run`), aiohttp (the anchor), and the peer tools "
+                             "aiperf, guidellm, inference-perf (each in its own virtualenv: see this file's docstring)")
+    parser.add_argument("--through-run", action="store_true",
+                        help="the same shape through a real experiment beside the bare generator: the clients "
+                             "ours and run, with any others --clients names")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--first-hold", type=float, default=0.0,
                         help="the server holds each stream's first event this many seconds and records the true hold: "
@@ -878,6 +882,8 @@ def main() -> None:
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--server-pid", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    named = args.clients.split(",") if args.clients else ([] if args.through_run else ["ours", "run", "aiohttp"])
+    args.clients = ",".join(dict.fromkeys((["ours", "run"] if args.through_run else []) + named))
     if args.serve:
         serve(args.port, args.tick, args.gzip, args.first_hold)
         return
