@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from chaos.host.tls import tls_context
 from chaos.load.sdk_headers import openai_python_headers
 from chaos.model.errors import ChaosError
 
@@ -272,7 +273,6 @@ class H1Client:
         self._idle: dict[tuple[str, str, int], list[Connection]] = {}
         self._open: set[Connection] = set()
         self._targets: dict[str, Target] = {}
-        self._ssl: ssl.SSLContext | None = None
         self.connects = 0  # connections opened, for tests and benchmarks
         self.closed = False
 
@@ -329,9 +329,7 @@ class H1Client:
         loop = asyncio.get_running_loop()
         ssl_ctx: ssl.SSLContext | None = None
         if target.scheme == "https":
-            if self._ssl is None:
-                self._ssl = ssl.create_default_context()
-            ssl_ctx = self._ssl
+            ssl_ctx = tls_context()  # the run's one trust policy (chaos.host.tls), SSL_CERT_FILE included
         conn = Connection(self, target.origin)
         async with asyncio.timeout(self.connect_timeout):
             await loop.create_connection(lambda: conn, target.host, target.port, ssl=ssl_ctx,
