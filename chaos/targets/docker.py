@@ -16,6 +16,7 @@ should the runner die) can remove it; ``stop`` keeps its logs in the run directo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import socket
@@ -232,8 +233,10 @@ class DockerTarget(Target):
                 why = str(exc.explanation or exc)
                 if "ports" not in config or attempt == PORT_ATTEMPTS or not any(t in why for t in PORT_TAKEN):
                     raise SetupFailed(f"the target container {container.id[:12]} did not start: {why}") from None
-                # taken since we picked it: this container (never started) goes, the next one gets another port
-                remove_container(container, None)
+                # taken since we picked it: this container (never started) goes, the next one gets another port;
+                # a daemon that refuses the removal leaves it to the run's teardown (by its run label)
+                with contextlib.suppress(APIError):
+                    remove_container(container, None)
                 config["ports"] = {key: ("127.0.0.1", _free_port()) for key in config["ports"]}
         return container
 
