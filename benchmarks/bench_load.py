@@ -32,9 +32,9 @@ p50/p99 (sent → first content), the server's CPU use (% of one core) and which
 ``server`` when it used ≥ 90% of a core, ``client`` when its lag p99 exceeded the threshold or a
 process of it used ≥ 90% of a core. Prints figures; asserts nothing.
 
-    python benchmarks/bench_load.py [--streams 64,256,512,1024] [--workers 1,2] [--tokens 64] [--through-run]
-                                    [--tick 0.02] [--seconds 5] [--warmup 1.5] [--gzip] [--json]
-                                    [--first-hold 0.05]
+    python benchmarks/bench_load.py [--streams 64,256,512,1024] [--workers 1,2] [--tokens 64]
+                                    [--through-run [--pairs 6]] [--tick 0.02] [--seconds 5] [--warmup 1.5]
+                                    [--gzip] [--json] [--first-hold 0.05]
                                     [--clients ours,run,aiohttp,aiperf,guidellm,inference-perf]
 
 Needs aiohttp for the anchor (``pip install -e '.[dev]'``); without it the anchor rows are skipped. Each
@@ -69,6 +69,7 @@ sys.path.insert(0, str(ROOT))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 MODELS = b'{"object":"list","data":[{"id":"bench","object":"model"}]}'
 LAG_THRESHOLD_S = 0.005
+TAIL_S = 2.0  # --through-run: the same load after the measured phase (see run_through)
 
 
 def proc_cpu_s(pid: int) -> float:
@@ -394,9 +395,15 @@ def _tree_pids(root: int) -> list[int]:
 
 
 def run_through(args: argparse.Namespace) -> dict[str, Any]:
-    """The same load through a real experiment: ``streamchaos run`` with a warm-up phase and a
-    measured one against the bench server, figures from the run's journal (stamps as it judges
-    them), CPU of the runner's whole process tree (load workers included) over the measured phase."""
+    """The same load through a real experiment: ``streamchaos run`` with a warm-up phase, a measured
+    one and a tail against the bench server, figures from the run's journal (stamps as it judges
+    them), CPU of the runner's whole process tree (load workers included) over the measured phase.
+
+    The CPU is read when this process sees the measured phase's start and end in the journal, a
+    poll (20 ms) or more after the runner wrote them; the events counted for it are the ones
+    stamped between those two readings (one monotonic clock), so the two cover one interval. The
+    tail phase keeps the same load running past the end, so what a late reading takes in is more
+    of the same, not the run's teardown (its report's charts are seconds of CPU)."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="bench-run-") as tmp:
@@ -407,7 +414,8 @@ def run_through(args: argparse.Namespace) -> dict[str, Any]:
             f"load: {{concurrency: {args.streams}, workers: {args.workers}, max_tokens: {args.tokens}, "
             f"include_usage: false, request_timeout: 60s, lag_threshold: {LAG_THRESHOLD_S * 1e3:g}ms, "
             "prompts: {min_chars: 32, max_chars: 64}}\n"
-            f"phases: [{{name: warmup, duration: {args.warmup}s}}, {{name: measured, duration: {args.seconds}s}}]\n"
+            f"phases: [{{name: warmup, duration: {args.warmup}s}}, {{name: measured, duration: {args.seconds}s}}, "
+            f"{{name: tail, duration: {TAIL_S}s}}]\n"
             "safety: {max_duration: 300s, drain_timeout: 0s, cleanup_window: 0s}\n", encoding="utf-8")
         out = Path(tmp) / "run"
         runner = subprocess.Popen([sys.executable, "-m", "chaos", "run", str(experiment), "--out", str(out), "--quiet"],
@@ -425,29 +433,35 @@ def run_through(args: argparse.Namespace) -> dict[str, Any]:
             complete = chunk[:chunk.rfind(b"\n") + 1]
             read += len(complete)
             for line in complete.splitlines():
+                if b'"measured"' not in line:  # parse only the phase lines: this process shares the box too
+                    continue
                 rec = json.loads(line)
                 if rec.get("type") != "phase" or rec.get("name") != "measured":
                     continue
                 mark = "end" if rec.get("t_end") is not None else "start"
-                if mark == "end" and "end" not in marks:
-                    rss = _rss_mb(_tree_pids(runner.pid))
                 if mark not in marks:
+                    before = time.monotonic()
                     cpu, most = _tree_cpu_s(runner.pid)
-                    marks[mark] = (time.monotonic(), cpu, most, proc_cpu_s(args.server_pid))
-        _, err = runner.communicate(timeout=args.seconds + args.warmup + 120)
+                    server = proc_cpu_s(args.server_pid)
+                    marks[mark] = ((before + time.monotonic()) / 2, cpu, most, server)  # read at about then
+                    if mark == "end":
+                        rss = _rss_mb(_tree_pids(runner.pid))
+        _, err = runner.communicate(timeout=args.seconds + args.warmup + TAIL_S + 120)
         if runner.returncode not in (0, 1) or not journal.is_file():
             raise SystemExit(f"the run failed (exit {runner.returncode}): {err.strip()[-800:]}")
         records = [json.loads(line) for line in journal.read_text(encoding="utf-8").splitlines()]
     phase = [r for r in records if r.get("type") == "phase" and r.get("name") == "measured"][-1]
     t0, t1 = phase["t_in_force"] or phase["t_start"], phase["t_end"]
     streams = [r for r in records if r.get("type") == "stream"]
+    start, end = marks.get("start"), marks.get("end")
+    if start and end:  # the interval the CPU readings cover, on the clock the stamps are on
+        t0, t1 = int(start[0] * 1e9), int(end[0] * 1e9)
     events = sum(1 for r in streams for t in r.get("t_content") or () if t0 <= t <= t1)
     ttft = [(r["t_first_content"] - r["t_sent"]) / 1e6 for r in streams
             if r.get("t_first_content") is not None and r.get("t_sent") is not None and t0 <= r["t_sent"] <= t1]
     errors = sum(1 for r in streams if r.get("error") and r["error"].get("kind") != "cancelled")
     lag: dict[str, Any] = next((r["data"] for r in reversed(records)
                                 if r.get("type") == "note" and r.get("topic") == "client_lag"), {})
-    start, end = marks.get("start"), marks.get("end")
     seconds = (t1 - t0) / 1e9
     win = {"t0": 0.0, "t1": seconds, "client_cpu_s": (end[1] - start[1]) if start and end else float("nan"),
            "max_proc_cpu_s": (end[2] - start[2]) if start and end else float("nan"),
@@ -820,7 +834,45 @@ def _round(args: argparse.Namespace, clients: list[str], streams: int, workers: 
             print(_fmt(row), flush=True)
     if not args.json:
         _print_ratios(got)
-    return list(got.values())
+    rows = list(got.values())
+    if args.pairs > 1 and "ours" in got and "run" in got:
+        rows += _more_pairs(args, streams, workers, url, server_pid, got)
+    return rows
+
+
+def _more_pairs(args: argparse.Namespace, streams: int, workers: int, url: str, server_pid: int,
+                first: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """``--pairs N``: the bare generator and the run N times in turn, and the median of their ratios.
+
+    One pair cannot settle a bound of 1.1x on this kind of VM: the same work's CPU per event moves
+    by 10-20% within a minute (the bare generator alone read 12 to 20 CPU-ms per 1,000 events in
+    one session), while the two in one pair run seconds apart."""
+    import statistics
+
+    ratios = {"events": [first["run"]["events_per_s"] / max(1e-9, first["ours"]["events_per_s"])],
+              "cpu": [first["run"]["cpu_ms_per_1k_events"] / max(1e-9, first["ours"]["cpu_ms_per_1k_events"])]}
+    rows: list[dict[str, Any]] = []
+    for _ in range(args.pairs - 1):
+        got = {}
+        for client in ("ours", "run"):
+            if (row := _client_process(args, client, streams, workers, url, server_pid)) is not None:
+                row["true_hold"] = _fetch_holds(url) if args.first_hold > 0 else None
+                got[client] = row
+        if len(got) < 2:
+            continue
+        rows += got.values()
+        ratios["events"].append(got["run"]["events_per_s"] / max(1e-9, got["ours"]["events_per_s"]))
+        ratios["cpu"].append(got["run"]["cpu_ms_per_1k_events"] / max(1e-9, got["ours"]["cpu_ms_per_1k_events"]))
+        if not args.json:
+            for row in got.values():
+                print(_fmt(row), flush=True)
+            _print_ratios(got)
+    if not args.json:
+        cpu, events = sorted(ratios["cpu"]), sorted(ratios["events"])
+        print(f"run/ours over {len(cpu)} pairs at {streams} streams: CPU per event median {statistics.median(cpu):.2f} "
+              f"({', '.join(f'{r:.2f}' for r in cpu)}); events/s median {statistics.median(events):.2f} "
+              f"({events[0]:.2f}-{events[-1]:.2f})", flush=True)
+    return rows
 
 
 def orchestrate(args: argparse.Namespace) -> None:
@@ -869,6 +921,9 @@ def main() -> None:
     parser.add_argument("--through-run", action="store_true",
                         help="the same shape through a real experiment beside the bare generator: the clients "
                              "ours and run, with any others --clients names")
+    parser.add_argument("--pairs", type=int, default=1,
+                        help="with ours and run: run the two in turn this many times and print the median of "
+                             "their ratios (one pair cannot settle a 10%% bound on a shared VM)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--first-hold", type=float, default=0.0,
                         help="the server holds each stream's first event this many seconds and records the true hold: "

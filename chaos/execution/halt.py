@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from chaos.host.cadence import seconds_to_next_tick
 from chaos.model.context import HaltSpec, SafetySpec
 from chaos.model.observations import NS, FaultEvent, Note, StreamRecord
 
@@ -252,7 +253,8 @@ class HaltWatcher:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return  # replayed outside a loop (verify): nothing to time
-        self._timer = loop.call_later(CHECK_EVERY_S, self._tick)
+        # on the run's shared ticks (chaos.host.cadence): woken with the host sampler, not on its own
+        self._timer = loop.call_later(seconds_to_next_tick(CHECK_EVERY_S), self._tick)
 
     def _disarm(self) -> None:
         if self._timer is not None:

@@ -19,6 +19,7 @@ import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
 
+from chaos.host.cadence import sleep_to_next_tick
 from chaos.host.redact import strip_userinfo
 from chaos.host.runfiles import open_append
 
@@ -128,7 +129,7 @@ async def watchdog(run_dir: Path, run_id: str, max_duration: float, allowed_urls
         while True:
             with contextlib.suppress(OSError):
                 os.utime(lease, follow_symlinks=False)
-            await asyncio.sleep(LEASE_PERIOD_S)
+            await sleep_to_next_tick(LEASE_PERIOD_S)
 
     task = asyncio.create_task(renew(), name="watchdog-lease")
     try:

@@ -19,6 +19,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from chaos.host.cadence import sleep_to_next_tick
 from chaos.load.generator import LoadGenerator
 from chaos.load.lag import merged_lag, merged_send_delay, summed_stats
 from chaos.load.uplink import FrameReader, Uplink
@@ -96,7 +97,7 @@ class _WorkerSide:
 
     async def _report_activity(self) -> None:  # what a halt condition reads of streams still in flight
         while True:
-            await asyncio.sleep(ACTIVITY_EVERY_S)
+            await sleep_to_next_tick(ACTIVITY_EVERY_S)  # arrives when the runner wakes for its own ticks
             self.uplink.send(("activity", self.gen.last_activity()))
 
     def _dispatch(self, seq: int, cmd: str, args: list[Any]) -> None:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from chaos.host.cadence import next_tick
 from chaos.host.capped import METRICS_LIMIT, get_capped
 from chaos.host.tls import tls_context
 from chaos.k8s.client import CONTEXT_ENV, INCLUSTER_TOKEN, KUBECONFIG_ENV, KubeApi, config_source, default_namespace
@@ -248,7 +249,7 @@ class KubernetesTarget(Target):
         failures: dict[str, int] = {}
         async with httpx.AsyncClient(timeout=max(1.0, 4 * interval), trust_env=False, verify=tls_context(),
                                      headers=headers) as client:
-            next_t = time.monotonic()
+            next_t = next_tick(interval, time.monotonic()) - interval  # at once, then on the shared ticks
             while True:
                 t = time.monotonic_ns()
                 pods = self.watch.serving()

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from chaos.host.cadence import next_tick
 from chaos.host.capped import METRICS_LIMIT, get_capped
 from chaos.host.tls import tls_context
 from chaos.model.observations import MetricSample, Note
@@ -131,7 +132,9 @@ class MetricScraper:
         return len(samples)
 
     async def _loop(self) -> None:
-        next_t = time.monotonic()
+        # at once, then on the run's shared ticks (chaos.host.cadence): the slot before now is the
+        # last multiple of the period, so the next ones are multiples too
+        next_t = next_tick(self.interval, time.monotonic()) - self.interval
         while True:
             await self.scrape_once()
             interval = self.interval if self.absent_in_a_row < ABSENT_AFTER else max(self.interval, ABSENT_INTERVAL_S)

@@ -90,4 +90,6 @@ def test_a_frozen_target_halts_within_its_window(tmp_path: Path, shards: int) ->
     halt = result.observations.notes_on("halt")[-1]
     after_s = (halt.t - frozen["t"]) / 1e9
     print(f"halted {after_s:.1f}s after the freeze (window {window:g}s)")
-    assert window <= after_s < window + 10  # the halt record's time: the window plus the check period and slack
+    # the halt record's time: the window from the streams' last bytes, which came before the freeze (by
+    # up to a token's gap: 2.9988 s once), plus the check period and slack
+    assert window - 0.1 <= after_s < window + 10
