@@ -10,9 +10,10 @@ of at most ``FRAME_RECORDS`` (one per loop turn), so the runner wakes for them w
 own periodic work (its halt check, its host sample, this worker's activity report), not once per
 loop turn of the load. Each wake-up of the idle runner starts cold and each pipe write wakes it:
 at 256 streams the runner used 7% of the load process's CPU with a frame per loop turn and 5% with
-one per tick, while the load process itself went from 1.9–2.2 s of CPU per 8 s to 1.3–1.5 s. Replies and activity send the pending
-records first, so the runner sees every message in the order the worker produced it. A record
-reaches the journal at most ``FLUSH_EVERY_S`` after its stream ended.
+one per tick, while the load process itself went from 1.9–2.2 s of CPU per 8 s to 1.3–1.5 s.
+Replies and activity send the pending records first, so the runner sees every message in the order
+the worker produced it. A record reaches the journal at most ``FLUSH_EVERY_S`` after its stream
+ended.
 
 Frames are ``4-byte big-endian length`` + a pickle; the reader (``FrameReader``) is an asyncio
 protocol on the runner's loop. The buffer is bounded by ``HIGH_WATER_BYTES`` in normal running:
