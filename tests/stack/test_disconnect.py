@@ -33,13 +33,22 @@ def test_disconnect_during_decode(stack: StackProcess, admin: Any, sse: Any) -> 
 
 
 def test_disconnect_during_prefill(stack: StackProcess, admin: Any, sse: Any) -> None:
-    # ~1800 prompt tokens take a few hundred ms to prefill on the tiny model (one forward pass).
+    # ~1800 prompt tokens take a few hundred ms to prefill on the tiny model (one forward pass). The
+    # admin's view may come only after the pass (a CI run once saw the first token already out): such
+    # a try proves nothing about prefill, so it is let go and another request tries (three at most)
     body = {"model": "tiny", "prompt": [10 + i % 500 for i in range(1800)], "max_tokens": 50, "stream": True}
-    sock = sse.open_raw(stack.url, "/v1/completions", body)
-    seen: list[dict[str, Any]] = []
-    while not seen or seen[0]["state"] != "running":
-        seen = admin.requests()
-    assert seen[0]["completion_tokens"] == 0 and seen[0]["blocks"] >= 1800 // 16, f"not in prefill: {seen}"
+    tries: list[list[dict[str, Any]]] = []
+    for _ in range(3):
+        sock = sse.open_raw(stack.url, "/v1/completions", body)
+        seen: list[dict[str, Any]] = []
+        while not seen or seen[0]["state"] != "running":
+            seen = admin.requests()
+        tries.append(seen)
+        if seen[0]["completion_tokens"] == 0:
+            break
+        sock.close()
+        admin.wait_idle(timeout=10)
+    assert seen[0]["completion_tokens"] == 0 and seen[0]["blocks"] >= 1800 // 16, f"never seen in prefill: {tries}"
     sock.close()
     assert admin.wait_idle(timeout=10) < PREFILL_CLEANUP_BUDGET_S
 
