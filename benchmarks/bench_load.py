@@ -820,7 +820,36 @@ def _available(args: argparse.Namespace) -> set[str]:
 
 def _round(args: argparse.Namespace, clients: list[str], streams: int, workers: int, url: str,
            server_pid: int) -> list[dict[str, Any]]:
-    """Each client in turn against the same server at one configuration, printed as it comes."""
+    """Each client in turn against the same server at one configuration, printed as it comes; with
+    ``--pairs N``, the bare generator and the run N - 1 times more, and the median of their ratios.
+
+    One pair cannot settle a bound of 1.1x on this kind of VM: the same work's CPU per event moves
+    by 10-20% within a minute (the bare generator alone read 12 to 21 CPU-ms per 1,000 events in
+    one hour), while the two in one pair run seconds apart."""
+    import statistics
+
+    rows: list[dict[str, Any]] = []
+    ratios: dict[str, list[float]] = {"events_per_s": [], "cpu_ms_per_1k_events": []}
+    for turn in range(max(1, args.pairs)):
+        got = _clients_once(args, clients if turn == 0 else ["ours", "run"], streams, workers, url, server_pid)
+        rows += got.values()
+        if "ours" not in got or "run" not in got:
+            if turn == 0:
+                break  # no pair to repeat
+            continue
+        for key, values in ratios.items():
+            values.append(got["run"][key] / max(1e-9, got["ours"][key]))
+    if args.pairs > 1 and ratios["cpu_ms_per_1k_events"] and not args.json:
+        cpu, events = sorted(ratios["cpu_ms_per_1k_events"]), sorted(ratios["events_per_s"])
+        print(f"run/ours over {len(cpu)} pairs at {streams} streams: CPU per event median {statistics.median(cpu):.2f} "
+              f"({', '.join(f'{r:.2f}' for r in cpu)}); events/s median {statistics.median(events):.2f} "
+              f"({events[0]:.2f}-{events[-1]:.2f})", flush=True)
+    return rows
+
+
+def _clients_once(args: argparse.Namespace, clients: list[str], streams: int, workers: int, url: str,
+                  server_pid: int) -> dict[str, dict[str, Any]]:
+    """Each of ``clients`` once, its row printed as it comes, then their ratios."""
     got: dict[str, dict[str, Any]] = {}
     for client in clients:
         if workers > 1 and client == "aiohttp":  # the anchor is one process
@@ -834,45 +863,7 @@ def _round(args: argparse.Namespace, clients: list[str], streams: int, workers: 
             print(_fmt(row), flush=True)
     if not args.json:
         _print_ratios(got)
-    rows = list(got.values())
-    if args.pairs > 1 and "ours" in got and "run" in got:
-        rows += _more_pairs(args, streams, workers, url, server_pid, got)
-    return rows
-
-
-def _more_pairs(args: argparse.Namespace, streams: int, workers: int, url: str, server_pid: int,
-                first: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """``--pairs N``: the bare generator and the run N times in turn, and the median of their ratios.
-
-    One pair cannot settle a bound of 1.1x on this kind of VM: the same work's CPU per event moves
-    by 10-20% within a minute (the bare generator alone read 12 to 20 CPU-ms per 1,000 events in
-    one session), while the two in one pair run seconds apart."""
-    import statistics
-
-    ratios = {"events": [first["run"]["events_per_s"] / max(1e-9, first["ours"]["events_per_s"])],
-              "cpu": [first["run"]["cpu_ms_per_1k_events"] / max(1e-9, first["ours"]["cpu_ms_per_1k_events"])]}
-    rows: list[dict[str, Any]] = []
-    for _ in range(args.pairs - 1):
-        got = {}
-        for client in ("ours", "run"):
-            if (row := _client_process(args, client, streams, workers, url, server_pid)) is not None:
-                row["true_hold"] = _fetch_holds(url) if args.first_hold > 0 else None
-                got[client] = row
-        if len(got) < 2:
-            continue
-        rows += got.values()
-        ratios["events"].append(got["run"]["events_per_s"] / max(1e-9, got["ours"]["events_per_s"]))
-        ratios["cpu"].append(got["run"]["cpu_ms_per_1k_events"] / max(1e-9, got["ours"]["cpu_ms_per_1k_events"]))
-        if not args.json:
-            for row in got.values():
-                print(_fmt(row), flush=True)
-            _print_ratios(got)
-    if not args.json:
-        cpu, events = sorted(ratios["cpu"]), sorted(ratios["events"])
-        print(f"run/ours over {len(cpu)} pairs at {streams} streams: CPU per event median {statistics.median(cpu):.2f} "
-              f"({', '.join(f'{r:.2f}' for r in cpu)}); events/s median {statistics.median(events):.2f} "
-              f"({events[0]:.2f}-{events[-1]:.2f})", flush=True)
-    return rows
+    return got
 
 
 def orchestrate(args: argparse.Namespace) -> None:
