@@ -421,7 +421,8 @@ def run_through(args: argparse.Namespace) -> dict[str, Any]:
         runner = subprocess.Popen([sys.executable, "-m", "chaos", "run", str(experiment), "--out", str(out), "--quiet"],
                                   cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         rss = float("nan")
-        marks: dict[str, tuple[float, float, float, float]] = {}  # start/end → (monotonic, cpu, max proc, server)
+        # start/end → (monotonic, tree cpu, max proc, server, the runner's own cpu)
+        marks: dict[str, tuple[float, float, float, float, float]] = {}
         journal, read = out / "journal.jsonl", 0
         while runner.poll() is None and len(marks) < 2:
             time.sleep(0.02)
@@ -442,8 +443,8 @@ def run_through(args: argparse.Namespace) -> dict[str, Any]:
                 if mark not in marks:
                     before = time.monotonic()
                     cpu, most = _tree_cpu_s(runner.pid)
-                    server = proc_cpu_s(args.server_pid)
-                    marks[mark] = ((before + time.monotonic()) / 2, cpu, most, server)  # read at about then
+                    server, own = proc_cpu_s(args.server_pid), proc_cpu_s(runner.pid)
+                    marks[mark] = ((before + time.monotonic()) / 2, cpu, most, server, own)  # read at about then
                     if mark == "end":
                         rss = _rss_mb(_tree_pids(runner.pid))
         _, err = runner.communicate(timeout=args.seconds + args.warmup + TAIL_S + 120)
@@ -467,8 +468,12 @@ def run_through(args: argparse.Namespace) -> dict[str, Any]:
            "max_proc_cpu_s": (end[2] - start[2]) if start and end else float("nan"),
            "server_cpu_s": (end[3] - start[3]) if start and end else float("nan"), "rss_mb": rss}
     processes = 1 + args.workers
-    return _row(args, win, events, ttft, errors, float(lag.get("p50_ms") or 0.0), float(lag.get("p99_ms") or 0.0),
-                processes)
+    row = _row(args, win, events, ttft, errors, float(lag.get("p50_ms") or 0.0), float(lag.get("p99_ms") or 0.0),
+               processes)
+    # the runner apart from its load processes: which of the two a CPU-per-event ratio is about
+    row["runner_cpu_ms_per_1k_events"] = (1e6 * (end[4] - start[4]) / max(1, events) if start and end
+                                          else float("nan"))
+    return row
 
 
 # ---- the peer tools ------------------------------------------------------------------------------
@@ -830,6 +835,7 @@ def _round(args: argparse.Namespace, clients: list[str], streams: int, workers: 
 
     rows: list[dict[str, Any]] = []
     ratios: dict[str, list[float]] = {"events_per_s": [], "cpu_ms_per_1k_events": []}
+    runner_share: list[float] = []  # the runner's own CPU per event over the bare generator's
     for turn in range(max(1, args.pairs)):
         got = _clients_once(args, clients if turn == 0 else ["ours", "run"], streams, workers, url, server_pid)
         rows += got.values()
@@ -839,11 +845,15 @@ def _round(args: argparse.Namespace, clients: list[str], streams: int, workers: 
             continue
         for key, values in ratios.items():
             values.append(got["run"][key] / max(1e-9, got["ours"][key]))
+        runner_share.append(got["run"]["runner_cpu_ms_per_1k_events"] / max(1e-9, got["ours"]["cpu_ms_per_1k_events"]))
     if args.pairs > 1 and ratios["cpu_ms_per_1k_events"] and not args.json:
         cpu, events = sorted(ratios["cpu_ms_per_1k_events"]), sorted(ratios["events_per_s"])
+        loads = [c - r for c, r in zip(ratios["cpu_ms_per_1k_events"], runner_share, strict=True)]
         print(f"run/ours over {len(cpu)} pairs at {streams} streams: CPU per event median {statistics.median(cpu):.2f} "
               f"({', '.join(f'{r:.2f}' for r in cpu)}); events/s median {statistics.median(events):.2f} "
-              f"({events[0]:.2f}-{events[-1]:.2f})", flush=True)
+              f"({events[0]:.2f}-{events[-1]:.2f}); of the run's, the runner's own "
+              f"{statistics.median(runner_share):.2f} and its load processes' {statistics.median(loads):.2f} "
+              "(medians)", flush=True)
     return rows
 
 

@@ -185,8 +185,9 @@ class HaltWatcher:
     """Run listener: keeps the finished streams, checks the conditions, halts the run once.
 
     ``halt`` is ``Runner.halt``; ``emit`` records the ``halt`` note (reason, top errors) before it.
-    A timer (every ``CHECK_EVERY_S`` on the run's loop, started by the first stream) lets window
-    conditions trip while nothing ends; it stops when the run is halted or finished.
+    A timer (every ``CHECK_EVERY_S`` on the run's loop, started by a stream) lets window conditions
+    trip while nothing ends; it runs while one can (``_could_trip``) and stops when the run is
+    halted or finished.
     """
 
     def __init__(self, safety: SafetySpec, halt: Callable[[str], None], emit: Callable[[Note], None],
@@ -201,6 +202,8 @@ class HaltWatcher:
         self._recent: deque[Ended] = deque()
         self._timer: asyncio.TimerHandle | None = None
         self._first: list[Ended] = []
+        self._failed_kept = 0  # failed streams in ``_recent``
+        self._first_failed = 0  # ... and in ``_first``
         self._restarting: set[str] = set()  # kills with restart in force: a planned outage
         self._outage_over_ns = 0
         # the load's in-flight streams' last-byte stamps (``LoadGenerator.last_activity``), once it exists
@@ -223,12 +226,14 @@ class HaltWatcher:
             if filling:
                 self._first.append(e)
             self._recent.append(e)
+            self._failed_kept += e.failed
+            self._first_failed += filling and e.failed
             # A failure (or one of the first streams) is checked at once; the rest on the timer: each
             # check reads the whole window, and per stream at 1,000 streams/s that was the runner's
             # largest cost after the journal (cProfile, 1,024 streams turning over)
             if e.failed or filling or not _in_a_loop():
                 self._check()
-            if self._timer is None and self.tripped is None:
+            if self._timer is None and self.tripped is None and self._could_trip():
                 self._arm()
         elif type(event).__name__ in ("VerdictsReady", "RunFinished"):
             self._disarm()
@@ -242,11 +247,25 @@ class HaltWatcher:
             self._restarting.discard(event.fault)
             self._outage_over_ns = self.clock() + int(DEAD_WINDOW_S * NS)
 
+    @property
+    def reads_in_flight(self) -> bool:
+        """Whether a condition reads the streams still in flight (``target_down``): only then need
+        the load report them."""
+        return any(spec.kind == "target_down" for spec in self.safety.halt_on)
+
     def watch_in_flight(self, last_activity: Callable[[], Sequence[int]] | None) -> None:
         """Read the load's in-flight streams from now on, and check on the timer before any stream ends."""
         self.in_flight = last_activity
-        if last_activity is not None and self.active and self._timer is None and self.tripped is None:
+        if last_activity is not None and self.active and self._timer is None and self.tripped is None \
+                and self._could_trip():
             self._arm()
+
+    def _could_trip(self) -> bool:
+        """Whether any condition could trip now, and so whether the timer runs. With only the
+        dead-target rule, only while a failed stream is kept: a failure is checked when it arrives,
+        and without one neither of its tests can pass. The runner's tick, cold on a busy box, then
+        neither wakes it nor reads the window for nothing."""
+        return bool(self.safety.halt_on) or self._failed_kept > 0 or self._first_failed == DEAD_FIRST
 
     def _arm(self) -> None:
         try:
@@ -264,13 +283,17 @@ class HaltWatcher:
     def _tick(self) -> None:
         self._timer = None
         self._check()
-        if self.tripped is None:
+        if self.tripped is None and self._could_trip():
             self._arm()
 
     def _check(self) -> None:
         now = self.clock()
         while self._recent and self._recent[0].t < now - int(self._keep_s * NS):
-            self._recent.popleft()
+            self._failed_kept -= self._recent.popleft().failed
+        if not self._could_trip():
+            # only the dead-target rule, and not one failed stream to count toward it: nothing can
+            # trip, so the tick costs no pass over the window (a third of an idle runner's tick)
+            return
         # the dead-target rule reads the first streams; the windows read the recent ones
         first = {id(e) for e in self._first}
         streams = self._first + [e for e in self._recent if id(e) not in first]

@@ -391,8 +391,10 @@ class Runner:
             found.preflight.load, load_target, policy=ctx.clients, sink=emit,
             run_dir=self.out_dir, notes=emit, run_id=self._run_id(), lifetime_s=exp.safety.max_duration))
         ctx.background = load  # kv.pressure hog sends its own streams through it
-        # a frozen target ends no stream until the request timeout: the halt reads the in-flight ones
-        self.halt_watcher.watch_in_flight(getattr(load, "last_activity", None))
+        # a frozen target ends no stream until the request timeout: `target_down` reads the in-flight ones
+        if self.halt_watcher.reads_in_flight:
+            getattr(load, "report_activity", lambda: None)()
+            self.halt_watcher.watch_in_flight(getattr(load, "last_activity", None))
 
     def _activate_faults(self, ctx: RunContext) -> None:
         """Every fault bound to the run's context and checked against it; none acts until its phase."""

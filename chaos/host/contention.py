@@ -62,6 +62,8 @@ BUSY, RUN, NEIGHBOUR, WAIT = "host_busy_cores", "host_run_cores", "host_neighbou
 # and its threads' wait 0.72 → 1.26 cores; three busy loops started in a recovery phase on a loaded
 # CI box took the neighbours 1.09 → 1.54 cores and the run 0.89 → 0.46.
 WAIT_RISE_CORES, WAIT_RISE_FACTOR = 0.1, 1.5
+KEPT_OPEN_LIMIT = 128  # /proc files a sampler keeps open (a few per thread of the run's processes)
+PROC_CHUNK = 65536
 NEIGHBOUR_RISE_CORES, NEIGHBOUR_RISE_SHARE = 0.1, 0.02
 
 
@@ -98,6 +100,54 @@ def _read(path: str) -> str:
     finally:
         os.close(fd)
     return b"".join(chunks).decode("utf-8", "replace")
+
+
+class _KeptOpen:
+    """The run's own /proc files, opened once and read again from offset 0 each sample (``pread``).
+
+    A seq_file (``stat``, ``schedstat``, ``children``) regenerates its text on a read at offset 0,
+    so a kept descriptor reads fresh figures in one system call where ``_read`` takes three (open,
+    read, close) on a cold runner twice a second. A descriptor of a process or thread that ended
+    fails its read (ESRCH) and is dropped; ones a sample did not read are closed after it, so a
+    recycled pid is opened afresh. At most ``limit``: a run near its open-files limit keeps streams
+    before these."""
+
+    def __init__(self, limit: int = KEPT_OPEN_LIMIT) -> None:
+        self.limit = limit
+        self._fds: dict[str, int] = {}
+        self._read_now: set[str] = set()
+
+    def read(self, path: str) -> str:
+        fd = self._fds.get(path)
+        if fd is None:
+            if len(self._fds) >= self.limit:
+                return _read(path)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            self._fds[path] = fd
+        self._read_now.add(path)
+        try:
+            chunks = [os.pread(fd, PROC_CHUNK, 0)]
+            while len(chunks[-1]) == PROC_CHUNK:  # a seq_file reads short only at its end
+                chunks.append(os.pread(fd, PROC_CHUNK, PROC_CHUNK * len(chunks)))
+        except OSError:
+            self._close(path)
+            raise
+        return b"".join(chunks).decode("utf-8", "replace")
+
+    def sweep(self) -> None:
+        """Close what the last sample did not read: threads and processes that are gone."""
+        for path in [p for p in self._fds if p not in self._read_now]:
+            self._close(path)
+        self._read_now.clear()
+
+    def close(self) -> None:
+        for path in list(self._fds):
+            self._close(path)
+
+    def _close(self, path: str) -> None:
+        fd = self._fds.pop(path, None)
+        if fd is not None:
+            os.close(fd)
 
 
 def _process_table(proc: Path) -> dict[int, tuple[int, int]]:
@@ -154,7 +204,8 @@ def _tree(table: Mapping[int, tuple[int, int]], roots: Iterable[int]) -> set[int
     return seen
 
 
-def _walk(proc: Path, roots: Iterable[int]) -> tuple[dict[int, int], dict[tuple[int, int], int]] | None:
+def _walk(proc: Path, roots: Iterable[int],
+          files: _KeptOpen) -> tuple[dict[int, int], dict[tuple[int, int], int]] | None:
     """From ``roots`` down through each thread's ``children`` file: pid → CPU ticks and (pid, tid) →
     run-queue wait, for the run's processes only. None where the kernel has no ``children`` files
     (CONFIG_PROC_CHILDREN off): the caller then reads the whole process table.
@@ -171,7 +222,7 @@ def _walk(proc: Path, roots: Iterable[int]) -> tuple[dict[int, int], dict[tuple[
             continue
         base = f"{proc}/{pid}"
         try:
-            ticks[pid] = parse_process_stat(_read(f"{base}/stat"))[1]
+            ticks[pid] = parse_process_stat(files.read(f"{base}/stat"))[1]
             tids = [int(t) for t in os.listdir(f"{base}/task")]
         except (OSError, ValueError, IndexError):
             ticks.pop(pid, None)
@@ -179,8 +230,8 @@ def _walk(proc: Path, roots: Iterable[int]) -> tuple[dict[int, int], dict[tuple[
         for tid in tids:
             task = f"{base}/task/{tid}"
             try:
-                waits[(pid, tid)] = parse_schedstat(_read(f"{task}/schedstat"))
-                children = _read(f"{task}/children")
+                waits[(pid, tid)] = parse_schedstat(files.read(f"{task}/schedstat"))
+                children = files.read(f"{task}/children")
             except FileNotFoundError:
                 if not os.path.exists(f"{task}/stat"):
                     continue  # the thread ended between listdir and here
@@ -202,21 +253,29 @@ class HostSampler:
         self.tick_hz = os.sysconf("SC_CLK_TCK")
         self.whole_table = False  # set once the kernel turns out to have no children files
         self._last: tuple[int, int, dict[int, int], dict[tuple[int, int], int]] | None = None  # t, busy, ours, waits
+        self._files = _KeptOpen()
 
     def _ours(self) -> tuple[dict[int, int], dict[tuple[int, int], int]]:
         roots = list(self.roots())
         if not self.whole_table:
-            walked = _walk(self.proc, roots)
+            walked = _walk(self.proc, roots, self._files)
+            self._files.sweep()
             if walked is not None:
                 return walked
             self.whole_table = True
+            self._files.close()
         table = _process_table(self.proc)
         tree = _tree(table, roots)
         return {pid: table[pid][1] for pid in tree}, _waits(self.proc, tree)
 
+    def close(self) -> None:
+        """Close the /proc files kept open between samples."""
+        self._files.close()
+
     def sample(self, t: int | None = None) -> list[MetricSample]:
         t = time.monotonic_ns() if t is None else t
-        busy, _total = parse_proc_stat(_read(f"{self.proc}/stat"))
+        busy, _total = parse_proc_stat(_read(f"{self.proc}/stat") if self.whole_table
+                                       else self._files.read(f"{self.proc}/stat"))
         ours, waits = self._ours()
         last, self._last = self._last, (t, busy, ours, waits)
         if last is None:
@@ -257,9 +316,12 @@ async def host_contention(sink: Callable[[MetricSample | Note], None], roots: Ca
     # second was a third of the idle runner's CPU (26 against 17 ms per 8 s at one stream). Reading
     # the whole process table instead (a kernel without children files: 8 ms at 139 processes) would
     # hold the loop, and a run with `load.process: runner` stamps on it: that goes to a thread.
-    async with polled(sampler.sample, sink, period_s=period_s, name="host_contention", errors=(OSError, ValueError),
-                      in_thread=lambda: sampler.whole_table):
-        yield True
+    try:
+        async with polled(sampler.sample, sink, period_s=period_s, name="host_contention",
+                          errors=(OSError, ValueError), in_thread=lambda: sampler.whole_table):
+            yield True
+    finally:
+        sampler.close()
 
 
 @dataclass(frozen=True)

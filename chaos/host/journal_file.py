@@ -18,26 +18,47 @@ JOURNAL_NAME = "journal.jsonl"
 
 
 class JournalFile:
-    """Appends JSON lines to a journal file, thread-safe; ``durable`` lines are fsync'd."""
+    """Appends JSON lines to a journal file, thread-safe; ``durable`` lines are fsync'd.
+
+    A line is on disk when ``write`` returns, unless it was written with ``hold``: then it waits,
+    in order, for the next ``flush`` or unheld write, and every held line goes in one system call
+    (whole lines only: a reader never meets half of one that was not cut by a kill)."""
 
     def __init__(self, path: Path, *, create: bool = False) -> None:
         self.path = path
         self._lock = threading.Lock()
         flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT | os.O_EXCL if create else 0)
         self._file = os.fdopen(os.open(path, flags, 0o600), "a", encoding="utf-8")
+        self._held: list[str] = []
 
-    def write(self, body: dict[str, Any] | str, *, durable: bool = False) -> None:
+    def write(self, body: dict[str, Any] | str, *, durable: bool = False, hold: bool = False) -> None:
         line = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False, separators=(",", ":"),
                                                              default=str)
         line = redact(line)  # a target that echoes a credential does not get it recorded
         with self._lock:
             if self._file.closed:
                 return
-            self._file.write(line + "\n")
-            self._file.flush()
+            self._held.append(line)
+            if hold and not durable:
+                return
+            self._write_held()
             if durable:
                 os.fsync(self._file.fileno())
 
+    def flush(self) -> None:
+        """Write the held lines now."""
+        with self._lock:
+            if not self._file.closed and self._held:
+                self._write_held()
+
+    def _write_held(self) -> None:
+        self._held.append("")  # the last line's newline
+        self._file.write("\n".join(self._held))
+        self._file.flush()
+        self._held.clear()
+
     def close(self) -> None:
         with self._lock:
+            if not self._file.closed and self._held:
+                self._write_held()
             self._file.close()

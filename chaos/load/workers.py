@@ -76,7 +76,6 @@ class _WorkerSide:
 
     async def serve(self) -> None:
         _watch(self.loop, self.conn, self._pump)
-        self.tasks.add(self.loop.create_task(self._report_activity()))
         while True:
             seq, cmd, *args = await self.inbox.get()
             if cmd == "close":
@@ -107,6 +106,10 @@ class _WorkerSide:
             return
         if cmd == "rules":
             self.policy.rules = dict(args[0])
+            return
+        if cmd == "activity":  # a halt condition reads the streams in flight: report them from now on
+            if not any(task.get_name() == "activity" for task in self.tasks):
+                self.tasks.add(self.loop.create_task(self._report_activity(), name="activity"))
             return
         call = {
             "run": lambda: gen.run(args[0]),
@@ -284,9 +287,15 @@ class WorkerPool:
             self._send(i, (seq, cmd, *args))
         return await fut
 
+    def report_activity(self) -> None:
+        """Have every worker report its in-flight streams' last-byte stamps from now on, each
+        ``ACTIVITY_EVERY_S`` (what ``last_activity`` returns). Off unless asked: only a
+        ``target_down`` halt condition reads them, and a report woke the runner on every tick."""
+        self._broadcast("activity")
+
     def last_activity(self) -> list[int]:
         """Every worker's in-flight streams' last-byte stamps, as it last reported them (CLOCK_MONOTONIC
-        is one clock for all processes of the host)."""
+        is one clock for all processes of the host); nothing unless ``report_activity`` was called."""
         return [t for i, stamps in self._activity.items() if i not in self._dead for t in stamps]
 
     def _rules_changed(self, rules: dict[str, ClientRule]) -> None:

@@ -140,3 +140,26 @@ def test_target_down_sees_streams_in_flight_that_get_no_byte() -> None:
     assert target_down(answered, int(9 * NS), down, ()) is None  # nothing in flight, too few ended
     safety = SafetySpec(halt_on=(down,), halt_on_dead_target=False)
     assert "got a byte" in (check(answered, int(9 * NS), safety, silent) or "")
+
+
+def test_the_count_of_kept_failures_follows_the_window_and_a_late_death_still_halts() -> None:
+    """A tick with only the dead-target rule and no failed stream kept skips the pass over the
+    window; the count that decides it must go down as failures age out and up as they come."""
+    halts: list[str] = []
+    clock = [0]
+    watcher = HaltWatcher(SafetySpec(), halts.append, lambda n: None, clock=lambda: clock[0])
+
+    def stream(i: int, t_s: float, failed: bool) -> None:
+        clock[0] = int(t_s * NS)
+        watcher.on_event(StreamRecord(id=str(i), phase="p", t_end=clock[0],
+                                      error=ErrorInfo("connect", "refused") if failed else None))
+
+    for i in range(30):
+        stream(i, i * 0.05, failed=i in (25, 26))  # two failures after the first twenty
+    assert watcher._failed_kept == 2
+    for i in range(30):
+        stream(100 + i, 10 + i * 0.05, failed=False)  # long after: the two have left the window
+    assert watcher._failed_kept == 0 and not halts
+    for i in range(40):
+        stream(200 + i, 20 + i * 0.05, failed=True)  # then the target dies
+    assert len(halts) == 1 and "looks dead" in halts[0]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -94,6 +95,51 @@ def test_the_host_sampler_reads_proc_through_raw_descriptors(tmp_path: Any) -> N
     big = tmp_path / "big"
     big.write_bytes(b"cpu  1 2 3 4 5 6 7 8 0 0\n" + b"x" * 200_000 + b"\n")
     assert len(_read(str(big))) == len(big.read_bytes())  # read to the end, not one buffer's worth
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="Linux /proc only")
+def test_kept_open_proc_files_read_fresh_figures_and_let_go_of_what_ended(tmp_path: Any) -> None:
+    """The run's /proc files stay open between samples: a read at offset 0 regenerates them (the CPU
+    ticks of a process that worked meanwhile have grown), a file of a process that exited fails and
+    is closed, a file the last sample did not read is closed, and past the limit a file is read
+    the plain way (nothing kept)."""
+    import subprocess
+    import sys
+
+    from chaos.host.contention import _KeptOpen, parse_process_stat
+
+    worker = subprocess.Popen([sys.executable, "-c", "import sys\nx = 0\nfor line in sys.stdin:\n"
+                               "    x += sum(range(3_000_000))\n    print(x, flush=True)\n"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    files = _KeptOpen(limit=2)
+    try:
+        stat = f"/proc/{worker.pid}/stat"
+        before = parse_process_stat(files.read(stat))[1]
+        assert worker.stdin is not None and worker.stdout is not None
+        for _ in range(5):  # a few hundred ms of CPU: enough clock ticks to see
+            worker.stdin.write("go\n")
+            worker.stdin.flush()
+            worker.stdout.readline()
+        assert parse_process_stat(files.read(stat))[1] > before  # the same descriptor, fresh figures
+        assert list(files._fds) == [stat]
+        files.read("/proc/stat")
+        files.read("/proc/self/stat")  # over the limit of two: read, not kept
+        assert set(files._fds) == {stat, "/proc/stat"}
+        files.sweep()
+        files.read("/proc/stat")
+        files.sweep()  # the worker's stat went unread in that sample: closed
+        assert set(files._fds) == {"/proc/stat"}
+        files.read(stat)
+        worker.stdin.close()
+        worker.wait(timeout=20)
+        with pytest.raises(OSError):
+            files.read(stat)  # ended: ESRCH, and the descriptor is gone
+        assert stat not in files._fds
+    finally:
+        files.close()
+        worker.kill()
+        worker.wait(timeout=20)
+    assert not files._fds
 
 
 async def test_a_quick_sample_runs_on_the_loop_and_a_blocking_one_in_a_thread() -> None:

@@ -113,3 +113,35 @@ async def test_a_worker_whose_close_is_not_confirmed_is_named_in_the_stats(
         await pool.aclose()
     assert pool.stats()["closed_unconfirmed"] == [1]
     assert all(not p.is_alive() for p in pool._procs)
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(60)
+async def test_workers_report_streams_in_flight_only_when_asked(
+    mock_server: ThreadedMockServer, make_spec: Callable[..., LoadSettings]
+) -> None:
+    """Only a `target_down` halt condition reads the in-flight streams' last bytes: unasked, a worker
+    sends no activity report (one woke the runner every tick); asked, each reports them."""
+    import asyncio as aio
+
+    mock_server.server.tick_s = 0.2  # long streams: several in flight at every report
+    pool = make_load(make_spec(concurrency=4, workers=2, max_tokens=(50, 50)), LoadTarget(mock_server.base_url, "m", 4),
+                     policy=ClientPolicy(), sink=lambda r: None)
+    assert isinstance(pool, WorkerPool)
+    try:
+        await pool.ready()
+        run = aio.create_task(pool.run(time.monotonic_ns() + int(3.0 * S)))
+        await aio.sleep(1.2)  # two report periods and more
+        assert pool.last_activity() == [] and pool._activity == {}
+        pool.report_activity()
+        deadline = time.monotonic() + 10
+        while len(pool._activity) < 2 and time.monotonic() < deadline:
+            await aio.sleep(0.05)
+        stamps = pool.last_activity()
+        assert set(pool._activity) == {0, 1} and len(stamps) == 4, pool._activity  # every stream in flight
+        assert all(0 <= time.monotonic_ns() - t < 5 * S for t in stamps)
+        run.cancel()
+        with pytest.raises(aio.CancelledError):
+            await run
+    finally:
+        await pool.aclose()
