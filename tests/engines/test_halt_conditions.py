@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -27,6 +28,20 @@ def _e(t: float, failed: bool = False, answered: bool = True, ttft: float | None
        msg: str | None = None) -> Ended:
     return Ended(int(t * NS), failed, answered, None if ttft is None else int(ttft * NS),
                  msg or ("boom" if failed else None))
+
+
+def _clocked_watcher(halts: list[str]) -> tuple[HaltWatcher, Callable[[int, float, bool], None], list[int]]:
+    """A watcher with default safety on a clock of its own (``clock[0]``, ns), and ``stream(i, t_s,
+    failed)``: a stream that ended at ``t_s`` seconds (refused when ``failed``), the clock moved there first."""
+    clock = [0]
+    watcher = HaltWatcher(SafetySpec(), halts.append, lambda n: None, clock=lambda: clock[0])
+
+    def stream(i: int, t_s: float, failed: bool) -> None:
+        clock[0] = int(t_s * NS)
+        watcher.on_event(StreamRecord(id=str(i), phase="p", t_end=clock[0],
+                                      error=ErrorInfo("connect", "refused") if failed else None))
+
+    return watcher, stream, clock
 
 
 def test_dead_from_the_start_all_of_the_first_20_failed() -> None:
@@ -98,13 +113,7 @@ def test_a_kill_with_restart_is_a_planned_outage_until_one_window_after_its_reve
     """vLLM takes tens of seconds to come back: the dead-target default must not halt the run the
     experiment asked for, and must halt again once the restart is over and the target stays dead."""
     halts: list[str] = []
-    clock = [0]
-    watcher = HaltWatcher(SafetySpec(), halts.append, lambda n: None, clock=lambda: clock[0])
-
-    def stream(i: int, t_s: float, failed: bool) -> None:
-        clock[0] = int(t_s * NS)
-        watcher.on_event(StreamRecord(id=str(i), phase="p", t_end=clock[0],
-                                      error=ErrorInfo("connect", "refused") if failed else None))
+    watcher, stream, clock = _clocked_watcher(halts)
 
     for i in range(30):
         stream(i, i * 0.05, failed=False)  # a healthy start
@@ -146,13 +155,7 @@ def test_the_count_of_kept_failures_follows_the_window_and_a_late_death_still_ha
     """A tick with only the dead-target rule and no failed stream kept skips the pass over the
     window; the count that decides it must go down as failures age out and up as they come."""
     halts: list[str] = []
-    clock = [0]
-    watcher = HaltWatcher(SafetySpec(), halts.append, lambda n: None, clock=lambda: clock[0])
-
-    def stream(i: int, t_s: float, failed: bool) -> None:
-        clock[0] = int(t_s * NS)
-        watcher.on_event(StreamRecord(id=str(i), phase="p", t_end=clock[0],
-                                      error=ErrorInfo("connect", "refused") if failed else None))
+    watcher, stream, _ = _clocked_watcher(halts)
 
     for i in range(30):
         stream(i, i * 0.05, failed=i in (25, 26))  # two failures after the first twenty
