@@ -291,9 +291,7 @@ class HaltWatcher:
         while self._recent and self._recent[0].t < now - int(self._keep_s * NS):
             self._failed_kept -= self._recent.popleft().failed
         if not self._could_trip():
-            # only the dead-target rule, and not one failed stream to count toward it: nothing can
-            # trip, so the tick costs no pass over the window (a third of an idle runner's tick)
-            return
+            return  # only the dead-target rule, and no failed stream to count toward it
         # the dead-target rule reads the first streams; the windows read the recent ones
         first = {id(e) for e in self._first}
         streams = self._first + [e for e in self._recent if id(e) not in first]

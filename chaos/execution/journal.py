@@ -43,6 +43,7 @@ class Journal:
         self.run_id = secrets.token_hex(8)
         self._file = JournalFile(path, create=True)
         self._flush_set = False  # a flush of held records is set for the end of this loop turn
+        self._flush_failed: OSError | None = None
         self.observations = Observations(experiment=experiment, t0=t0, wall_t0=wall_t0)
         self._file.write({"type": "run", "experiment": experiment, "t0": t0, "wall_t0": wall_t0, "pid": os.getpid(),
                           "run_id": self.run_id}, durable=True)
@@ -59,6 +60,8 @@ class Journal:
         arrive by the frame (64 at a time), and a write and flush apiece was a third of what the
         runner spent on each (cProfile, 64 streams turning over). A durable record writes what is
         held before it, so the order on disk is the order of events."""
+        if self._flush_failed is not None:
+            raise self._flush_failed  # a held write failed at its turn's end: the run stops here
         self.observations.add(record)
         durable = isinstance(record, FaultEvent) if durable is None else durable
         self._file.write(to_json(record), durable=durable, hold=not durable and self._flush_at_turn_end())
@@ -77,7 +80,10 @@ class Journal:
 
     def _flush(self) -> None:
         self._flush_set = False
-        self._file.flush()
+        try:
+            self._file.flush()
+        except OSError as exc:  # no listener to raise it from at a turn's end: the next record raises it
+            self._flush_failed = exc
 
     def resource(self, body: dict[str, Any]) -> None:
         """Journal (fsync'd) something the run created outside its processes, e.g. a container:

@@ -52,8 +52,7 @@ class JournalFile:
                 self._write_held()
 
     def _write_held(self) -> None:
-        self._held.append("")  # the last line's newline
-        self._file.write("\n".join(self._held))
+        self._file.write("\n".join(self._held) + "\n")
         self._file.flush()
         self._held.clear()
 

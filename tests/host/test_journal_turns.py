@@ -8,6 +8,8 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
+
 from chaos.execution.journal import Journal
 from chaos.model.observations import FaultEvent, Note
 
@@ -71,3 +73,25 @@ def test_close_writes_what_is_held(tmp_path: Path) -> None:
 
     asyncio.run(main())
     assert [line["type"] for line in _lines(path)] == ["run", "note", "end"]
+
+
+def test_a_held_write_that_fails_stops_the_run_at_the_next_record(tmp_path: Path) -> None:
+    """The journal failing to write is a real failure (the event bus raises it and the run stops): a
+    flush at a turn's end has no listener to raise from, so the next record raises it."""
+    import errno
+
+    class Full:
+        closed = False
+
+        def write(self, text: str) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    async def main() -> None:
+        journal = Journal(tmp_path / "journal.jsonl", "x", 0, 0.0)
+        journal._file._file = Full()  # type: ignore[assignment]
+        journal.append(_note(1))  # held: nothing written yet
+        await asyncio.sleep(0)  # the turn's end: the write fails
+        with pytest.raises(OSError, match="No space left"):
+            journal.append(_note(2))
+
+    asyncio.run(main())
