@@ -369,12 +369,6 @@ async def run_aiohttp(args: argparse.Namespace) -> dict[str, Any]:
     return _row(args, win, events, ttft, errors[0], lag["p50_ms"], lag["p99_ms"], 1)
 
 
-def _tree_cpu_s(root: int) -> tuple[float, float]:
-    """(CPU seconds of ``root`` and all its descendants, the most of any one of them) from /proc."""
-    cpu = [proc_cpu_s(p) for p in _tree_pids(root)]
-    return sum(cpu), max(cpu, default=0.0)
-
-
 def _tree_pids(root: int) -> list[int]:
     """``root`` and all its descendants, from /proc."""
     children: dict[int, list[int]] = {}
@@ -421,8 +415,8 @@ def run_through(args: argparse.Namespace) -> dict[str, Any]:
         runner = subprocess.Popen([sys.executable, "-m", "chaos", "run", str(experiment), "--out", str(out), "--quiet"],
                                   cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         rss = float("nan")
-        # start/end → (monotonic, tree cpu, max proc, server, the runner's own cpu)
-        marks: dict[str, tuple[float, float, float, float, float]] = {}
+        # start/end → (monotonic, tree cpu, each process's cpu, server, the runner's own cpu)
+        marks: dict[str, tuple[float, float, dict[int, float], float, float]] = {}
         journal, read = out / "journal.jsonl", 0
         while runner.poll() is None and len(marks) < 2:
             # inside the measured phase, one sleep to just before its end: a poll every 20 ms is a
@@ -445,9 +439,9 @@ def run_through(args: argparse.Namespace) -> dict[str, Any]:
                 mark = "end" if rec.get("t_end") is not None else "start"
                 if mark not in marks:
                     before = time.monotonic()
-                    cpu, most = _tree_cpu_s(runner.pid)
-                    server, own = proc_cpu_s(args.server_pid), proc_cpu_s(runner.pid)
-                    marks[mark] = ((before + time.monotonic()) / 2, cpu, most, server, own)  # read at about then
+                    each = _tree_cpu(runner.pid)
+                    server, own = proc_cpu_s(args.server_pid), each.get(runner.pid, 0.0)
+                    marks[mark] = ((before + time.monotonic()) / 2, sum(each.values()), each, server, own)
                     if mark == "end":
                         rss = _rss_mb(_tree_pids(runner.pid))
         _, err = runner.communicate(timeout=args.seconds + args.warmup + TAIL_S + 120)
@@ -468,7 +462,8 @@ def run_through(args: argparse.Namespace) -> dict[str, Any]:
                                 if r.get("type") == "note" and r.get("topic") == "client_lag"), {})
     seconds = (t1 - t0) / 1e9
     win = {"t0": 0.0, "t1": seconds, "client_cpu_s": (end[1] - start[1]) if start and end else float("nan"),
-           "max_proc_cpu_s": (end[2] - start[2]) if start and end else float("nan"),
+           "max_proc_cpu_s": max((cpu - start[2].get(pid, 0.0) for pid, cpu in end[2].items()), default=0.0)
+           if start and end else float("nan"),
            "server_cpu_s": (end[3] - start[3]) if start and end else float("nan"), "rss_mb": rss}
     processes = 1 + args.workers
     row = _row(args, win, events, ttft, errors, float(lag.get("p50_ms") or 0.0), float(lag.get("p99_ms") or 0.0),
@@ -733,6 +728,7 @@ def _row(args: argparse.Namespace, win: dict[str, float], events: int, ttft: lis
         "tick_s": args.tick, "loop": loop_name(), "offered_per_s": offered, "events_per_s": events / seconds,
         "share_of_offered": events / seconds / offered, "lag_p50_ms": lag_p50, "lag_p99_ms": lag_p99,
         "cpu_ms_per_1k_events": 1e6 * win["client_cpu_s"] / max(1, events),
+        "busiest_cpu_ms_per_1k_events": 1e6 * win["max_proc_cpu_s"] / max(1, events),
         "client_cpu_util": win["client_cpu_s"] / seconds,
         "ttft_p50_ms": pct(ttft, 0.5), "ttft_p99_ms": pct(ttft, 0.99), "requests": len(ttft), "errors": errors,
         "server_cpu_util": server_util, "server_cpu_ms_per_1k_events": 1e6 * win["server_cpu_s"] / max(1, events),
@@ -839,6 +835,7 @@ def _round(args: argparse.Namespace, clients: list[str], streams: int, workers: 
     rows: list[dict[str, Any]] = []
     ratios: dict[str, list[float]] = {"events_per_s": [], "cpu_ms_per_1k_events": []}
     runner_share: list[float] = []  # the runner's own CPU per event over the bare generator's
+    busiest: list[float] = []  # the run's busiest process (its load worker) over the bare's busiest
     for turn in range(max(1, args.pairs)):
         got = _clients_once(args, clients if turn == 0 else ["ours", "run"], streams, workers, url, server_pid)
         rows += got.values()
@@ -849,6 +846,8 @@ def _round(args: argparse.Namespace, clients: list[str], streams: int, workers: 
         for key, values in ratios.items():
             values.append(got["run"][key] / max(1e-9, got["ours"][key]))
         runner_share.append(got["run"]["runner_cpu_ms_per_1k_events"] / max(1e-9, got["ours"]["cpu_ms_per_1k_events"]))
+        busiest.append(got["run"]["busiest_cpu_ms_per_1k_events"]
+                       / max(1e-9, got["ours"]["busiest_cpu_ms_per_1k_events"]))
     if args.pairs > 1 and ratios["cpu_ms_per_1k_events"] and not args.json:
         cpu, events = sorted(ratios["cpu_ms_per_1k_events"]), sorted(ratios["events_per_s"])
         loads = [c - r for c, r in zip(ratios["cpu_ms_per_1k_events"], runner_share, strict=True)]
@@ -856,7 +855,8 @@ def _round(args: argparse.Namespace, clients: list[str], streams: int, workers: 
               f"({', '.join(f'{r:.2f}' for r in cpu)}); events/s median {statistics.median(events):.2f} "
               f"({events[0]:.2f}-{events[-1]:.2f}); of the run's, the runner's own "
               f"{statistics.median(runner_share):.2f} and its load processes' {statistics.median(loads):.2f} "
-              "(medians)", flush=True)
+              f"(medians); busiest process run/ours {statistics.median(busiest):.2f} "
+              f"({', '.join(f'{r:.2f}' for r in busiest)})", flush=True)
     return rows
 
 

@@ -34,6 +34,7 @@ def test_a_metrics_endpoint_that_answers_404_is_asked_rarely_and_a_failing_one_i
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from chaos.model.observations import Note
+    from chaos.output.progress import describe
     from chaos.targets.scraper import ABSENT_AFTER, ABSENT_INTERVAL_S, MetricScraper
 
     asked: Counter[str] = Counter()
@@ -70,5 +71,7 @@ def test_a_metrics_endpoint_that_answers_404_is_asked_rarely_and_a_failing_one_i
     assert asked["/broken"] >= 25, asked
     tenth = [n for n in notes if isinstance(n, Note) and n.data["url"].endswith("/absent") and n.data["failures"] == 10]
     assert tenth and tenth[0].data["next_every_s"] == ABSENT_INTERVAL_S
+    line = describe(tenth[0])  # the console says why the scrapes went quiet
+    assert line is not None and f"asked every {ABSENT_INTERVAL_S:g}s from now" in line, line
     assert not any(isinstance(n, Note) and n.data["url"].endswith("/broken") and "next_every_s" in n.data
                    for n in notes)

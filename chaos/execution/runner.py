@@ -428,7 +428,8 @@ class Runner:
         known = target.host_processes() is not None
         runner_pid = os.getpid()
         await resources.enter_async_context(host_contention(
-            emit, lambda: (runner_pid, *(target.host_processes() or ())), target_known=known))
+            emit, lambda: (runner_pid, *(target.host_processes() or ())), target_known=known,
+            subscribe=self.events.subscribe))
 
     def _model(self, target: TargetInfo) -> str:
         """The model the load asks for: ``load.model``, else the one the target serves."""

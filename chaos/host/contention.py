@@ -6,10 +6,11 @@ beside the run, a second tenant's batch, another experiment. A CI run of gpu-thr
 recovery-phase TTFT p50 at 1.77x the baseline's (6.7 → 11.9 ms) while another test's vLLM took a
 core; the stack had recovered, the host had not stayed the same.
 
-Every ``HOST_PERIOD_S`` the runner reads ``/proc/stat`` (CPU time of the whole host), the CPU time
-of the run's own processes (the runner and everything it started; the target's process tree where
-the run knows it) and how long their threads waited, runnable, for a CPU (``/proc/PID/task/TID/
-schedstat``), and records per interval four series in cores:
+At every phase's start and end, and every ``HOST_PERIOD_S`` between, the runner reads
+``/proc/stat`` (CPU time of the whole host), the CPU time of the run's own processes (the runner and
+everything it started; the target's process tree where the run knows it) and how long their threads
+waited, runnable, for a CPU (``/proc/PID/task/TID/schedstat``), and records per interval four series
+in cores:
 
 - ``host_busy_cores``: the whole host's busy CPU;
 - ``host_run_cores``: the run's processes and the target's;
@@ -17,18 +18,26 @@ schedstat``), and records per interval four series in cores:
 - ``host_run_wait_cores``: how many of the run's threads were, on average, ready to run and kept
   waiting for a CPU.
 
-``phase_contention`` (pure) reduces them to per-phase means; ``chaos.execution.verify`` turns a
-failed phase comparison into ``inconclusive`` when, in the judged phase against its reference, the
-run's threads waited materially longer for a CPU *and* the neighbours took more of it. The wait is
-what tells the two causes apart: a stack slowed by its own defect sleeps (its threads do not wait
-for a CPU) even where a greedy neighbour soaks up the CPU it leaves; a stack the host starved waits.
-Linux only; elsewhere nothing is recorded and no verdict changes.
+The samples at the phase boundaries, stamped with the phase's own start and end, make a phase's
+intervals tile it: its mean is the counters' growth over exactly the phase, whatever the period.
+The period only shows how the CPU moved inside a phase. It was 0.5 s, with nothing at the
+boundaries: sixteen cold samples per 8 s were a third of the runner's CPU at one stream (9.5 of
+15 ms), and a phase's first and last interval reached into its neighbours.
+
+``phase_contention`` (pure) reduces them to per-phase means, each interval weighted by its length;
+``chaos.execution.verify`` turns a failed phase comparison into ``inconclusive`` when, in the judged
+phase against its reference, the run's threads waited materially longer for a CPU *and* the
+neighbours took more of it. The wait is what tells the two causes apart: a stack slowed by its own
+defect sleeps (its threads do not wait for a CPU) even where a greedy neighbour soaks up the CPU it
+leaves; a stack the host starved waits. Linux only; elsewhere nothing is recorded and no verdict changes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.host.sampling import polled
-from chaos.model.observations import MetricSample, Note, Observations
+from chaos.model.observations import MetricSample, Note, Observations, PhaseWindow
 
 __all__ = [
     "CONTENTION_NOTE",
@@ -51,7 +60,10 @@ __all__ = [
     "phase_contention",
 ]
 
-HOST_PERIOD_S = 0.5
+HOST_PERIOD_S = 2.0
+# A sample this soon after the last one starts no interval: one phase's end and the next one's start
+# are one boundary, microseconds apart, and a periodic tick just after a boundary adds nothing.
+MIN_INTERVAL_NS = 50_000_000
 CONTENTION_NOTE = "host_contention"
 BUSY, RUN, NEIGHBOUR, WAIT = "host_busy_cores", "host_run_cores", "host_neighbour_cores", "host_run_wait_cores"
 # A neighbour explains a failed comparison when, over the reference phase, the run's threads waited
@@ -90,7 +102,7 @@ def parse_process_stat(text: str) -> tuple[int, int]:
 def _read(path: str) -> str:
     """A /proc file's whole text, by raw descriptor reads: ``Path.read_text`` builds a buffered text
     stream per file (an fstat, an isatty ioctl, two lseeks: nine system calls, against three here),
-    and a sample reads a few files per thread of the run twice a second. Undecodable bytes (a
+    and a sample reads a few files per thread of the run every sample. Undecodable bytes (a
     process may name itself anything) are replaced, not fatal."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -107,7 +119,7 @@ class _KeptOpen:
 
     A seq_file (``stat``, ``schedstat``, ``children``) regenerates its text on a read at offset 0,
     so a kept descriptor reads fresh figures in one system call where ``_read`` takes three (open,
-    read, close) on a cold runner twice a second. A descriptor of a process or thread that ended
+    read, close) on a cold runner. A descriptor of a process or thread that ended
     fails its read (ESRCH) and is dropped; ones a sample did not read are closed after it, so a
     recycled pid is opened afresh. At most ``limit``: a run near its open-files limit keeps streams
     before these."""
@@ -254,6 +266,7 @@ class HostSampler:
         self.whole_table = False  # set once the kernel turns out to have no children files
         self._last: tuple[int, int, dict[int, int], dict[tuple[int, int], int]] | None = None  # t, busy, ours, waits
         self._files = _KeptOpen()
+        self._lock = threading.Lock()  # the periodic sample may run in a thread (whole_table)
 
     def _ours(self) -> tuple[dict[int, int], dict[tuple[int, int], int]]:
         roots = list(self.roots())
@@ -270,10 +283,19 @@ class HostSampler:
 
     def close(self) -> None:
         """Close the /proc files kept open between samples."""
-        self._files.close()
+        with self._lock:
+            self._files.close()
 
     def sample(self, t: int | None = None) -> list[MetricSample]:
-        t = time.monotonic_ns() if t is None else t
+        """The interval since the last sample, ending at ``t`` (now by default: a phase boundary passes
+        its own stamp, taken microseconds before); nothing on the first call, nor within
+        ``MIN_INTERVAL_NS`` of the last one (that one's interval already ends here)."""
+        with self._lock:
+            return self._sample(time.monotonic_ns() if t is None else t)
+
+    def _sample(self, t: int) -> list[MetricSample]:
+        if self._last is not None and t - self._last[0] < MIN_INTERVAL_NS:
+            return []
         busy, _total = parse_proc_stat(_read(f"{self.proc}/stat") if self.whole_table
                                        else self._files.read(f"{self.proc}/stat"))
         ours, waits = self._ours()
@@ -296,18 +318,52 @@ def host_cpus() -> int:
     return os.cpu_count() or 1
 
 
+class _AtPhaseBoundaries:
+    """A run listener that samples at each phase's start and end, stamped with the phase's own stamp.
+
+    The sample is read at once, in the listener (about 0.3 ms, on the loop as the periodic one is);
+    its records go to the sink on the loop's next turn, so the bus is not re-entered while it is
+    still handing out the phase's event. Not where the sampler reads the whole process table (a
+    kernel without children files: milliseconds): there the periodic samples in a thread are all."""
+
+    def __init__(self, sampler: HostSampler, sink: Callable[[MetricSample | Note], None]) -> None:
+        self.sampler, self.sink = sampler, sink
+        self.loop = asyncio.get_running_loop()
+        self.open = True
+
+    def on_event(self, event: object) -> None:
+        if not self.open or not isinstance(event, PhaseWindow) or self.sampler.whole_table:
+            return
+        try:
+            records = self.sampler.sample(event.t_end if event.t_end is not None else event.t_start)
+        except (OSError, ValueError):
+            return  # the periodic sample meets the same error and notes it
+        if records:
+            self.loop.call_soon(self._deliver, records)
+
+    def _deliver(self, records: list[MetricSample]) -> None:
+        if self.open:
+            for record in records:
+                self.sink(record)
+
+
 @contextlib.asynccontextmanager
 async def host_contention(sink: Callable[[MetricSample | Note], None], roots: Callable[[], Iterable[int]], *,
-                          target_known: bool, period_s: float = HOST_PERIOD_S) -> AsyncIterator[bool]:
+                          target_known: bool, period_s: float = HOST_PERIOD_S,
+                          subscribe: Callable[[Any], None] | None = None) -> AsyncIterator[bool]:
     """Record the host's CPU use while entered (Linux); yields whether it records.
 
     ``target_known``: the run knows the target's processes (it started them). Where it does not (an
     engine started elsewhere on this host), the target's CPU is counted as neighbour's, so the
-    figures are recorded but no verdict is changed by them."""
+    figures are recorded but no verdict is changed by them. ``subscribe``: how to hear the run's
+    events (``EventBus.subscribe``), for the samples at phase boundaries; without it, only periodic."""
     if not Path("/proc/stat").is_file():
         yield False
         return
     sampler = HostSampler(roots)
+    boundaries = _AtPhaseBoundaries(sampler, sink)
+    if subscribe is not None:
+        subscribe(boundaries)
     sink(Note(topic=CONTENTION_NOTE, t=time.monotonic_ns(), data={"cpus": host_cpus(), "period_s": period_s,
                                                                    "target_processes_known": target_known}))
     # On the loop, not in a thread, while the walk down the run's own tree works: it reads only /proc
@@ -321,6 +377,7 @@ async def host_contention(sink: Callable[[MetricSample | Note], None], roots: Ca
                           errors=(OSError, ValueError), in_thread=lambda: sampler.whole_table):
             yield True
     finally:
+        boundaries.open = False  # the bus has no unsubscribe: the listener goes quiet
         sampler.close()
 
 
@@ -336,24 +393,38 @@ class PhaseContention:
     intervals: int
 
 
-def _mean_within(samples: Sequence[MetricSample], start: int, end: int) -> tuple[float, int]:
-    inside = [s.value for s in samples if start < s.t <= end]
-    return (sum(inside) / len(inside), len(inside)) if inside else (0.0, 0)
+def _mean_within(samples: Sequence[MetricSample], start: int, end: int, first_ns: int) -> tuple[float, int]:
+    """The mean over the intervals that end in (start, end], each weighted by its length: the time
+    since the series' previous sample, ``first_ns`` for the first (its start is not recorded).
+    ``samples`` in time order. Pure."""
+    total = weight = 0.0
+    n, previous = 0, None
+    for sample in samples:
+        if start < sample.t <= end:
+            length = sample.t - previous if previous is not None else first_ns
+            total += sample.value * length
+            weight += length
+            n += 1
+        previous = sample.t
+    return (total / weight, n) if n and weight > 0 else (0.0, 0)
 
 
 def phase_contention(obs: Observations) -> dict[str, PhaseContention]:
     """Per phase with recorded intervals, the mean busy, run and neighbour cores. Pure."""
-    series = {name: obs.series(name) for name in (BUSY, RUN, NEIGHBOUR, WAIT)}
+    notes = obs.notes_on(CONTENTION_NOTE)
+    period_s = float((notes[-1].data.get("period_s") if notes else None) or HOST_PERIOD_S)
+    first_ns = int(period_s * 1e9)
+    series = {name: sorted(obs.series(name), key=lambda s: s.t) for name in (BUSY, RUN, NEIGHBOUR, WAIT)}
     out: dict[str, PhaseContention] = {}
     for window in obs.phases:
         if window.t_end is None:
             continue
-        busy, n = _mean_within(series[BUSY], window.t_start, window.t_end)
+        busy, n = _mean_within(series[BUSY], window.t_start, window.t_end, first_ns)
         if n == 0:
             continue
-        run, _ = _mean_within(series[RUN], window.t_start, window.t_end)
-        neighbour, _ = _mean_within(series[NEIGHBOUR], window.t_start, window.t_end)
-        wait, _ = _mean_within(series[WAIT], window.t_start, window.t_end)
+        run, _ = _mean_within(series[RUN], window.t_start, window.t_end, first_ns)
+        neighbour, _ = _mean_within(series[NEIGHBOUR], window.t_start, window.t_end, first_ns)
+        wait, _ = _mean_within(series[WAIT], window.t_start, window.t_end, first_ns)
         out[window.name] = PhaseContention(window.name, busy, run, neighbour, wait, n)
     return out
 

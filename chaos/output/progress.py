@@ -60,7 +60,10 @@ def _note_line(note: Note) -> str | None:
             lines.append(f"  !! {data['warning']}")
         return "\n".join(lines)
     if note.topic == "scrape_error":
-        return f"  !! metrics: scraping {data.get('url')} failed: {data.get('error')} ({data.get('failures')} so far)"
+        every = (f"; no metrics there, asked every {data['next_every_s']:g}s from now"
+                 if data.get("next_every_s") else "")
+        return (f"  !! metrics: scraping {data.get('url')} failed: {data.get('error')} "
+                f"({data.get('failures')} so far{every})")
     if note.topic == "halt":
         return f"  !! halt: {data.get('reason')}"
     return None

@@ -4,6 +4,7 @@ other processes, not the run, took the CPU it lost."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -26,12 +27,13 @@ from chaos.host.contention import (
     WAIT,
     HostSampler,
     contention_shift,
+    host_contention,
     parse_proc_stat,
     parse_process_stat,
     parse_schedstat,
     phase_contention,
 )
-from chaos.model.observations import MetricSample
+from chaos.model.observations import MetricSample, Observations, PhaseWindow
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -82,6 +84,19 @@ def test_per_phase_means(synth: Any) -> None:
         and per_phase["recovery"].neighbour == pytest.approx(1.54)
     assert per_phase["recovery"].wait == pytest.approx(0.7)
     assert per_phase["baseline"].intervals == 10 and per_phase["recovery"].intervals == 10
+
+
+def test_a_phase_mean_weighs_each_interval_by_its_length(synth: Any) -> None:
+    """A phase's last interval cut short by its end (0.2 s of 4 s) counts for 0.2 s, not as much as
+    a whole period: the mean is the counters' growth over the phase."""
+    metrics = _samples(NEIGHBOUR, [(0.5, 0.0), (2.5, 1.0), (4.5, 1.0), (4.7, 0.0)])
+    for name in (RUN, BUSY, WAIT):
+        metrics += _samples(name, [(0.5, 0.0), (2.5, 0.0), (4.5, 0.0), (4.7, 0.0)])
+    obs = synth.obs(metrics=metrics, phases=[synth.phase("p", 0.5, 4.7)],
+                    notes=[synth.note(CONTENTION_NOTE, 0, cpus=2, period_s=2.0, target_processes_known=True)])
+    p = phase_contention(obs)["p"]
+    assert p.intervals == 3
+    assert p.neighbour == pytest.approx(4.0 / 4.2)  # unweighted, it would read 2/3
 
 
 def test_the_second_ci_run_reads_as_the_host_too(synth: Any) -> None:
@@ -211,6 +226,39 @@ def test_the_real_proc_tells_the_runs_cpu_from_a_neighbours_and_sees_the_run_wai
     assert crowded[NEIGHBOUR] >= 2 * crowded[RUN], (alone, crowded)
     assert crowded[WAIT] >= alone[WAIT] + 0.1, (alone, crowded)
     assert alone[BUSY] >= alone[RUN] and crowded[BUSY] >= crowded[NEIGHBOUR]
+
+
+@pytest.mark.skipif(not Path("/proc/stat").is_file(), reason="Linux /proc only")
+async def test_samples_at_the_phase_boundaries_give_each_phase_its_own_mean(hog: Any) -> None:
+    """No periodic tick falls inside these phases (a 60 s period): the samples the phases' own start
+    and end stamps take give each its one interval, exactly its span. In the first the run sleeps;
+    in the second its child spins, and only the second reads it busy."""
+    listeners: list[Any] = []
+    obs = Observations()
+    async with host_contention(obs.add, lambda: (os.getpid(),), target_known=True, period_s=60.0,
+                               subscribe=listeners.append) as recording:
+        assert recording and len(listeners) == 1
+
+        def emit(window: PhaseWindow) -> PhaseWindow:
+            obs.add(window)
+            listeners[0].on_event(window)
+            return window
+
+        quiet = emit(PhaseWindow("quiet", time.monotonic_ns()))
+        await asyncio.sleep(1.0)
+        quiet = emit(PhaseWindow("quiet", quiet.t_start, time.monotonic_ns()))
+        busy = emit(PhaseWindow("busy", time.monotonic_ns()))
+        hog(detached=False)
+        await asyncio.sleep(1.5)
+        busy = emit(PhaseWindow("busy", busy.t_start, time.monotonic_ns()))
+        await asyncio.sleep(0)  # the boundary's records reach the sink on the loop's next turn
+    assert sorted({m.t for m in obs.metrics}) == [quiet.t_end, busy.t_end]
+    per_phase = phase_contention(obs)
+    assert per_phase["quiet"].intervals == 1 and per_phase["busy"].intervals == 1
+    # the child gets a share of a core however loaded the box (see the test above); the quiet phase
+    # had only this sleeping process
+    assert per_phase["busy"].run >= 0.15, per_phase
+    assert per_phase["quiet"].run <= 0.1, per_phase
 
 
 def test_the_host_is_named_before_a_saturated_load_generator(synth: Any) -> None:
