@@ -443,7 +443,7 @@ def run_through(args: argparse.Namespace) -> dict[str, Any]:
                     server, own = proc_cpu_s(args.server_pid), each.get(runner.pid, 0.0)
                     marks[mark] = ((before + time.monotonic()) / 2, sum(each.values()), each, server, own)
                     if mark == "end":
-                        rss = _rss_mb(_tree_pids(runner.pid))
+                        rss = _rss_mb(list(each))  # the tree just read, not a second walk of /proc
         _, err = runner.communicate(timeout=args.seconds + args.warmup + TAIL_S + 120)
         if runner.returncode not in (0, 1) or not journal.is_file():
             raise SystemExit(f"the run failed (exit {runner.returncode}): {err.strip()[-800:]}")

@@ -414,7 +414,7 @@ def phase_contention(obs: Observations) -> dict[str, PhaseContention]:
     notes = obs.notes_on(CONTENTION_NOTE)
     period_s = float((notes[-1].data.get("period_s") if notes else None) or HOST_PERIOD_S)
     first_ns = int(period_s * 1e9)
-    series = {name: sorted(obs.series(name), key=lambda s: s.t) for name in (BUSY, RUN, NEIGHBOUR, WAIT)}
+    series = {name: obs.series(name) for name in (BUSY, RUN, NEIGHBOUR, WAIT)}  # each in time order
     out: dict[str, PhaseContention] = {}
     for window in obs.phases:
         if window.t_end is None:
