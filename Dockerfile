@@ -2,7 +2,7 @@
 #   docker build -t streamchaos:latest .
 # CPU PyTorch is pinned through .ci/constraints.txt; the builtin stack is not used in-cluster (the
 # game-day targets a running vLLM), but the image installs the engine extra so every command works
-# (`pip install streamchaos` alone is the light core: remote targets only, no torch).
+# (`pip install .` alone is the light core: remote targets only, no torch).
 FROM python:3.11-slim
 WORKDIR /opt/streamchaos
 COPY pyproject.toml README.md ./

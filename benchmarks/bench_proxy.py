@@ -190,7 +190,7 @@ def start_server() -> tuple[subprocess.Popen, int]:
 def start_embedded() -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "faults.toxiproxy_server", "--port", "0"],
+        [sys.executable, "-m", "chaos.toxiproxy.server", "--port", "0"],
         stdout=subprocess.PIPE,
         text=True,
         cwd=ROOT,

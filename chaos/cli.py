@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shutil
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from chaos.model.errors import ChaosError, ExperimentInvalid, UsageError
 
@@ -259,7 +260,7 @@ def _compare_capacity(dir_a: Path, dir_b: Path) -> int:
 
 
 def _cmd_history(args: argparse.Namespace) -> int:
-    from chaos.output.reports.history import history_lines, load_runs, regressions, render_history
+    from chaos.output.reports.history import history_lines, latest_regressed, load_runs, regressions, render_history
 
     root = Path(args.history)
     left_out: list[Path] = []
@@ -270,7 +271,7 @@ def _cmd_history(args: argparse.Namespace) -> int:
     for line in history_lines(runs, transitions):
         print(line)
     _write_page(Path(args.html) if args.html else root / "history.html", render_history(runs, transitions))
-    return 1 if transitions and any(r.flagged for r in transitions[-1].rows) else 0  # the latest run regressed
+    return 1 if latest_regressed(runs, transitions) else 0  # against the run before it on its target
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -319,7 +320,7 @@ def _print_run_summary(report: dict[str, Any]) -> None:
         print(f"  fault {fault['name']} ({fault['kind']}): injected {fault['injected_at']}s, "
               f"reverted {fault['reverted_at']}s")
     verdicts = from_report(report["verdicts"])
-    for line in verdict_table(verdicts):
+    for line in verdict_table(verdicts, width=shutil.get_terminal_size((100, 24)).columns - 2):
         print("  " + line)
     definitions = _definitions(verdicts)
     if definitions:
@@ -420,7 +421,8 @@ def _version() -> str:
             return "unknown (not installed)"
 
 
-Commands = argparse._SubParsersAction  # the subcommands of the parser (argparse names no public type)
+# the subcommands of the parser (argparse names no public type; its class is generic in the stubs only, so a string)
+Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -486,9 +488,10 @@ def _add_validate(sub: Commands) -> None:
 
 
 def _add_list(sub: Commands) -> None:
-    p = sub.add_parser("list", help="the fault and SLA catalogues, or the shipped experiments")
-    p.add_argument("what", nargs="?", default="all", choices=["faults", "slas", "experiments", "all"],
-                   help="faults, slas, all (both; the default), or experiments: the ones shipped in experiments/")
+    p = sub.add_parser("list", help="the fault, SLA and target catalogues, or the shipped experiments")
+    p.add_argument("what", nargs="?", default="all", choices=["faults", "slas", "targets", "experiments", "all"],
+                   help="faults, slas, targets, all (the three; the default), or experiments: the ones shipped in "
+                        "experiments/")
     p.set_defaults(fn=_cmd_list)
 
 
@@ -583,7 +586,7 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv)  # servers, not a run's record: their streams are their own
     # the console is a record too: no configured secret or URL userinfo reaches it (chaos.host.redact)
     stdout, stderr = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = RedactingStream(stdout), RedactingStream(stderr)  # type: ignore[assignment]
+    sys.stdout, sys.stderr = RedactingStream(stdout), RedactingStream(stderr)
     try:
         return _main(argv)
     finally:
@@ -603,7 +606,7 @@ def _main(argv: list[str] | None) -> int:
 
             return serve_main(argv[2:])
         if argv[:2] == ["toxiproxy", "serve"]:
-            from faults.toxiproxy_server import main as toxiproxy_main
+            from chaos.toxiproxy.server import main as toxiproxy_main
 
             return toxiproxy_main(argv[2:])
         if argv[:1] in (["stack"], ["toxiproxy"]):

@@ -242,6 +242,7 @@ class ExperimentItem(pytest.Item):
         from chaos.experiment import load_experiment
 
         exp = load_experiment(self.path)
+        # pytest's own factory (private): the one that honours --basetemp and keeps the last runs
         out = self.config._tmp_path_factory.mktemp(f"exp-{self.path.stem}")  # type: ignore[attr-defined]
         log = RunLog()
         try:

@@ -92,6 +92,7 @@ class Fault(ABC):
 
     def describe(self, scene: Scene) -> FaultAccount:
         """A dry run's account of this fault (pure: nothing is contacted); kinds give a sharper one."""
+        # overridden or not: a bound classmethod's __func__, which mypy's callable type does not show
         rolled_back = type(self).rollback.__func__ is not Fault.rollback.__func__  # type: ignore[attr-defined]
         return FaultAccount(
             changes=f"{self.summary} ({self.schema.format(self.params) or 'no parameters'})",

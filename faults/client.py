@@ -1,6 +1,6 @@
 """Client faults: a fraction of the load generator's clients hang up, read slowly, or time out.
 
-Each fault installs a picklable ``ClientRule`` (``chaos.load.rules``) into the run's client policy
+Each fault installs a picklable ``ClientRule`` (``chaos.model.client_rules``) into the run's client policy
 on inject and removes it on revert; the generator draws every new request's plan from the rules in
 force with a generator seeded by the request id, so a run replays. Nothing outlives the run, so
 rollback has nothing to do. Deliberate hang-ups are stamped on the record (``StreamRecord.hangup``)
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from chaos.load.rules import DisconnectRule, SlowReaderRule, TimeoutRule
+from chaos.model.client_rules import DisconnectRule, SlowReaderRule, TimeoutRule
 from chaos.model.context import ClientRule, FaultAccount, RunContext, Scene
 from chaos.model.params import Param, Schema
 from faults.base import Fault, Injection, register
@@ -34,7 +34,7 @@ class _RuleInjection(Injection):
 
     async def inject(self) -> dict[str, Any]:
         self.ctx.clients.install(self.rule)
-        return {"rule": type(self.rule).__name__, **asdict(self.rule)}  # type: ignore[call-overload]
+        return {"rule": type(self.rule).__name__, **asdict(self.rule)}  # type: ignore[call-overload]  # rules are dataclasses
 
     async def revert(self) -> dict[str, Any]:
         return {"removed": self.ctx.clients.remove(self.name)}

@@ -24,10 +24,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from chaos.docker.containers import container_facts, docker_client, find_container, ownership_problem
 from chaos.model.context import RunContext
 from chaos.model.errors import FaultError, FaultUnsupported
 from chaos.model.params import Param, Schema
-from chaos.targets.containers import container_facts, docker_client, find_container, ownership_problem
 from faults.base import Fault, Injection, register
 from faults.kill_schedule import KillSchedule
 

@@ -7,7 +7,7 @@
   ``safety.allow_gpu_clock_changes``. A killed run is undone by ``Fault.rollback`` (the plan records the
   device UUID and the clock it locked; rollback loads only the configured NVML library and resets the
   clock only while it can still be this run's lock).
-- ``contention``: a co-tenant that keeps the engine's device busy (``faults.burner``): matrix products on
+- ``contention``: a co-tenant that keeps the engine's device busy (``chaos.gpu.burner``): matrix products on
   a CUDA device, or busy workers pinned to the engine's CPUs. Workers per unit and busy share are sized
   so that, under fair sharing, the engine keeps about ``fraction_of_max`` of its device.
 - ``cpu_duty``: for a CPU engine, a helper SIGSTOPs/SIGCONTs the engine process so it runs only
@@ -33,13 +33,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from chaos.gpu import burner
+from chaos.gpu.nvml import LIB_ENV, Nvml, nvml_available
 from chaos.host.procs import check_signalable, proc_state, start_time
 from chaos.model.context import FaultAccount, RunContext, Scene
 from chaos.model.errors import FaultError, FaultPermissionDenied, FaultUnsupported
 from chaos.model.params import Param, Schema
-from faults import burner
 from faults.base import Fault, Injection, register
-from faults.nvml import LIB_ENV, Nvml, nvml_available
 
 if TYPE_CHECKING:
     from chaos.model.experiment import Experiment
@@ -365,7 +365,7 @@ class _ClockLock(Injection):
 
 
 class _Helpers(Injection):
-    """Backends that act through helper processes (``faults.burner``), tagged for rollback."""
+    """Backends that act through helper processes (``chaos.gpu.burner``), tagged for rollback."""
 
     backend: ClassVar[str]
 

@@ -19,10 +19,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from chaos.admin.client import LEASE_RENEW_EVERY_S, LEASE_TTL_S, AdminClient, LeaseKeeper, admin_delete_sync
 from chaos.model.context import BackgroundLoad, FaultAccount, RunContext, Scene
 from chaos.model.errors import FaultUnsupported
 from chaos.model.params import Param, Schema
-from chaos.stack.admin_client import LEASE_RENEW_EVERY_S, LEASE_TTL_S, AdminClient, LeaseKeeper, admin_delete_sync
 from faults.base import Fault, Injection, register
 from faults.server import describe_no_admin, require_admin
 

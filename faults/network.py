@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from chaos.model.context import FaultAccount, ProxyInfo, RunContext, Scene
 from chaos.model.errors import FaultUnsupported
 from chaos.model.params import Param, Schema
+from chaos.toxiproxy.client import ToxiproxyAPI
 from faults.base import Fault, Injection, register
-from faults.toxiproxy_client import ToxiproxyAPI
 
 if TYPE_CHECKING:
     from chaos.model.experiment import Experiment

@@ -122,7 +122,7 @@ class _Kill(Injection):
         if pid is None:
             raise FaultUnsupported("process.kill: the target has no known pid any more")
         if self.ctx.target.kind == "vllm" and self.spec.target == "engine":
-            from chaos.targets.vllm import engine_core_pid
+            from chaos.host.procguard import engine_core_pid
 
             core = engine_core_pid(pid)
             if core is None:

@@ -11,7 +11,14 @@ if ! _streamchaos_env_ok python3; then
     # the locked set needs 3.11.5 or newer (pymdown-extensions 13.1.2): Debian 12's python3 is 3.11.2,
     # where pip otherwise fails after a minute with a resolver conflict that names no Python version
     if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 11, 5))' 2>/dev/null; then
-      echo "streamchaos needs Python 3.11.5 or newer for its locked packages; python3 here is $(python3 -V 2>&1)" >&2
+      # the next step: .venv made with a newer Python is used as it is (the check above is for python3 only)
+      {
+        echo "streamchaos needs Python 3.11.5 or newer for its locked packages; python3 here is $(python3 -V 2>&1)."
+        echo "Make .venv with a newer Python, then run this again (it installs into that .venv):"
+        echo "  uv venv --seed --python '>=3.11.5,<3.12' .venv    # uv finds or fetches one (https://docs.astral.sh/uv/)"
+        echo "  or: pyenv install 3.11.9 && ~/.pyenv/versions/3.11.9/bin/python -m venv .venv"
+        echo "  or, with a 3.11.5 or newer elsewhere on this host: /path/to/python3.11 -m venv .venv"
+      } >&2
       exit 4
     fi
     echo "setting up .venv (first run only)..." >&2

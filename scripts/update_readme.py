@@ -1,7 +1,8 @@
 """Rewrite the generated sections of the documentation pages: the fault and SLA catalogues (the
 registries) in docs/faults.md and docs/slas.md, the engine profiles with the fault-support and
 SLA × metrics matrices (chaos.model.engines, chaos.output.support) in docs/support.md, and the
-rooms' "may import" table (pyproject.toml's import-linter contracts) in docs/architecture.md.
+rooms' "may import" table (pyproject.toml's import-linter contracts) in docs/architecture.md, and
+the command line reference (chaos/cli.py's parser) in docs/cli.md.
 
     python scripts/update_readme.py            rewrite every generated block in place
     python scripts/update_readme.py --check    exit 1, naming the pages, when a block is stale
@@ -13,6 +14,7 @@ blocks lived in README.md until the reference moved to docs/.
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 from collections.abc import Callable
@@ -50,10 +52,14 @@ def _rooms() -> str:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
     contracts = config["contracts"]
     layers = next(c for c in contracts if c["type"] == "layers")["layers"]
+    # a forbidden contract on a whole room narrows what its row may import (faults and sla: the floor)
+    narrowed = {c["source_modules"][0]: set(c["forbidden_modules"]) for c in contracts
+                if c["type"] == "forbidden" and len(c["source_modules"]) == 1}
     rows = ["| layer | rooms | may import |", "| --- | --- | --- |"]
     for i, layer in enumerate(layers):
         rooms = [r.strip() for r in layer.replace(":", "|").split("|")]
         below = [r.strip() for lower in layers[i + 1:] for r in lower.replace(":", "|").split("|")]
+        below = [r for r in below if len(rooms) > 1 or r not in narrowed.get(rooms[0], set())]
         siblings = " (not each other)" if "|" in layer and len(rooms) > 1 else ""
         may = ", ".join(f"`{r}`" for r in below) if below else "nothing of ours"
         rows.append(f"| {i + 1} | {', '.join(f'`{r}`' for r in rooms)} | {may}{siblings} |")
@@ -62,12 +68,52 @@ def _rooms() -> str:
     return "\n".join(rows) + "\n\n" + "\n".join(notes)
 
 
+def _cli() -> str:
+    """Every command of the parser (chaos/cli.py), and `stack serve`'s own: usage, arguments, help."""
+    from chaos.cli import _parser
+    from chaos.stack.serve import build_parser
+
+    root = _parser()
+    sub = next(a for a in root._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {choice.dest: choice.help for choice in sub._choices_actions}
+    parts = [_cli_command(root, root.description or "")]
+    for name, parser in sub.choices.items():
+        if name in ("stack", "toxiproxy"):
+            continue  # their `serve` parses its own options (below, and `streamchaos toxiproxy serve --help`)
+        parts.append(_cli_command(parser, helps.get(name) or ""))
+    parts.append(_cli_command(build_parser(), "the builtin streaming stack as a server of its own"))
+    return "\n\n".join(parts)
+
+
+def _cli_command(parser: argparse.ArgumentParser, summary: str) -> str:
+    """One command as Markdown: a heading, what it does, its usage at a fixed width, a table of its arguments."""
+    parser.formatter_class = lambda prog: argparse.HelpFormatter(prog, width=100)  # not the terminal's width
+    formatter = parser._get_formatter()
+    rows = []
+    for action in parser._actions:
+        if action.help == argparse.SUPPRESS or isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+            continue
+        text = formatter._expand_help(action) if action.help else ""
+        if action.default not in (None, False, [], argparse.SUPPRESS) and "default" not in text:
+            text = f"{text} (default: {action.default})" if text else f"default: {action.default}"
+        rows.append(f"| `{formatter._format_action_invocation(action)}` | {_cli_cell(text)} |")
+    table = "\n".join(["| argument | what it does |", "| --- | --- |", *rows]) if rows else ""
+    return "\n\n".join(part for part in (f"### `{parser.prog}`", _cli_cell(summary),
+                                           f"```text\n{parser.format_usage().strip()}\n```", table) if part)
+
+
+def _cli_cell(text: str) -> str:
+    """Help text as Markdown table text: ``<time>`` and ``|`` kept literal."""
+    return " ".join(text.split()).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+
+
 # page (relative to the repository root) -> its generated blocks: (marker name, body)
 BLOCKS: dict[str, list[tuple[str, Callable[[], str]]]] = {
     "docs/faults.md": [("faults", _faults)],
     "docs/slas.md": [("slas", _slas)],
     "docs/support.md": [("support", _support)],
     "docs/architecture.md": [("rooms", _rooms)],
+    "docs/cli.md": [("cli", _cli)],
 }
 
 

@@ -1,7 +1,10 @@
 """The SLA verifiers: pure functions from a run's observations to verdicts, one module per kind
 (the kind ``errors`` in ``stream_errors``: the share of streams that failed, not an exception family).
 
-Importing ``sla`` registers every verifier in ``sla.REGISTRY``; ``judge`` runs one by kind.
+Importing ``sla`` registers every verifier in ``sla.REGISTRY``; ``judge`` runs one by kind. A new
+kind is one module here (one ``SlaSpec`` subclass under ``@verifier``, declaring every fact
+``sla/base.py`` lists) and its name in the import below; nothing outside ``sla/`` keys on kind names.
+``sla.budgets`` (budget proposals from healthy runs) is imported by ``streamchaos budgets`` only.
 """
 
 from __future__ import annotations

@@ -35,9 +35,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from chaos.model.context import HaltSpec
 from chaos.model.observations import NS, MetricSample, Observations
 from chaos.model.params import Param, Schema
-from sla.base import SlaSpec, Status, Verdict, verifier
+from sla.base import BudgetRule, SlaSpec, Status, Verdict, verifier
 from sla.common import rel_s, stream_end
 from sla.engine_series import metrics_off, pick, profile_series, unjudged_reason
 
@@ -196,11 +197,25 @@ class AbortPropagation(SlaSpec):
     kind = "abort_propagation"
     summary = "while clients hang up, the engine runs no more requests than the clients hold open"
     schema = SCHEMA
+    timing = False
+    better = "lower"
+    capacity_fit = True
+    needs = ("running",)
+    sample_label = None
 
     sustain: float
     max_excess: int
     grace: float | None
     running_series: str | None
+
+    def samples(self, obs: Observations, phase: str | None) -> list[float] | None:
+        return None  # a count of orphaned requests read off a metric series
+
+    def budget_rule(self) -> BudgetRule:
+        return BudgetRule.policy("orphaned requests are a bug, not a load figure: keep the stated bound")
+
+    def probe_halt(self, window_s: float, factor: float, min_streams: int) -> HaltSpec | None:
+        return None
 
     def judge(self, obs: Observations, phase: str | None) -> Verdict:
         sustain: float = self.sustain

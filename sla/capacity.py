@@ -28,9 +28,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from chaos.model.context import HaltSpec
 from chaos.model.observations import NS, FaultEvent, MetricSample, Observations
 from chaos.model.params import Param, Schema
-from sla.base import SlaSpec, Status, Verdict, verifier
+from sla.base import BudgetRule, SlaSpec, Status, Verdict, verifier
 from sla.common import rel_s
 from sla.stream_errors import error_kinds
 
@@ -200,10 +201,25 @@ class Capacity(SlaSpec):
     kind = "capacity"
     summary = "after k8s pod/scale faults, ready pods back to their count before within a budget; failures meanwhile"
     schema = SCHEMA
+    timing = False
+    better = "lower"
+    capacity_fit = True
+    needs = ()
+    sample_label = None
 
     within: float
     hold: float
     max_failed: float | None
+
+    def samples(self, obs: Observations, phase: str | None) -> list[float] | None:
+        return None  # a time read off the ready-pods series, not a sample of streams
+
+    def budget_rule(self) -> BudgetRule:
+        return BudgetRule.policy("the time pods take to come back is the cluster's, not a load figure: "
+                                 "keep the stated bound")
+
+    def probe_halt(self, window_s: float, factor: float, min_streams: int) -> HaltSpec | None:
+        return None
 
     def judge(self, obs: Observations, phase: str | None) -> Verdict:
         within: float = self.within

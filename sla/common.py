@@ -25,6 +25,7 @@ __all__ = [
     "s",
     "stream_end",
     "summary_s",
+    "summary_seconds",
 ]
 
 MAX_IDS = 10  # how many offending stream ids evidence lists
@@ -115,6 +116,14 @@ def summary_s(values_ns: Sequence[float], qs: Sequence[float] = (0.5, 0.9, 0.99)
     if len(values_ns) == 0:
         return {quantile_label(q): None for q in qs}
     arr = np.asarray(values_ns, dtype=float) / NS
+    return {quantile_label(q): float(np.quantile(arr, q)) for q in qs}
+
+
+def summary_seconds(values_s: Sequence[float], qs: Sequence[float] = (0.5, 0.9, 0.99)) -> dict[str, float | None]:
+    """``summary_s`` of values already in seconds (a verifier's ``samples()``)."""
+    if len(values_s) == 0:
+        return {quantile_label(q): None for q in qs}
+    arr = np.asarray(values_s, dtype=float)
     return {quantile_label(q): float(np.quantile(arr, q)) for q in qs}
 
 

@@ -14,9 +14,10 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from chaos.model.context import HaltSpec
 from chaos.model.observations import STRICT_END, EndRule, Observations, StreamRecord
 from chaos.model.params import Param, Schema
-from sla.base import SlaSpec, Status, Verdict, verifier
+from sla.base import BudgetRule, SlaSpec, Status, Verdict, verifier
 from sla.common import MAX_IDS
 
 __all__ = ["EarlyClose", "why_incomplete"]
@@ -51,9 +52,23 @@ class EarlyClose(SlaSpec):
     kind = "early_close"
     summary = "share of streams that ended without finish_reason and [DONE] (hang-ups excluded)"
     schema = SCHEMA
+    timing = False
+    better = "lower"
+    capacity_fit = True
+    needs = ("end_of_stream",)
+    sample_label = None
 
     budget: float
     min_samples: int
+
+    def samples(self, obs: Observations, phase: str | None) -> list[float] | None:
+        return None  # a share of streams cut short: counts, no sample of values
+
+    def budget_rule(self) -> BudgetRule:
+        return BudgetRule.policy("a ceiling on early closes is a policy, not a measurement")
+
+    def probe_halt(self, window_s: float, factor: float, min_streams: int) -> HaltSpec | None:
+        return None
 
     def judge(self, obs: Observations, phase: str | None) -> Verdict:
         budget: float = self.budget

@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from chaos.model.context import HaltSpec
 from chaos.model.observations import NS, Observations, StreamRecord
 from chaos.model.params import Param, Schema
-from sla.base import SlaSpec, Verdict, verifier
+from sla.base import BudgetRule, SlaSpec, Verdict, verifier
 from sla.common import SHARE_CONFIDENCE, ended_waiting, rel_s
 from sla.stats import judge_share
 
@@ -128,6 +129,11 @@ class Fluidity(SlaSpec):
     kind = "fluidity"
     summary = "share of tokens on time against per-token deadlines at a pace, slack carried forward"
     schema = SCHEMA
+    timing = True
+    better = "higher"
+    capacity_fit = True
+    needs = ()
+    sample_label = None
 
     pace: float
     ttft: float | None
@@ -135,16 +141,28 @@ class Fluidity(SlaSpec):
     max_missed_run: int | None
     confidence: float
 
+    def samples(self, obs: Observations, phase: str | None) -> list[float]:
+        """Each deadline's outcome (1 on time, 0 missed), streams in send order, each stream's in order."""
+        return [float(v) for d in self._per_stream(obs, phase) for v in d.outcomes]
+
+    def _per_stream(self, obs: Observations, phase: str | None) -> list[StreamDeadlines]:
+        population = sorted(obs.population(phase), key=lambda st: st.t_sent if st.t_sent is not None else 0)
+        return [d for d in (deadlines(st, self.pace, self.ttft) for st in population) if d.outcomes]
+
+    def budget_rule(self) -> BudgetRule:
+        return BudgetRule("share", "min_on_time", "fraction")
+
+    def probe_halt(self, window_s: float, factor: float, min_streams: int) -> HaltSpec | None:
+        return None
+
     def judge(self, obs: Observations, phase: str | None) -> Verdict:
         pace: float = self.pace
         ttft: float | None = self.ttft
         floor: float = self.min_on_time
         max_run: int | None = self.max_missed_run
         confidence: float = self.confidence
-        population = sorted(obs.population(phase), key=lambda st: st.t_sent if st.t_sent is not None else 0)
-        per_stream = [deadlines(st, pace, ttft) for st in population]
-        per_stream = [d for d in per_stream if d.outcomes]
-        series = [v for d in per_stream for v in d.outcomes]
+        per_stream = self._per_stream(obs, phase)
+        series = [v for d in per_stream for v in d.outcomes]  # = self.samples(obs, phase)
 
         status, share, _, _, evidence = judge_share(series, floor, confidence)
         worst = max(per_stream, key=lambda d: d.longest_run, default=None)

@@ -30,9 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from chaos.model.context import HaltSpec
 from chaos.model.observations import NS, STRICT_END, EndRule, Observations, StreamRecord
 from chaos.model.params import Param, Schema
-from sla.base import SlaSpec, Status, Verdict, verifier
+from sla.base import BudgetRule, SlaSpec, Status, Verdict, verifier
 from sla.common import MAX_IDS, SHARE_CONFIDENCE
 from sla.definitions import definition_line, e2e_ns, output_tokens, tpot_ns
 from sla.stats import judge_share
@@ -162,6 +163,11 @@ class Goodput(SlaSpec):
     kind = "goodput"
     summary = "share (or rate) of requests that completed and met every ttft/tpot/e2e objective"
     schema = SCHEMA
+    timing = True
+    better = "higher"
+    capacity_fit = True
+    needs = ()
+    sample_label = None
 
     ttft: float | None
     tpot: float | None
@@ -170,6 +176,22 @@ class Goodput(SlaSpec):
     min_rate: float | None
     confidence: float
 
+    def samples(self, obs: Observations, phase: str | None) -> list[float]:
+        """Each judged request's outcome (1 good, 0 missed), in send order; hung up before any objective
+        was missed: left out."""
+        return self._tally(obs, phase).outcomes
+
+    def _tally(self, obs: Observations, phase: str | None) -> _Tally:
+        population = sorted(obs.population(phase), key=lambda st: st.t_sent if st.t_sent is not None else 0)
+        return _tally(population, Objectives(self.ttft, self.tpot, self.e2e), obs.end_rule)
+
+    def budget_rule(self) -> BudgetRule:
+        return (BudgetRule("share", "min_rate", "requests/s") if self.min_rate is not None
+                else BudgetRule("share", "min_share", "fraction"))
+
+    def probe_halt(self, window_s: float, factor: float, min_streams: int) -> HaltSpec | None:
+        return None
+
     def judge(self, obs: Observations, phase: str | None) -> Verdict:
         objectives = Objectives(self.ttft, self.tpot, self.e2e)
         confidence: float = self.confidence
@@ -177,11 +199,8 @@ class Goodput(SlaSpec):
         floor = self.min_rate if by_rate else self.min_share
         assert floor is not None  # the schema's one_of: exactly one is given
         unit = "requests/s" if by_rate else "fraction"
-        population = sorted(obs.population(phase), key=lambda st: st.t_sent if st.t_sent is not None else 0)
-        rule = obs.end_rule  # the engine's end-of-stream rule, as the run recorded it
-
-        tally = _tally(population, objectives, rule)
-        outcomes, excesses = tally.outcomes, tally.excesses
+        tally = self._tally(obs, phase)  # under the engine's end-of-stream rule, as the run recorded it
+        outcomes, excesses = tally.outcomes, tally.excesses  # outcomes: self.samples(obs, phase)
 
         evidence: dict[str, Any] = {
             "objectives_s": objectives.named(),

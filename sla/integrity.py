@@ -14,9 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from chaos.model.context import HaltSpec
 from chaos.model.observations import STRICT_END, EndRule, Observations, StreamRecord
 from chaos.model.params import Param, Schema
-from sla.base import SlaSpec, Status, Verdict, verifier
+from sla.base import BudgetRule, SlaSpec, Status, Verdict, verifier
 from sla.common import MAX_IDS
 
 __all__ = ["diff_snippet", "Integrity"]
@@ -73,8 +74,22 @@ class Integrity(SlaSpec):
     kind = "integrity"
     summary = "valid UTF-8, no U+FFFD, well-formed SSE and JSON; text equal to the reference"
     schema = SCHEMA
+    timing = False
+    better = "lower"
+    capacity_fit = True
+    needs = ()
+    sample_label = None
 
     require_reference: bool
+
+    def samples(self, obs: Observations, phase: str | None) -> list[float] | None:
+        return None  # a count of corrupted streams
+
+    def budget_rule(self) -> BudgetRule:
+        return BudgetRule.policy("integrity has no budget: any corrupted stream fails it")
+
+    def probe_halt(self, window_s: float, factor: float, min_streams: int) -> HaltSpec | None:
+        return None
 
     def judge(self, obs: Observations, phase: str | None) -> Verdict:
         require_reference: bool = self.require_reference

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chaos.model.observations import Observations
+from chaos.model.context import HaltSpec
+from chaos.model.observations import NS, Observations
 from chaos.model.params import Param, Schema
-from sla.base import SlaSpec, Verdict, verifier
+from sla.base import BudgetRule, SlaSpec, Verdict, verifier
 from sla.common import CONFIDENCE, QuantileParam, rel_s, s, summary_s
 from sla.definitions import definition_line
 from sla.stats import judge_quantile
@@ -43,6 +44,11 @@ class Itl(SlaSpec):
     kind = "itl"
     summary = "gaps between content events: a quantile against a budget, and the longest stall"
     schema = SCHEMA
+    timing = True
+    better = "lower"
+    capacity_fit = True
+    needs = ()
+    sample_label = "gap between content events"
 
     quantile: float
     budget: float
@@ -69,7 +75,8 @@ class Itl(SlaSpec):
             if longest is None or stream_gaps[i] > longest[0]:
                 longest = (stream_gaps[i], stream.id, stream.t_content[i + 1])
 
-        status, figure, _, _, evidence = judge_quantile([g / 1e9 for g in gaps_ns], q, budget, confidence)
+        values = self.samples(obs, phase)  # the gaps above, in seconds
+        status, figure, _, _, evidence = judge_quantile(values, q, budget, confidence)
         evidence["definition"] = definition_line("itl")
         evidence["gaps"] = summary_s(gaps_ns, sorted({0.5, 0.9, 0.99, q}))
         evidence["streams"] = streams_with_gaps
@@ -100,3 +107,13 @@ class Itl(SlaSpec):
             samples=len(gaps_ns),
             evidence=evidence,
         )
+
+    def samples(self, obs: Observations, phase: str | None) -> list[float]:
+        """Every gap between content events in seconds, streams in send order."""
+        return [g / NS for g in gaps_in_send_order(obs, phase)]
+
+    def budget_rule(self) -> BudgetRule:
+        return BudgetRule("quantile", "budget", "s")
+
+    def probe_halt(self, window_s: float, factor: float, min_streams: int) -> HaltSpec | None:
+        return None  # no live gap halt: a probe's gaps are judged when its window ends

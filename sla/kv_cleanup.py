@@ -32,10 +32,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from chaos.model.context import HaltSpec
 from chaos.model.engines import RUNNING_SERIES, USAGE_SERIES
 from chaos.model.observations import NS, MetricSample, Observations, StreamRecord
 from chaos.model.params import Param, Schema
-from sla.base import SlaSpec, Status, Verdict, verifier
+from sla.base import BudgetRule, SlaSpec, Status, Verdict, verifier
 from sla.common import MAX_IDS, rel_s, stream_end
 from sla.engine_series import metrics_off, pick, profile_series, unjudged_reason
 
@@ -159,11 +160,25 @@ class KvCleanup(SlaSpec):
     kind = "kv_cleanup"
     summary = "KV usage and running requests return to baseline after aborts and end of load"
     schema = SCHEMA
+    timing = False
+    better = "lower"
+    capacity_fit = True
+    needs = ("kv_usage", "running")
+    sample_label = None
 
     within: float
     tolerance: float
     series: str | None
     running_series: str | None
+
+    def samples(self, obs: Observations, phase: str | None) -> list[float] | None:
+        return None  # a time read off metric series, not a sample of streams
+
+    def budget_rule(self) -> BudgetRule:
+        return BudgetRule.policy("the cleanup time is bounded by the engine's step, not by load: keep the stated bound")
+
+    def probe_halt(self, window_s: float, factor: float, min_streams: int) -> HaltSpec | None:
+        return None
 
     def judge(self, obs: Observations, phase: str | None) -> Verdict:
         population = obs.population(phase)

@@ -20,9 +20,10 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from chaos.model.observations import Observations
+from chaos.model.context import HaltSpec
+from chaos.model.observations import NS, Observations
 from chaos.model.params import Param, Schema
-from sla.base import SlaSpec, Status, Verdict, verifier
+from sla.base import BudgetRule, SlaSpec, Status, Verdict, verifier
 from sla.stats import rank_shift
 from sla.ttft import ttft_samples
 
@@ -57,11 +58,27 @@ class Recovery(SlaSpec):
     kind = "recovery"
     summary = "after revert, the TTFT distribution returns to the baseline phase's"
     schema = SCHEMA
+    timing = True
+    better = "lower"
+    capacity_fit = False
+    needs = ()
+    sample_label = "time to first content"
 
     baseline: str | None
     alpha: float
     max_ratio: float
     slack: float
+
+    def samples(self, obs: Observations, phase: str | None) -> list[float]:
+        """TTFT in seconds of the phase's streams with content: one side of the rank test (the other is
+        the baseline phase's)."""
+        return [v / NS for v in ttft_samples(obs.population(phase))[0]]
+
+    def budget_rule(self) -> BudgetRule:
+        return BudgetRule.policy("a recovery ratio compares phases of one run; it is not a baseline figure")
+
+    def probe_halt(self, window_s: float, factor: float, min_streams: int) -> HaltSpec | None:
+        return None  # a probe is one window: there is no baseline phase to recover to
 
     def judge(self, obs: Observations, phase: str | None) -> Verdict:
         alpha: float = self.alpha
@@ -80,20 +97,20 @@ class Recovery(SlaSpec):
             return inconclusive("no phases to compare")
         if baseline == judged:
             return inconclusive(f"the judged phase is the baseline phase {baseline!r}; scope recovery to a later phase")
-        base_ns = ttft_samples(obs.population(baseline))[0]
-        after_ns = ttft_samples(obs.population(judged))[0]
-        evidence.update(baseline_samples=len(base_ns), judged_samples=len(after_ns))
-        if len(base_ns) < MIN_SAMPLES or len(after_ns) < MIN_SAMPLES:
+        base_s = self.samples(obs, baseline)
+        after_s = self.samples(obs, judged)
+        evidence.update(baseline_samples=len(base_s), judged_samples=len(after_s))
+        if len(base_s) < MIN_SAMPLES or len(after_s) < MIN_SAMPLES:
             return inconclusive(
                 f"the rank test needs at least {MIN_SAMPLES} TTFT samples on each side; "
-                f"baseline {baseline!r} has {len(base_ns)}, {judged!r} has {len(after_ns)}",
-                min(len(base_ns), len(after_ns)),
+                f"baseline {baseline!r} has {len(base_s)}, {judged!r} has {len(after_s)}",
+                min(len(base_s), len(after_s)),
             )
 
-        base_median = statistics.median(base_ns) / 1e9
-        after_median = statistics.median(after_ns) / 1e9
+        base_median = statistics.median(base_s)
+        after_median = statistics.median(after_s)
         ratio = after_median / base_median if base_median > 0 else float("inf")
-        test = rank_shift(after_ns, base_ns, alpha)
+        test = rank_shift(after_s, base_s, alpha)
         evidence.update(
             baseline_p50_s=base_median,
             judged_p50_s=after_median,
@@ -107,4 +124,4 @@ class Recovery(SlaSpec):
         status: Status = "fail" if test.significant and ratio > max_ratio and excess_s > self.slack else "pass"
         if ratio > max_ratio:
             evidence["excess_s"] = excess_s
-        return Verdict("recovery", phase, status, ratio, max_ratio, "ratio", min(len(base_ns), len(after_ns)), evidence)
+        return Verdict("recovery", phase, status, ratio, max_ratio, "ratio", min(len(base_s), len(after_s)), evidence)

@@ -11,9 +11,10 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from chaos.model.context import HaltSpec
 from chaos.model.observations import Observations, StreamRecord
 from chaos.model.params import Param, Schema
-from sla.base import SlaSpec, Status, Verdict, verifier
+from sla.base import BudgetRule, SlaSpec, Status, Verdict, verifier
 from sla.common import MAX_IDS
 
 __all__ = ["error_kinds", "Errors"]
@@ -34,14 +35,34 @@ def error_kinds(stream: StreamRecord) -> list[str]:
     return kinds
 
 
+HALT_ERROR_SHARE = 0.25  # a capacity probe under an errors budget of 0%: a quarter of streams failed is plainly over
+
+
 @verifier
 @dataclass(frozen=True, kw_only=True)
 class Errors(SlaSpec):
     kind = "errors"
     summary = "share of streams that failed: HTTP >= 400, transport or in-band errors"
     schema = SCHEMA
+    timing = False
+    better = "lower"
+    capacity_fit = True
+    needs = ()
+    sample_label = None
 
     budget: float
+
+    def samples(self, obs: Observations, phase: str | None) -> list[float] | None:
+        return None  # a share of failed streams: counts, no sample of values
+
+    def budget_rule(self) -> BudgetRule:
+        return BudgetRule.policy("a ceiling on failures is a policy, not a measurement")
+
+    def probe_halt(self, window_s: float, factor: float, min_streams: int) -> HaltSpec | None:
+        if self.budget > 0.0:
+            return None  # a tolerated share: the window's verdict decides
+        # under a budget of 0% one failure fails the window; a quarter failed is plainly over
+        return HaltSpec("error_share", window=window_s, above=HALT_ERROR_SHARE, min_streams=min_streams)
 
     def judge(self, obs: Observations, phase: str | None) -> Verdict:
         budget: float = self.budget

@@ -32,9 +32,10 @@ from typing import Any
 
 import numpy as np
 
+from chaos.model.context import HaltSpec
 from chaos.model.observations import NS, Observations, StreamRecord
 from chaos.model.params import Param, Schema
-from sla.base import SlaSpec, Status, Verdict, verifier
+from sla.base import BudgetRule, SlaSpec, Status, Verdict, verifier
 from sla.common import MAX_IDS
 from sla.proxy_fix import buffering_fix
 
@@ -75,17 +76,39 @@ def _median(values: list[float]) -> float | None:
     return float(np.median(values)) if values else None
 
 
+WHOLE_RESPONSE_SHARE = 0.5  # a buffer that holds responses whole puts most of a stream in its first read
+
+
 @verifier
 @dataclass(frozen=True, kw_only=True)
 class Streaming(SlaSpec):
     kind = "streaming"
     summary = "responses arrive as a stream, not buffered whole by a proxy or gateway in the path"
     schema = SCHEMA
+    timing = True
+    better = "lower"
+    capacity_fit = True
+    needs = ()
+    sample_label = None
 
     budget: float
     min_events_per_read: float
     min_events: int
     min_samples: int
+
+    def samples(self, obs: Observations, phase: str | None) -> list[float] | None:
+        return None  # a share of buffered streams: counts, no sample of values
+
+    def lateness_explains(self, verdict: Verdict, lag_s: float) -> bool:
+        """A late client bunches events (vLLM on a starved CPU: 2 per read at the median, 8+ in a burst);
+        it never makes the first read carry most of a stream, as nginx's buffering or gzip does."""
+        return float(verdict.evidence.get("first_read_share_p50") or 0.0) < WHOLE_RESPONSE_SHARE
+
+    def budget_rule(self) -> BudgetRule:
+        return BudgetRule.policy("a buffered share is a policy: responses stream or they do not")
+
+    def probe_halt(self, window_s: float, factor: float, min_streams: int) -> HaltSpec | None:
+        return None
 
     def judge(self, obs: Observations, phase: str | None) -> Verdict:
         budget: float = self.budget

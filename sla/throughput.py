@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from chaos.model.context import HaltSpec
 from chaos.model.observations import NS, Observations, StreamRecord
 from chaos.model.params import Param, Schema
-from sla.base import SlaSpec, Status, Verdict, verifier
+from sla.base import BudgetRule, SlaSpec, Status, Verdict, verifier
 from sla.common import rel_s
 
 __all__ = ["Throughput", "window"]
@@ -57,9 +58,24 @@ class Throughput(SlaSpec):
     kind = "throughput"
     summary = "generated tokens or completed requests per second over the phase window"
     schema = SCHEMA
+    timing = True
+    better = "higher"
+    capacity_fit = True
+    needs = ()
+    sample_label = None
 
     min_tokens_per_s: float | None
     min_requests_per_s: float | None
+
+    def samples(self, obs: Observations, phase: str | None) -> list[float] | None:
+        return None  # a point figure over the window, no sample of values
+
+    def budget_rule(self) -> BudgetRule:
+        return (BudgetRule("floor", "min_tokens_per_s", "tokens/s") if self.min_tokens_per_s is not None
+                else BudgetRule("floor", "min_requests_per_s", "requests/s"))
+
+    def probe_halt(self, window_s: float, factor: float, min_streams: int) -> HaltSpec | None:
+        return None
 
     def judge(self, obs: Observations, phase: str | None) -> Verdict:
         by_tokens = self.min_tokens_per_s is not None

@@ -25,9 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from chaos.model.observations import Observations, StreamRecord
+from chaos.model.context import HaltSpec
+from chaos.model.observations import NS, Observations, StreamRecord
 from chaos.model.params import Param, Schema
-from sla.base import SlaSpec, Verdict, verifier
+from sla.base import BudgetRule, SlaSpec, Verdict, verifier
 from sla.common import (
     CONFIDENCE,
     MAX_IDS,
@@ -37,6 +38,7 @@ from sla.common import (
     quantile_label,
     s,
     summary_s,
+    summary_seconds,
 )
 from sla.definitions import definition_line
 from sla.stats import judge_quantile
@@ -90,21 +92,36 @@ class Ttft(SlaSpec):
     kind = "ttft"
     summary = "time to first non-empty content token, a quantile against a budget"
     schema = SCHEMA
+    timing = True
+    better = "lower"
+    capacity_fit = True
+    needs = ()
+    sample_label = "time to first content"
 
     quantile: float
     budget: float
     confidence: float
 
     def judge(self, obs: Observations, phase: str | None) -> Verdict:
-        population = obs.population(phase)
-        values_ns = judged_in_send_order(population, self.budget)
-        status, figure, _, _, evidence = judge_quantile([v / 1e9 for v in values_ns], self.quantile, self.budget,
-                                                        self.confidence)
-        evidence.update(_evidence(population, values_ns, self.budget, self.quantile))
-        return Verdict("ttft", phase, status, figure, self.budget, "s", len(values_ns), evidence)
+        values = self.samples(obs, phase)
+        status, figure, _, _, evidence = judge_quantile(values, self.quantile, self.budget, self.confidence)
+        evidence.update(_evidence(obs.population(phase), values, self.budget, self.quantile))
+        return Verdict("ttft", phase, status, figure, self.budget, "s", len(values), evidence)
+
+    def samples(self, obs: Observations, phase: str | None) -> list[float]:
+        """TTFT in seconds, in send order: every stream with content, and every wait censored past the
+        budget (counted at the wait, a lower bound)."""
+        return [v / NS for v in judged_in_send_order(obs.population(phase), self.budget)]
+
+    def budget_rule(self) -> BudgetRule:
+        return BudgetRule("quantile", "budget", "s")
+
+    def probe_halt(self, window_s: float, factor: float, min_streams: int) -> HaltSpec | None:
+        return HaltSpec("ttft", window=window_s, above=factor * self.budget, quantile=self.quantile,
+                        min_streams=min_streams)
 
 
-def _evidence(population: list[StreamRecord], values_ns: list[int], budget: float, q: float) -> dict[str, Any]:
+def _evidence(population: list[StreamRecord], values: list[float], budget: float, q: float) -> dict[str, Any]:
     """What a TTFT verdict shows beside its figure: the distribution, first byte beside first content,
     the streams censored or left out and why, the open-loop schedule, the slowest streams. Pure."""
     _, hung_up, no_content = ttft_samples(population)
@@ -115,7 +132,7 @@ def _evidence(population: list[StreamRecord], values_ns: list[int], budget: floa
     ttfb_ns = [st.ttfb_ns for st in with_content if st.ttfb_ns is not None]
     shown = sorted({0.5, 0.9, 0.99, q})
     evidence: dict[str, Any] = {"definition": definition_line("ttft")}
-    evidence["ttft"] = summary_s(values_ns, shown)
+    evidence["ttft"] = summary_seconds(values, shown)
     evidence["ttfb"] = summary_s(ttfb_ns, shown)  # first byte, beside first content
     evidence[f"ttfb_{label}"] = evidence["ttfb"][label]
     evidence["ttft_over_e2e_p50"] = _buffering_ratio(with_content)
@@ -125,13 +142,13 @@ def _evidence(population: list[StreamRecord], values_ns: list[int], budget: floa
     evidence["no_content"] = len(no_content)
     evidence["no_content_by_reason"] = dict(Counter(content_less_reason(st) for st in no_content))
     evidence["no_content_ids"] = [st.id for st in no_content[:MAX_IDS]]
-    scheduled = [st for st in population if st.t_scheduled is not None and st.t_sent is not None]
-    if scheduled:  # open loop: what the arrival schedule saw, beside what the wire saw
-        evidence["schedule_delay"] = summary_s(
-            [max(0, st.t_sent - st.t_scheduled) for st in scheduled], shown)  # type: ignore[operator]
+    delays = [max(0, st.t_sent - st.t_scheduled) for st in population
+              if st.t_scheduled is not None and st.t_sent is not None]
+    if delays:  # open loop: what the arrival schedule saw, beside what the wire saw
+        evidence["schedule_delay"] = summary_s(delays, shown)
         evidence["ttft_from_scheduled"] = summary_s(
-            [st.t_first_content - st.t_scheduled for st in scheduled if st.t_first_content is not None],  # type: ignore[operator]
-            shown)
+            [st.t_first_content - st.t_scheduled for st in population
+             if st.t_scheduled is not None and st.t_sent is not None and st.t_first_content is not None], shown)
     slowest = sorted(with_content, key=lambda st: st.ttft_ns or 0, reverse=True)[:3]
     evidence["slowest"] = [{"id": st.id, "ttft_s": s(st.ttft_ns)} for st in slowest]
     return evidence

@@ -10,10 +10,7 @@ from typing import Any
 
 import pytest
 
-from chaos.execution.rollback import outstanding_resources
-from chaos.experiment import experiment_from_dict
-from chaos.model.errors import ExperimentInvalid
-from chaos.targets.containers import (
+from chaos.docker.containers import (
     LABEL_RUN_DIR,
     LABEL_RUN_ID,
     ownership_problem,
@@ -21,6 +18,9 @@ from chaos.targets.containers import (
     parse_volume,
     run_labels,
 )
+from chaos.execution.rollback import outstanding_resources
+from chaos.experiment import experiment_from_dict
+from chaos.model.errors import ExperimentInvalid
 from chaos.targets.docker import container_config, published_port
 from chaos.targets.host_image import host_mounts, skeleton_tar
 from faults.docker import quota_for

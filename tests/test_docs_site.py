@@ -22,7 +22,9 @@ pytestmark = pytest.mark.timeout(180)
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = ("getting-started", "concepts", "targets", "kubernetes", "safety", "game-days", "capacity", "scale-out",
          "experiments", "reports", "ci", "faults", "slas", "support", "contracts", "api", "measured", "architecture",
-         "security")
+         "security", "cli", "troubleshooting", "dev", "dev/fault", "dev/report-panel", "measured/engine",
+         "measured/vllm", "measured/proxy", "measured/load-generator", "measured/through-a-run",
+         "measured/long-streams", "measured/docker", "measured/test-suite", "measured/soak")
 GLOSSARY = ("Phase window", "Population", "End rule", "Censored", "Goodput", "Fluidity", "Injection", "Reach")
 
 
@@ -51,7 +53,7 @@ def test_the_strict_build_has_every_page_the_readme_links_to(site: Path) -> None
     for name in PAGES:
         assert (site / name / "index.html").is_file(), f"no page {name}"
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    for page in re.findall(r"\]\(docs/([a-z-]+)\.md\)", readme):
+    for page in re.findall(r"\]\(docs/([a-z/-]+)\.md\)", readme):
         assert page in PAGES, f"the README links to docs/{page}.md, which the site does not build"
     # the generated catalogues and the snippets from README.md made it into the pages
     assert 'id="networklatency"' in _page(site, "faults") and 'id="kv_cleanup"' in _page(site, "slas")

@@ -94,7 +94,7 @@ def remote() -> Iterator[tuple[str, list[tuple[str, str]]]]:
 
 @pytest.fixture
 def toxiproxy(tmp_path: Path) -> Iterator[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "faults.toxiproxy_server", "--host", "127.0.0.1", "--port", "0"],
+    proc = subprocess.Popen([sys.executable, "-m", "chaos.toxiproxy.server", "--host", "127.0.0.1", "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
         line = first_line(proc, 20)

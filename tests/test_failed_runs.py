@@ -123,6 +123,17 @@ def test_a_404_server_run_points_at_load_endpoint_chat(tmp_path: Path, not_found
     assert "set `load.endpoint: chat`" in out and out.strip().splitlines()[-1].startswith("open: ")
 
 
+def test_https_to_a_plain_http_server_says_something_listens_and_to_use_http(tmp_path: Path, not_found: str) -> None:
+    """TLS spoken to a real plain-HTTP server: the handshake fails, but something does listen there."""
+    (tmp_path / "exp.yaml").write_text(EXPERIMENT, encoding="utf-8")
+    where = not_found.removeprefix("http://")
+    code, out = _cli(["run", str(tmp_path / "exp.yaml"), "--target-url", f"https://{where}", "--out",
+                      str(tmp_path / "run"), "--quiet"])
+    assert code == 4, out
+    assert f"something listens on {where} but speaks plain HTTP, not TLS: use http://{where}" in out, out
+    assert "nothing listens" not in out, out
+
+
 def test_history_leaves_out_runs_that_judged_nothing(tmp_path: Path, dead_run: tuple[Path, int, int, str]) -> None:
     root = tmp_path / "history"
     root.mkdir()

@@ -1,6 +1,7 @@
 """What a newcomer hits in the first minutes: `--version`, `list experiments`, one exit code (2,
 usage) for a run folder that is missing or is not one, across `report`, `verify`, `rollback`;
-the README's test command prints why tests were skipped; the venv check imports nothing heavy."""
+the README's test command names failures, errors and skips; a python3 too old gets a next step; the
+venv check imports nothing heavy."""
 
 from __future__ import annotations
 
@@ -45,9 +46,32 @@ def test_a_missing_or_foreign_run_folder_is_a_usage_error_everywhere(command: li
     assert f"{tmp_path} is not a finished run directory (no " in capsys.readouterr().err
 
 
-def test_the_readme_test_command_lists_skips_with_their_reasons() -> None:
+def test_the_readme_test_command_lists_failures_errors_and_skips_with_their_reasons() -> None:
     script = (ROOT / "scripts" / "test").read_text(encoding="utf-8")
-    assert re.search(r"^args=\(-rs ", script, re.M), script
+    assert re.search(r"^args=\(-rfEs ", script, re.M), script  # tests/test_test_script.py runs it
+
+
+def test_a_python_too_old_for_the_locked_set_gets_a_next_step(tmp_path: Path) -> None:
+    """Debian 12's python3 is 3.11.2: `./scripts/try` stops before pip (exit 4), says which version it
+    needs and how to make a .venv with one; the README states the same minimum."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # a python3 that is 3.11.2: `-V` says so, every check (find_spec, the version test) fails as there
+    (bin_dir / "python3").write_text('#!/bin/sh\n[ "$1" = "-V" ] && echo "Python 3.11.2" && exit 0\nexit 1\n',
+                                     encoding="utf-8")
+    (bin_dir / "python3").chmod(0o755)
+    work = tmp_path / "work"
+    work.mkdir()
+    done = subprocess.run(["bash", "-c", f"source {ROOT / 'scripts' / '_env.sh'}"], cwd=work, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert done.returncode == 4, done.stderr
+    assert not (work / ".venv").exists(), done.stderr
+    assert "needs Python 3.11.5 or newer" in done.stderr and "python3 here is Python 3.11.2" in done.stderr
+    assert "uv venv --seed --python '>=3.11.5,<3.12' .venv" in done.stderr, done.stderr  # the next step
+    assert "-m venv .venv" in done.stderr and "run this again" in done.stderr, done.stderr
+    minimum = re.search(r"sys\.version_info < \((\d+), (\d+), (\d+)\)", (ROOT / "scripts" / "_env.sh").read_text())
+    assert minimum is not None
+    assert f"Python {'.'.join(minimum.groups())} or newer" in (ROOT / "README.md").read_text(encoding="utf-8")
 
 
 def test_the_venv_check_looks_modules_up_without_importing_them(tmp_path: Path) -> None:

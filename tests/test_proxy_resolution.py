@@ -13,7 +13,7 @@ from chaos.execution.proxy import resolve_server, start_proxy
 from chaos.experiment import experiment_from_dict
 from chaos.model.context import TargetInfo
 from chaos.model.errors import SetupFailed
-from faults.toxiproxy_server import ToxiproxyThread
+from chaos.toxiproxy.server import ToxiproxyThread
 
 
 def experiment(proxy: dict[str, object]) -> object:

@@ -20,7 +20,8 @@ def _update_readme() -> ModuleType:
 
 def test_the_generated_blocks_match_the_registries() -> None:
     module = _update_readme()
-    assert set(module.BLOCKS) == {"docs/faults.md", "docs/slas.md", "docs/support.md", "docs/architecture.md"}
+    assert set(module.BLOCKS) == {"docs/faults.md", "docs/slas.md", "docs/support.md", "docs/architecture.md",
+                                  "docs/cli.md"}
     for page in module.BLOCKS:
         text = (ROOT / page).read_text(encoding="utf-8")
         assert module.render(text, page) == text, f"{page} is stale: run python scripts/update_readme.py"
@@ -80,3 +81,46 @@ def test_the_readme_is_a_front_door() -> None:
         assert heading in lines, heading
     text = "\n".join(lines)
     assert "Exit codes: **0**" in text
+
+
+def test_the_cli_reference_is_the_parser_and_goes_stale_with_a_new_option(monkeypatch) -> None:
+    """docs/cli.md names every command and option the parser has; an option added to the parser without
+    regenerating the page makes it stale."""
+    import argparse
+
+    import chaos.cli
+
+    module = _update_readme()
+    page = (DOCS / "cli.md").read_text(encoding="utf-8")
+    root = chaos.cli._parser()
+    sub = next(a for a in root._actions if isinstance(a, argparse._SubParsersAction))
+    for name, parser in sub.choices.items():
+        if name in ("stack", "toxiproxy"):
+            continue
+        assert f"### `streamchaos {name}`" in page, name
+        for action in parser._actions:
+            for option in action.option_strings:
+                if option not in ("-h", "--help") and action.help != argparse.SUPPRESS:
+                    assert f"`{option}" in page, f"docs/cli.md does not name streamchaos {name} {option}"
+    assert "### `streamchaos stack serve`" in page and "`--kv-blocks KV_BLOCKS`" in page
+
+    real = chaos.cli._parser
+
+    def with_a_new_option() -> argparse.ArgumentParser:
+        parser = real()
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        sub.choices["run"].add_argument("--brand-new", help="an option nobody documented")
+        return parser
+
+    monkeypatch.setattr(chaos.cli, "_parser", with_a_new_option)
+    assert module.render(page, "docs/cli.md") != page
+    assert "docs/cli.md" in module.stale()
+
+
+def test_the_readme_says_what_to_do_with_an_inconclusive_run_on_a_busy_machine() -> None:
+    """A newcomer on a busy box meets exit 3 first: the README names it and points at the CI advice."""
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    section = text[text.index("## Verdicts on a busy machine"):]
+    section = section[:section.index("| experiment |")]  # the paragraph before the soak table
+    assert "exits **3** (inconclusive)" in section and "[CI recipes](docs/ci.md)" in section, section
+    assert "[ $? -eq 3 ]" in (ROOT / "docs" / "ci.md").read_text(encoding="utf-8")  # the advice it points at

@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "nvml"))
 from fakenvml import build_fake_nvml, gcc, read_state
 
+from chaos.gpu import burner
 from chaos.host.procs import proc_state
-from faults import burner
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -144,7 +144,7 @@ def test_a_stale_rollback_leaves_someone_elses_clock_lock_alone(tmp_path: Path) 
         pytest.skip("gcc is needed to build the fake NVML library")
     lib, state = build_fake_nvml(tmp_path), tmp_path / "nvml.state"
     env = {"STREAMCHAOS_NVML_LIB": str(lib), "FAKE_NVML_STATE": str(state)}
-    lock = ("import sys; sys.path.insert(0, %r); from faults.nvml import Nvml\n"
+    lock = ("import sys; sys.path.insert(0, %r); from chaos.gpu.nvml import Nvml\n"
             "with Nvml() as nv: nv.lock_sm_clocks(0, int(sys.argv[1]), int(sys.argv[1])); "
             "print(nv.uuid(0))") % str(ROOT)
     environment = {**os.environ, **env}

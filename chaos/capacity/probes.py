@@ -28,14 +28,12 @@ __all__ = ["WARMUP", "WINDOW", "Case", "cases_of", "judged_entries", "outcome_of
            "pre_load_kv", "probe_halts", "probe_of", "settle", "shares_target"]
 
 WARMUP, WINDOW = "warmup", "probe"  # the probe run's two phases
-FRESH_TARGETS = ("builtin", "vllm", "docker")  # started by each probe run: nothing to settle between probes
 SETTLE_POLL_S = 0.5
 SETTLE_READ_DEADLINE_S = 5.0  # one /metrics answer, read whole (byte-capped: chaos.host.capped)
 # A probe's own halts (capacity.halt_factor) read every stream it has ended so far, warm-up included,
 # and decide nothing before this many: a transient in the first seconds is not the window's quantile.
 HALT_MIN_STREAMS = 20
 KV_IDLE_TOLERANCE = 1e-6  # KV usage "back": at the idle level (blocks exact, a fraction to rounding)
-HALT_ERROR_SHARE = 0.25  # under an errors budget of 0% one failure fails the window; a quarter is plainly over
 
 
 @dataclass(frozen=True)
@@ -55,7 +53,7 @@ def cases_of(experiment: Experiment, spec: CapacitySpec) -> list[Case]:
 
 def judged_entries(experiment: Experiment, spec: CapacitySpec) -> tuple[SlaEntry, ...]:
     """The SLA entries every probe must pass: those named, else every entry that judges one window. Pure."""
-    fit = [e for e in experiment.sla if e.expect == "pass" and e.kind != "recovery"]
+    fit = [e for e in experiment.sla if e.expect == "pass" and e.spec.capacity_fit]
     return tuple(e for e in fit if not spec.slas or e.name in spec.slas)
 
 
@@ -153,14 +151,10 @@ def probe_halts(entries: Sequence[SlaEntry], spec: CapacitySpec, span_s: float) 
     if spec.halt_factor <= 0:
         return ()
     halts: list[HaltSpec] = []
-    for entry in entries:
-        params = entry.params
-        if entry.kind == "ttft":
-            halts.append(HaltSpec("ttft", window=span_s, above=spec.halt_factor * float(params["budget"]),
-                                  quantile=float(params["quantile"]), min_streams=HALT_MIN_STREAMS, name=entry.name))
-        elif entry.kind == "errors" and float(params["budget"]) == 0.0:
-            halts.append(HaltSpec("error_share", window=span_s, above=HALT_ERROR_SHARE, min_streams=HALT_MIN_STREAMS,
-                                  name=entry.name))
+    for entry in entries:  # each kind says what halt speaks for it (SlaSpec.probe_halt), if any
+        halt = entry.spec.probe_halt(span_s, spec.halt_factor, HALT_MIN_STREAMS)
+        if halt is not None:
+            halts.append(replace(halt, name=entry.name))
     return tuple(halts)
 
 
@@ -191,8 +185,11 @@ def probe_of(case: Case, level: float, window_s: float, result: Result, took_s: 
 
 
 def shares_target(experiment: Experiment, target_url: str | None) -> bool:
-    """Whether the probes all reach one server (a URL), which must settle between them. Pure."""
-    return bool(target_url or experiment.target.url) or experiment.target.kind not in FRESH_TARGETS
+    """Whether the probes all reach one server, which must settle between them: one each probe run does not
+    start afresh (``Target.started_by_run``; a URL makes any target remote). Pure."""
+    from chaos.targets.registry import target_class
+
+    return not target_class(experiment.target, target_url or experiment.target.url).started_by_run
 
 
 async def settle(metrics_url: str | None, engine: str, timeout_s: float,

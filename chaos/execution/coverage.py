@@ -63,21 +63,30 @@ def _at(obs: Observations, t: int | None) -> float | None:
     return None if t is None else round((t - obs.t0) / NS, 4)
 
 
+@dataclass
+class _Span:
+    """One fault's time as its events tell it: its inject, and when its revert began (monotonic ns)."""
+
+    kind: str
+    phase: str
+    t_in: int | None = None
+    t_out: int | None = None
+
+
 def fault_times(obs: Observations, planned_s: Mapping[str, float]) -> list[FaultTime]:
     """Each fault that was planned in the run, in order; ``planned_s``: phase name → its duration."""
-    found: dict[str, dict[str, object]] = {}
+    found: dict[str, _Span] = {}
     for event in obs.faults:
-        entry = found.setdefault(event.fault, {"kind": event.kind, "phase": event.phase, "in": None, "out": None})
+        span = found.setdefault(event.fault, _Span(event.kind, event.phase))
         if event.action == "inject":
-            entry["in"] = event.t
-        elif event.action in ("revert", "error") and entry["in"] is not None and entry["out"] is None:
+            span.t_in = event.t
+        elif event.action in ("revert", "error") and span.t_in is not None and span.t_out is None:
             # a revert that failed still ended the fault's time as the run counts it
-            entry["out"] = event.t_started if event.t_started is not None else event.t
+            span.t_out = event.t_started if event.t_started is not None else event.t
     return [
-        FaultTime(name=name, kind=str(e["kind"]), phase=str(e["phase"]),
-                  planned_s=float(planned_s.get(str(e["phase"]), 0.0)),
-                  in_force_at_s=_at(obs, e["in"]), revert_started_at_s=_at(obs, e["out"]))  # type: ignore[arg-type]
-        for name, e in found.items()
+        FaultTime(name=name, kind=span.kind, phase=span.phase, planned_s=float(planned_s.get(span.phase, 0.0)),
+                  in_force_at_s=_at(obs, span.t_in), revert_started_at_s=_at(obs, span.t_out))
+        for name, span in found.items()
     ]
 
 

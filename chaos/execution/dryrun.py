@@ -6,7 +6,7 @@ directory), and the requests are ``GET <target>/v1/models`` for a remote target,
 request sent once as the run's preflight sends it (a remote server that refuses its shape, a 404 for
 the endpoint, would stop the real run before any load), ``GET <toxiproxy>/version`` for an external
 Toxiproxy, and for a Kubernetes target ``get`` its Service and the Deployments ``k8s.scale`` names
-and ``list`` its pods (``chaos.targets.kubernetes_dryrun``: each after the allow-list let it, as a run would); none
+and ``list`` its pods (``chaos.targets.kubernetes``: each after the allow-list let it, as a run would); none
 when ``safety.allowed_targets`` refuses it. For the builtin target, the engine extra the run would
 start must be installed. Each fault gives its own account (``Fault.describe``) against a ``Scene`` built from
 what is known without starting anything.
@@ -26,17 +26,16 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from chaos.host.capped import JSON_LIMIT, Capped, clip, get_capped
+from chaos.host.capped import JSON_LIMIT, Capped, get_capped
 from chaos.host.tls import tls_context
 from chaos.model.allowlist import experiment_reach, refusals
 from chaos.model.context import ProxyInfo, Scene, TargetInfo
-from chaos.model.experiment import Experiment, TargetSpec
+from chaos.model.experiment import Experiment
 from chaos.model.units import format_duration
 
 __all__ = ["DryRun", "dry_run"]
 
 PROBE_TIMEOUT_S = 10.0
-_BUILTIN_URL = "http://127.0.0.1:<ephemeral port>"
 
 
 @dataclass
@@ -54,6 +53,43 @@ class DryRun:
         # 2 (refused by configuration) outranks 4 (not possible here): fix the configuration first
         if self.exit_code == 0 or code == 2:
             self.exit_code = code
+
+    async def get(self, url: str, headers: dict[str, str]) -> Capped | str:
+        """One GET (the only kind of request a dry run makes), recorded; the response (at most
+        ``JSON_LIMIT`` bytes of it) or why there is none."""
+        try:
+            async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, headers=headers, trust_env=False,
+                                         verify=tls_context()) as client:
+                response = await get_capped(client, url, limit=JSON_LIMIT, deadline=PROBE_TIMEOUT_S)
+        except httpx.HTTPError as exc:
+            self.contacted.append(f"GET {url} -> {type(exc).__name__}")
+            return f"{type(exc).__name__}: {exc}"
+        self.contacted.append(f"GET {url} -> {response.status_code}")
+        return response
+
+    async def preflight(self, exp: Experiment, base: str, model: str) -> None:
+        """The load's request, once, as the run's preflight sends it: does the target take its shape?"""
+        from chaos.execution.preflight import PreflightRefused, preflight
+        from chaos.load.workload import endpoint_url
+        from chaos.model.engines import PROFILES
+        from chaos.model.outcome import next_steps
+
+        url = endpoint_url(base, exp.load.endpoint)
+        profile = PROFILES.get(exp.target.engine, PROFILES["openai"])
+        try:
+            found = await preflight(exp.load, base_url=base, model=model, seed=exp.seed, api_key=exp.target.api_key,
+                                    profile=profile, timeout=min(PROBE_TIMEOUT_S, exp.load.request_timeout))
+        except PreflightRefused as exc:
+            self.contacted.append(f"POST {url} (the load's request) -> refused")
+            self.say(f"REFUSES THE LOAD'S REQUEST: {str(exc).splitlines()[0]}", 1)
+            for step in next_steps(str(exc)):
+                self.say(f"check: {step}", 2)
+            self.worst(4)
+            return
+        self.contacted.append(f"POST {url} (the load's request) -> {found.record.status}")
+        dropped = ", ".join(found.dropped) or "nothing"
+        self.say(f"takes the load's request at POST {url} (HTTP {found.record.status}, {found.attempts} attempt(s)); "
+                 f"dropped from requests: {dropped}", 1)
 
 
 async def dry_run(experiment: Experiment, *, target_url: str | None = None,
@@ -104,120 +140,13 @@ async def dry_run(experiment: Experiment, *, target_url: str | None = None,
     return out
 
 
-async def _get(url: str, headers: dict[str, str], out: DryRun) -> Capped | str:
-    """One GET (the only kind of request a dry run makes), recorded; the response (at most
-    ``JSON_LIMIT`` bytes of it) or why there is none."""
-    try:
-        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, headers=headers, trust_env=False,
-                                     verify=tls_context()) as client:
-            response = await get_capped(client, url, limit=JSON_LIMIT, deadline=PROBE_TIMEOUT_S)
-    except httpx.HTTPError as exc:
-        out.contacted.append(f"GET {url} -> {type(exc).__name__}")
-        return f"{type(exc).__name__}: {exc}"
-    out.contacted.append(f"GET {url} -> {response.status_code}")
-    return response
-
-
 async def _target(exp: Experiment, target_url: str | None, probe: bool, out: DryRun) -> tuple[TargetInfo, bool]:
-    """The target as the run would have it, and whether the run would start its process."""
-    spec = exp.target
-    url = target_url or spec.url
-    # read-only calls, the allow-list as the run applies it
-    if spec.kind == "kubernetes" and spec.kubernetes is not None:
-        from chaos.targets.kubernetes_dryrun import resolved_cluster_target
+    """The target as the run would have it, and whether the run would start its process: the account
+    (``Target.dry_run``) of the class ``start_target`` would make, chosen by the same question."""
+    from chaos.targets.registry import target_class
 
-        return await resolved_cluster_target(exp, probe, out), False
-    if url:
-        base = url.rstrip("/")
-        base = base if base.endswith("/v1") else base + "/v1"
-        from chaos.targets.base import configured_admin_token
-
-        admin_token = configured_admin_token(spec)
-        root = base[: -len("/v1")]
-        kind = "openai" if spec.kind == "builtin" else spec.kind
-        info = TargetInfo(kind=kind, base_url=base, metrics_url=spec.metrics_url or root + "/metrics", model=spec.model,
-                          admin_url=f"{root}/admin" if admin_token else None)
-        out.say(f"target: {kind} server at {base} (already running; streamchaos neither starts nor stops it)")
-        if not probe:
-            out.say("not contacted: refused above", 1)
-            return info, False
-        headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
-        answer = await _get(base + "/models", headers, out)
-        if isinstance(answer, str) or answer.status_code >= 400:
-            out.say(f"DOES NOT ANSWER: GET {base}/models: "
-                    f"{answer if isinstance(answer, str) else f'HTTP {answer.status_code}'}", 1)
-            out.worst(4)
-            return info, False
-        served = _served(answer)
-        model = spec.model if not served or spec.model in served else served[0]
-        out.say(f"answers GET /v1/models: serves {', '.join(served) or '(no list)'}; requests will name model "
-                f"{model!r}", 1)
-        await _preflight(exp, base, exp.load.model or model, out)
-        out.say(f"metrics read from {info.metrics_url} (reading only)", 1)
-        out.say("admin API: " + (f"{root}/admin, used for in-process faults only if the server proves it holds the "
-                                 "configured token (not asked in a dry run)" if admin_token else
-                                 "none configured (target.admin_token_file or STREAMCHAOS_ADMIN_TOKEN): in-process "
-                                 "faults are off"), 1)
-        return TargetInfo(kind=kind, base_url=base, metrics_url=info.metrics_url, model=model,
-                          admin_url=info.admin_url), False
-    if spec.kind == "builtin":
-        out.say(f"target: the builtin stack, started as a child process on {_BUILTIN_URL} and stopped at the end "
-                "(not started now)")
-        _engine_installed(out)
-        out.say(f"model {spec.model}, device {spec.device}, kv_blocks {spec.kv_blocks} x {spec.block_size} tokens, "
-                f"max_num_seqs {spec.max_num_seqs}, max_model_len {spec.max_model_len}, startup_timeout "
-                f"{format_duration(spec.startup_timeout)}", 1)
-        return TargetInfo(kind="builtin", base_url=f"{_BUILTIN_URL}/v1", metrics_url=f"{_BUILTIN_URL}/metrics",
-                          admin_url=f"{_BUILTIN_URL}/admin", device=spec.device, model=spec.model), True
-    if spec.kind == "vllm":
-        return _vllm_target(spec, out)
-    out.say(f"target: kind {spec.kind} needs a URL: set target.url in the experiment or pass --target-url")
-    out.worst(4)
-    return TargetInfo(kind=spec.kind, base_url="(none)", model=spec.model), False
-
-
-def _engine_installed(out: DryRun) -> None:
-    """The builtin stack needs the engine extra: a run without it would stop at once (exit 4)."""
-    from chaos.model.errors import SetupFailed
-    from chaos.targets.base import require_engine
-
-    try:
-        require_engine("the experiment's target (kind builtin)")
-    except SetupFailed as exc:
-        out.say(f"NOT POSSIBLE HERE: {exc}", 1)
-        out.worst(4)
-
-
-async def _preflight(exp: Experiment, base: str, model: str, out: DryRun) -> None:
-    """The load's request, once, as the run's preflight sends it: does the target take its shape?"""
-    from chaos.execution.preflight import PreflightRefused, preflight
-    from chaos.load.workload import endpoint_url
-    from chaos.model.engines import PROFILES
-    from chaos.model.outcome import next_steps
-
-    url = endpoint_url(base, exp.load.endpoint)
-    profile = PROFILES.get(exp.target.engine, PROFILES["openai"])
-    try:
-        found = await preflight(exp.load, base_url=base, model=model, seed=exp.seed, api_key=exp.target.api_key,
-                                profile=profile, timeout=min(PROBE_TIMEOUT_S, exp.load.request_timeout))
-    except PreflightRefused as exc:
-        out.contacted.append(f"POST {url} (the load's request) -> refused")
-        out.say(f"REFUSES THE LOAD'S REQUEST: {str(exc).splitlines()[0]}", 1)
-        for step in next_steps(str(exc)):
-            out.say(f"check: {step}", 2)
-        out.worst(4)
-        return
-    out.contacted.append(f"POST {url} (the load's request) -> {found.record.status}")
-    dropped = ", ".join(found.dropped) or "nothing"
-    out.say(f"takes the load's request at POST {url} (HTTP {found.record.status}, {found.attempts} attempt(s)); "
-            f"dropped from requests: {dropped}", 1)
-
-
-def _served(response: Capped) -> list[str]:
-    try:
-        return [clip(m["id"]) or "" for m in response.json().get("data", [])][:16]
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return []
+    url = target_url or exp.target.url
+    return await target_class(exp.target, url).dry_run(exp, url, probe, out)
 
 
 async def _proxy(exp: Experiment, target: TargetInfo, probe: bool, environ: Mapping[str, str],
@@ -234,7 +163,7 @@ async def _proxy(exp: Experiment, target: TargetInfo, probe: bool, environ: Mapp
         server, api = "external", url.rstrip("/")
         out.say(f"proxy: the Toxiproxy at {api} (given: proxy.url or TOXIPROXY_URL)")
         if probe:
-            answer = await _get(api + "/version", {}, out)
+            answer = await out.get(api + "/version", {})
             if isinstance(answer, str) or answer.status_code >= 400:
                 out.say(f"DOES NOT ANSWER: GET {api}/version: "
                         f"{answer if isinstance(answer, str) else f'HTTP {answer.status_code}'}", 1)
@@ -328,38 +257,3 @@ def _slas(exp: Experiment, out: DryRun) -> None:
         expect = "" if entry.expect == "pass" else " (expected to FAIL: a regression check)"
         out.say(f"{entry.name} ({entry.kind}) over {scope}: {params}{expect}", 1)
 
-
-def _vllm_target(spec: TargetSpec, out: DryRun) -> tuple[TargetInfo, bool]:
-    """What a vllm target would be: the interpreter found, the device, the command (nothing started)."""
-    from chaos.model.errors import SetupFailed
-    from chaos.targets.vllm import find_vllm_python, resolve_device, vllm_command
-
-    device = resolve_device(spec.device)
-    out.say(f"target: real vLLM on {device}, built from model {spec.model!r} under a process guard on a free loopback "
-            "port, with the streamchaos middleware inside its server (not started now)")
-    url = "http://127.0.0.1:<free port>"
-    info = TargetInfo(kind="vllm", base_url=f"{url}/v1", metrics_url=f"{url}/metrics", admin_url=f"{url}/admin",
-                      device=device, model=spec.model)
-    try:
-        python, version = find_vllm_python(spec)
-    except SetupFailed as exc:
-        out.say(f"NOT POSSIBLE HERE: {exc}", 1)
-        out.worst(4)
-        return info, True
-    model = "<run dir>/model (the tiny model exported)" if spec.model == "tiny" else spec.model
-    command = vllm_command(spec, python=python, model=model, served_name=spec.model, port=0,
-                           device="cpu" if device == "cpu" else "cuda", seed=0, kv_bytes_token=None)
-    out.say(f"vLLM {version}: {' '.join(command[:3])} ... ({len(command)} arguments; its log: vllm.log)", 1)
-    from chaos.host.cpuset import allowed_cpus, format_cpu_list, server_cpus
-
-    try:
-        cpus = server_cpus(spec.cpus, "cpu" if device == "cpu" else "cuda", allowed_cpus())
-    except ValueError as exc:
-        out.say(f"NOT POSSIBLE HERE: {exc}", 1)
-        out.worst(4)
-        return info, True
-    if cpus is not None:
-        left = sorted(set(allowed_cpus()) - set(cpus))
-        out.say(f"its processes on CPUs {format_cpu_list(cpus)} (target.cpus {spec.cpus})"
-                + (f"; CPU {format_cpu_list(tuple(left))} left to the load generator" if left else ""), 1)
-    return info, True

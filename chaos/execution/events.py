@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 from chaos.model.observations import FaultEvent, MetricSample, Note, PhaseWindow, Record, StreamRecord
 
@@ -74,7 +74,7 @@ RunEvent = (RunStarted | Stage | VerdictsReady | RunFinished | StreamRecord | Me
 _RECORD_TYPES = (StreamRecord, MetricSample, FaultEvent, PhaseWindow, Note)
 
 
-def is_record(event: object) -> bool:
+def is_record(event: object) -> TypeGuard[Record]:
     """Whether the event is an observation record (what the journal keeps and verifiers read)."""
     return isinstance(event, _RECORD_TYPES)
 

@@ -50,7 +50,7 @@ class Journal:
 
     def on_event(self, event: RunEvent) -> None:
         if is_record(event):
-            self.append(event)  # type: ignore[arg-type]
+            self.append(event)
 
     def append(self, record: Record, *, durable: bool | None = None) -> None:
         """Keep ``record``; fault events are fsync'd (rollback depends on them) unless told otherwise.

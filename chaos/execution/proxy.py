@@ -26,7 +26,7 @@ from chaos.host.children import first_line, spawn
 from chaos.host.runfiles import open_append
 from chaos.model.context import ProxyInfo, TargetInfo
 from chaos.model.errors import FaultError, SetupFailed
-from faults.toxiproxy_client import ToxiproxyAPI
+from chaos.toxiproxy.client import ToxiproxyAPI
 
 if TYPE_CHECKING:
     from chaos.model.experiment import Experiment
@@ -95,8 +95,10 @@ def _wait_for(url: str, process: subprocess.Popen[str] | None, timeout: float) -
 def _start_binary(binary: str) -> ToxiproxyServer:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
+    # its own session, as the builtin stack's: a Ctrl-C in the terminal reaches the whole foreground group,
+    # and a proxy that died of it first could not take its toxics off when the runner reverts them
     process = spawn([binary, "-host", "127.0.0.1", "-port", str(port)], stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL, text=True)
+                    stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     server = ToxiproxyServer(url, "binary", f"toxiproxy-server binary {binary}", process=process)
     try:
         _wait_for(url, process, 10.0)
@@ -120,7 +122,7 @@ def _start_docker(owner: RunOwner | None) -> tuple[ToxiproxyServer | None, str]:
     streamchaos never pulls (``containers.create``, not ``run``, which pulls what is missing). The
     container carries the run's labels and is journaled before it exists, so ``streamchaos
     rollback`` and the watchdog remove it when the runner is killed; ``stop`` removes it otherwise."""
-    from chaos.targets.containers import docker_client
+    from chaos.docker.containers import docker_client
 
     try:
         client = docker_client(SetupFailed, "a Toxiproxy container")
@@ -133,7 +135,7 @@ def _start_docker(owner: RunOwner | None) -> tuple[ToxiproxyServer | None, str]:
 
 
 def _toxiproxy_container(client: Any, owner: RunOwner | None) -> tuple[ToxiproxyServer | None, str]:
-    from docker.errors import ImageNotFound  # type: ignore[import-untyped]
+    from docker.errors import ImageNotFound
 
     try:
         client.images.get(DOCKER_IMAGE)
@@ -146,7 +148,7 @@ def _toxiproxy_container(client: Any, owner: RunOwner | None) -> tuple[Toxiproxy
     labels: dict[str, str] = {"streamchaos": "toxiproxy"}
     name = f"streamchaos-toxiproxy-{port}"
     if owner is not None:
-        from chaos.targets.containers import run_labels
+        from chaos.docker.containers import run_labels
 
         labels.update(run_labels(owner.run_id, owner.run_dir, "toxiproxy"))
         name = f"streamchaos-{owner.run_id}-toxiproxy"
@@ -176,13 +178,14 @@ def _toxiproxy_container(client: Any, owner: RunOwner | None) -> tuple[Toxiproxy
 def embedded_command(seed: int, listen: str) -> list[str]:
     """The embedded server's command line: loopback API, and proxies only on loopback, unprivileged
     ports, or the one ``listen`` the experiment asked for (``proxy.listen``)."""
-    return [sys.executable, "-m", "faults.toxiproxy_server", "--host", "127.0.0.1", "--port", "0", "--seed", str(seed),
+    return [sys.executable, "-m", "chaos.toxiproxy.server", "--host", "127.0.0.1", "--port", "0", "--seed", str(seed),
             "--loopback-only", "--allow-listen", listen]
 
 
 def _start_embedded(seed: int, log: Path, listen: str) -> ToxiproxyServer:
     with open_append(log) as err:  # 0600, never through a link planted in the run directory
-        process = spawn(embedded_command(seed, listen), stdout=subprocess.PIPE, stderr=err)
+        # its own session (see _start_binary): the revert that follows a Ctrl-C still finds it
+        process = spawn(embedded_command(seed, listen), stdout=subprocess.PIPE, stderr=err, start_new_session=True)
     line = first_line(process, EMBEDDED_START_TIMEOUT_S)
     if line.startswith(EMBEDDED_READY):
         url = line[len(EMBEDDED_READY):].strip()

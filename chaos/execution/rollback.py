@@ -163,8 +163,8 @@ def outstanding_resources(journal_lines: Iterable[dict[str, Any]]) -> list[dict[
 
 
 def _resource_undoers() -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
+    from chaos.docker.containers import rollback_container
     from chaos.host.procguard import rollback_group
-    from chaos.targets.containers import rollback_container
 
     return {"docker.container": rollback_container, "process.group": rollback_group}
 

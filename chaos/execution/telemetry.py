@@ -1,6 +1,6 @@
 """GPU telemetry for the observations: SM clock, clock-event reasons, memory and power, once a second.
 
-``GpuTelemetry`` reads one sample per GPU through NVML (``faults.nvml``); ``gpu_telemetry(sink)`` is
+``GpuTelemetry`` reads one sample per GPU through NVML (``chaos.gpu.nvml``); ``gpu_telemetry(sink)`` is
 the runner's resource: while it is entered, a task polls and hands each ``MetricSample`` to the
 sink. Where NVML does not answer (no driver, no GPU) it does nothing at all.
 """
@@ -38,7 +38,7 @@ class GpuTelemetry:
     }
 
     def __init__(self, devices: Sequence[int] | None = None, lib_path: str | None = None) -> None:
-        from faults.nvml import Nvml  # pynvml only where telemetry is wanted
+        from chaos.gpu.nvml import Nvml  # pynvml only where telemetry is wanted
 
         self.devices = list(devices) if devices is not None else None
         self.lib_path = lib_path
@@ -47,7 +47,7 @@ class GpuTelemetry:
 
     def available(self) -> bool:
         """True when NVML answers and sees a GPU here; never raises."""
-        from faults.nvml import nvml_available
+        from chaos.gpu.nvml import nvml_available
 
         return nvml_available(self.lib_path)
 

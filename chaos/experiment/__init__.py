@@ -1,4 +1,5 @@
-"""The experiment format: YAML → typed, immutable ``Experiment``, and the ``validate`` command."""
+"""The experiment format: YAML → typed, immutable ``Experiment``, and ``streamchaos validate``
+(``validate_command``)."""
 
 from __future__ import annotations
 

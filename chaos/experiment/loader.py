@@ -39,6 +39,8 @@ from . import sections
 from .yamlpos import DEFAULT_BUDGET, KeyPath, Mark, YamlSyntaxError, load_located, render_path, too_large
 
 if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
     from faults.base import Fault
 
 __all__ = ["experiment_from_dict", "load_experiment", "parse_experiment", "read_text_bounded", "validate_file"]
@@ -88,7 +90,8 @@ def _yaml_copy(data: Mapping[str, Any], source: str) -> str:
     import yaml
 
     try:
-        return yaml.safe_dump(_plain(data), sort_keys=False, allow_unicode=True)
+        text: str = yaml.safe_dump(_plain(data), sort_keys=False, allow_unicode=True)
+        return text
     except yaml.YAMLError as exc:  # a value YAML cannot write: the run could keep no copy for `verify`
         raise ExperimentInvalid([Problem(source, 0, 0, "",
                                          f"the experiment is not plain data YAML can write: {exc}")]) from None
@@ -255,8 +258,8 @@ def _is_url(value: str) -> bool:
     return bool(re.fullmatch(r"https?://[^\s/]+(/\S*)?", value))
 
 
-def _fields(values: dict[str, Any], cls: type, skip: tuple[str, ...] = ()) -> dict[str, Any]:
-    names = set(cls.__dataclass_fields__)  # type: ignore[attr-defined]
+def _fields(values: dict[str, Any], cls: type[DataclassInstance], skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    names = set(cls.__dataclass_fields__)
     return {k: v for k, v in values.items() if k in names and k not in skip}
 
 
@@ -274,7 +277,10 @@ def _target(ctx: _Context, raw: object) -> TargetSpec:
     gpus = data.get("gpus")
     if isinstance(gpus, int) and not isinstance(gpus, bool):
         data["gpus"] = str(gpus)  # `gpus: 2` as `docker run --gpus 2`
-    values = _parse(ctx, data, path, sections.TARGET)
+    from chaos.targets.registry import target_schema
+
+    values = _parse(ctx, data, path, target_schema())
+    _other_kinds_keys(ctx, data, values, path)
     _positive(ctx, values, path, "startup_timeout")
     for key in ("url", "metrics_url"):
         url = values.get(key)
@@ -283,7 +289,7 @@ def _target(ctx: _Context, raw: object) -> TargetSpec:
     device = values.get("device")
     if isinstance(device, str) and not _DEVICE.fullmatch(device):
         _reject(ctx, values, path, "device", f"expected auto, cpu, mps, cuda or cuda:N, found {device!r}")
-    _container_keys(ctx, data, values, path)
+    _container_keys(ctx, values, path)
     _target_cpus(ctx, values, path)
     _target_credentials(ctx, values, path)
     kind = values.get("kind", "builtin")
@@ -297,7 +303,44 @@ def _target(ctx: _Context, raw: object) -> TargetSpec:
     elif kind == "kubernetes" and not values.get("url"):
         ctx.add(path,
                 "kind kubernetes needs a kubernetes section {namespace, service or selector} (or a url to reach it by)")
-    return TargetSpec(**_fields(values, TargetSpec, skip=("kubernetes",)), kubernetes=kube)
+    return TargetSpec(**_fields(values, TargetSpec, skip=("kubernetes",)), kubernetes=kube,
+                      options=_kind_options(values, kind))
+
+
+def _other_kinds_keys(ctx: _Context, data: dict[str, Any], values: dict[str, Any], path: KeyPath) -> None:
+    """A key only other kinds take (their ``section``), given for this kind: refused, naming who takes it.
+    ``kubernetes`` has its own message, where its section is parsed."""
+    from chaos.targets.registry import kinds
+
+    kind = values.get("kind", "builtin")
+    found = kinds()
+    if kind not in found:
+        return  # reported by the schema
+    for key in data:
+        owners = [name for name, cls in found.items() if key in cls.own_keys()]
+        if owners and kind not in owners and key != "kubernetes":
+            _reject(ctx, values, path, key, f"only a {' or '.join(owners)} target takes {key!r} (target.kind is "
+                    f"{kind}); set kind: {owners[0]}, or remove it")
+
+
+def _kind_options(values: dict[str, Any], kind: str) -> tuple[tuple[str, Any], ...]:
+    """The values of the kind's own keys that ``TargetSpec`` has no field for (a plug-in kind's), frozen."""
+    from chaos.targets.registry import kinds
+
+    cls = kinds().get(kind)
+    if cls is None:
+        return ()
+    names = set(TargetSpec.__dataclass_fields__)
+    return tuple((key, _frozen(values.get(key))) for key in cls.own_keys() if key not in names)
+
+
+def _frozen(value: object) -> object:
+    """``value`` hashable: a list as a tuple, a mapping as its sorted (key, value) pairs."""
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(k), _frozen(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    return value
 
 
 def _target_cpus(ctx: _Context, values: dict[str, Any], path: KeyPath) -> None:
@@ -415,14 +458,9 @@ def _kubernetes_paths(ctx: _Context, values: dict[str, Any], path: KeyPath) -> N
         _reject(ctx, values, path, "path", f"expected an absolute path such as /v1, found {api_path!r}")
 
 
-def _container_keys(ctx: _Context, data: dict[str, Any], values: dict[str, Any], path: KeyPath) -> None:
-    """The docker-only keys: given only for kind docker, each well-formed; ``env`` made hashable pairs."""
-    kind = values.get("kind", "builtin")
-    if kind != "docker":
-        for key in sections.DOCKER_KEYS:
-            if key in data:
-                _reject(ctx, values, path, key, f"only a docker target takes {key!r} (target.kind is {kind}); "
-                        "set kind: docker, or remove it")
+def _container_keys(ctx: _Context, values: dict[str, Any], path: KeyPath) -> None:
+    """The docker-only keys, each well-formed; ``env`` made hashable pairs."""
+    if values.get("kind", "builtin") != "docker":  # given here, refused by _other_kinds_keys
         values.pop("env", None)
         return
     if values.get("url") is not None:
@@ -437,7 +475,7 @@ def _container_keys(ctx: _Context, data: dict[str, Any], values: dict[str, Any],
 
 def _container_env(ctx: _Context, values: dict[str, Any], path: KeyPath) -> None:
     """``env`` as hashable pairs; each bad name or value reported."""
-    from chaos.targets.containers import parse_env
+    from chaos.docker.containers import parse_env
 
     env = values.pop("env", None)
     if env is not None:
@@ -449,7 +487,7 @@ def _container_env(ctx: _Context, values: dict[str, Any], path: KeyPath) -> None
 
 def _container_devices(ctx: _Context, values: dict[str, Any], path: KeyPath) -> None:
     """``volumes`` and ``gpus``: each in the form docker takes."""
-    from chaos.targets.containers import parse_gpus, parse_volume
+    from chaos.docker.containers import parse_gpus, parse_volume
 
     volumes = values.get("volumes") or ()
     for i, volume in enumerate(volumes):
@@ -634,10 +672,6 @@ def _safety(ctx: _Context, raw: object) -> SafetySpec:
     return SafetySpec(**_fields(values, SafetySpec))
 
 
-# SLA kinds that compare two phases: a probe is one window, so they cannot judge it
-_CAPACITY_UNFIT_SLAS = ("recovery",)
-
-
 def _capacity(ctx: _Context, raw: object, drafts: list[_PhaseDraft], sla: list[SlaEntry]) -> CapacitySpec | None:
     """``capacity:``: its bounds in order, its cases phases with faults, its SLAs entries that judge one window."""
     path: KeyPath = ("capacity",)
@@ -654,11 +688,14 @@ def _capacity(ctx: _Context, raw: object, drafts: list[_PhaseDraft], sla: list[S
         if name != BASELINE_CASE and name not in faulted:
             ctx.add(path + ("cases",), f"unknown case {name!r}{suggest(name, [BASELINE_CASE, *faulted])}; a case is "
                     f"{BASELINE_CASE} or a phase with faults: {', '.join([BASELINE_CASE, *faulted])}")
-    fit = [e.name for e in sla if e.expect == "pass" and e.kind not in _CAPACITY_UNFIT_SLAS]
+    # a probe is one window: kinds that compare phases (SlaSpec.capacity_fit false) cannot judge it
+    fit = [e.name for e in sla if e.expect == "pass" and e.spec.capacity_fit]
+    unfit = sorted({e.kind for e in sla if not e.spec.capacity_fit})
+    why = f"{', '.join(unfit)} {'compares' if len(unfit) == 1 else 'compare'} two phases; " if unfit else ""
     for name in values.get("slas") or ():
         if name not in fit:
             ctx.add(path + ("slas",), f"{name!r} is not an SLA entry a probe can judge{suggest(name, fit)}; those "
-                    f"are: {', '.join(fit) or 'none'} (recovery compares two phases; expect: fail entries are out)")
+                    f"are: {', '.join(fit) or 'none'} ({why}expect: fail entries are out)")
     if not fit:
         ctx.add(path, "a capacity search needs at least one SLA entry that judges one window (ttft, itl, "
                 "goodput, errors...): the sla section has none")

@@ -1,15 +1,14 @@
-"""The parameter schemas of the experiment's own sections (target, proxy, load, safety, ...)."""
+"""The parameter schemas of the experiment's own sections (proxy, load, safety, ...; `target:` is drawn from
+the target kinds, ``chaos.targets.registry.target_schema``)."""
 
 from __future__ import annotations
 
-from chaos.model.engines import PROFILES
 from chaos.model.experiment import PROMPT_CLASSES
 from chaos.model.params import Param, Schema
 
 __all__ = [
     "ALLOWED_TARGETS",
     "CAPACITY",
-    "DOCKER_KEYS",
     "FAULT_ENTRY_KEYS",
     "KUBERNETES",
     "KUBERNETES_ACCESS",
@@ -19,7 +18,6 @@ __all__ = [
     "PROXY",
     "SAFETY",
     "SLA_ENTRY_KEYS",
-    "TARGET",
     "TOP_LEVEL",
 ]
 
@@ -36,55 +34,8 @@ TOP_LEVEL = Schema((
     Param("capacity", "mapping", doc="`streamchaos capacity`: the highest load meeting every SLA, per fault"),
 ))
 
-TARGET_KINDS = ("builtin", "openai", "vllm", "docker", "kubernetes")
-DOCKER_NETWORKS = ("bridge", "host")
-ENGINE_CHOICES = ("auto", *PROFILES)
-
-TARGET = Schema((
-    Param("kind", "choice", "builtin", choices=TARGET_KINDS, doc="which system under test"),
-    Param("url", "str", None, doc="OpenAI API root, e.g. http://host:8000/v1 (or --target-url at run time)"),
-    Param("metrics_url", "str", None, doc="Prometheus endpoint; default <url without /v1>/metrics"),
-    Param("model", "str", "tiny", doc="builtin: tiny or a checkpoint directory; otherwise the served model name"),
-    Param("device", "str", "auto", doc="builtin engine device: auto, cpu, cuda or cuda:N"),
-    Param("kv_blocks", "int", 512, min=1, doc="builtin: KV cache blocks per layer"),
-    Param("block_size", "int", 16, min=1, doc="builtin: tokens per KV block"),
-    Param("max_num_seqs", "int", 64, min=1, doc="builtin: most sequences in one batch"),
-    Param("max_model_len", "int", 1024, min=2, doc="builtin: prompt plus generated tokens"),
-    Param("startup_timeout", "duration", 60.0, doc="how long the target may take to answer /health"),
-    Param("api_key", "str", None, doc="bearer token sent with every request (prefer api_key_env)"),
-    Param("api_key_env", "str", None, doc="environment variable holding the API key (also --api-key-env)"),
-    Param("metrics_auth", "str", "api_key",
-          doc="credentials for metrics_url: api_key (the target's), none, env:NAME or file:PATH"),
-    Param("engine", "choice", "auto", choices=ENGINE_CHOICES,
-          doc="the engine's profile (request fields, end of stream, metric names); auto detects it"),
-    Param("admin_token", "str", None,
-          doc="token for the builtin stack's admin API (prefer admin_token_file or STREAMCHAOS_ADMIN_TOKEN)"),
-    Param("admin_token_file", "str", None,
-          doc="file (mode 0600) holding the admin token of a builtin stack started elsewhere"),
-    Param("extra_args", "str_list", (),
-          doc="extra command-line arguments for a spawned server (vllm: its own flags, applied last)"),
-    Param("cpus", "str", "auto", doc="vllm: host CPUs its processes may use: auto (on CPU, all but one, left to the "
-                                     "load), all, or a list such as 0-5,8"),
-    Param("executable", "str", None, doc="vllm: the python of vLLM's own virtualenv (or its `vllm` command); default "
-                                         "$STREAMCHAOS_VLLM_PYTHON, then `vllm` on PATH"),
-    # kind docker only (chaos.targets.docker)
-    Param("image", "str", None, doc="docker: the image to run; none runs the builtin stack from this host's Python"),
-    Param("command", "str_list", (), doc="docker: the image's command, e.g. [--model, m, --port, '8000']"),
-    Param("env", "mapping", None, doc="docker: environment variables {NAME: value}"),
-    Param("network", "choice", "bridge", choices=DOCKER_NETWORKS,
-          doc="docker: bridge (default: a network of the run's own, the port published on 127.0.0.1 only), "
-              "or host (the host's network: a server binding 0.0.0.0 listens on every interface)"),
-    Param("port", "int", None, min=1, max=65535,
-          doc="docker: the port the server listens on in the container (image default 8000)"),
-    Param("volumes", "str_list", (), doc="docker: bind mounts HOST:CONTAINER[:ro|rw], read-only unless :rw"),
-    Param("hardening", "choice", "default", choices=("default", "none"),
-          doc="docker image targets: default drops NET_RAW, MKNOD, SYS_CHROOT, SETFCAP, SETPCAP, AUDIT_WRITE and sets "
-              "no-new-privileges; none keeps Docker's defaults"),
-    Param("gpus", "str", None, doc="docker: GPUs as `docker run --gpus`: all, a count, or device=0,1"),
-    Param("kubernetes", "mapping", None,
-          doc="kind kubernetes: {namespace, service or selector, port, access, kubeconfig, context}"),
-))
-
+# `target:` is the target kinds' own (chaos.targets.registry.target_schema, each kind's `section`); its
+# `kubernetes:` mapping, which the loader parses for kind kubernetes, is here.
 KUBERNETES_ACCESS = ("auto", "service", "endpoints", "port-forward")
 
 # `port` (a number or a port name) is parsed by the loader itself.
@@ -103,9 +54,6 @@ KUBERNETES = Schema((
     Param("context", "str", None, doc="kubeconfig context; default its current-context"),
     Param("path", "str", "/v1", doc="the OpenAI API root on the pods"),
 ))
-
-# The target keys only a docker target takes.
-DOCKER_KEYS = ("image", "command", "env", "network", "port", "volumes", "gpus", "hardening")
 
 PROXY_SERVERS = ("auto", "embedded", "binary", "docker", "external")
 

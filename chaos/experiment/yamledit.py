@@ -44,12 +44,12 @@ def _child(node: Node, part: str | int, path: KeyPath, where: str) -> Node | Non
     if isinstance(part, int):
         if not isinstance(node, SequenceNode) or part >= len(node.value):
             raise UsageError(f"{where}: {render_path(path)} is not a list with an item {part}")
-        return node.value[part]  # type: ignore[no-any-return]
+        return node.value[part]
     if not isinstance(node, MappingNode):
         raise UsageError(f"{where}: {render_path(path)} is not a mapping")
     for key, value in node.value:
         if isinstance(key, ScalarNode) and key.value == part:
-            return value  # type: ignore[no-any-return]
+            return value
     return None
 
 

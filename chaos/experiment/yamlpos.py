@@ -200,7 +200,7 @@ def _kind_of(node: Node) -> str:
     return "a mapping" if isinstance(node, MappingNode) else "a list" if isinstance(node, SequenceNode) else "a value"
 
 
-class _BoundedLoader(yaml.SafeLoader):
+class _BoundedLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no types: SafeLoader is Any here
     """PyYAML's safe composer, counting nodes and nesting as it goes (an alias is not expanded here)."""
 
     def __init__(self, text: str, budget: Budget) -> None:
@@ -225,7 +225,8 @@ class _BoundedLoader(yaml.SafeLoader):
                     f"more than {self.budget.max_nodes} values (reading stopped here); "
                     "an experiment needs a few hundred — move prompts to a prompts file",
                 )
-            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+            node: Node = super().compose_node(parent, index)
+            return node
         finally:
             self.depth -= 1
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from chaos.host.procs import start_time
 
-__all__ = ["group_members", "group_undo", "main", "rollback_group", "terminate_group"]
+__all__ = ["engine_core_pid", "group_members", "group_undo", "main", "rollback_group", "terminate_group"]
 
 POLL_S = 0.2
 GRACE_S = 10.0
@@ -52,6 +52,22 @@ def group_members(pgid: int, *, exclude: int | None = None) -> list[int]:
         if fields[0] != "Z" and int(fields[2]) == pgid:
             members.append(int(entry))
     return sorted(members)
+
+
+def engine_core_pid(server_pid: int) -> int | None:
+    """vLLM's EngineCore process in the API server's process group (it sets that process title)."""
+    try:
+        pgid = os.getpgid(server_pid)
+    except ProcessLookupError:
+        return None
+    for pid in group_members(pgid):
+        try:
+            with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
+                if f.read().strip().startswith("VLLM::EngineCor"):
+                    return pid
+        except OSError:
+            continue
+    return None
 
 
 def terminate_group(pgid: int, grace_s: float, *, exclude: int | None = None) -> list[int]:

@@ -39,7 +39,8 @@ def require_client(what: str, error: type[ChaosError] = FaultUnsupported) -> Non
     import importlib.util
 
     if importlib.util.find_spec("kubernetes") is None:
-        raise error(f"{what} needs the Kubernetes client: pip install 'streamchaos[k8s]' (the kubernetes package)")
+        raise error(f"{what} needs the Kubernetes client: in the streamchaos clone, pip install -e '.[k8s]' "
+                    "(the kubernetes package)")
 
 
 def config_source(kubeconfig: str | None, environ: Mapping[str, str] = os.environ) -> Path | None:
@@ -166,11 +167,6 @@ class KubeApi:
         return dict(self.plain(await self.call(
             Call("get", "deployments", namespace, name, "apps"),
             self.apps.read_namespaced_deployment(name, namespace, _request_timeout=CALL_TIMEOUT_S))))
-
-    async def read_scale(self, namespace: str, name: str) -> dict[str, Any]:
-        return dict(self.plain(await self.call(
-            Call("get", "deployments/scale", namespace, name, "apps"),
-            self.apps.read_namespaced_deployment_scale(name, namespace, _request_timeout=CALL_TIMEOUT_S))))
 
     async def list_budgets(self, namespace: str) -> list[dict[str, Any]]:
         listed = self.plain(await self.call(

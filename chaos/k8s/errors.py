@@ -55,7 +55,7 @@ def refusal(code: int, body: Any, call: Call, *, server: str = "", error: type[C
     layer (``FaultError`` for faults, ``SetupFailed`` for the target). The code stays on it as
     ``http_status`` (a 409 is retried by compare-and-set callers). Pure."""
     exc = _refusal(code, body, call, server, error)
-    exc.http_status = code  # type: ignore[attr-defined]
+    exc.http_status = code  # type: ignore[attr-defined]  # ours alone: callers read it with getattr
     return exc
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 from chaos.model.observations import StreamRecord
 
@@ -52,12 +53,6 @@ class ClockOffset:
     rtt_ns: int  # the round trip of the exchange chosen
     samples: int
 
-    def to_coordinator(self, t_shard: int) -> int:
-        return t_shard - self.offset_ns
-
-    def to_shard(self, t_coordinator: int) -> int:
-        return t_coordinator + self.offset_ns
-
 
 def estimate(exchanges: Iterable[Exchange]) -> ClockOffset:
     """The offset from the exchange with the least delay; its half-delay (rounded up) bounds the error."""
@@ -75,9 +70,9 @@ def shift_record(record: StreamRecord, delta_ns: int) -> StreamRecord:
     """A copy of ``record`` with every time stamp moved by ``delta_ns`` (durations are unchanged)."""
     if delta_ns == 0:
         return record
-    moved: dict[str, object] = {name: getattr(record, name) + delta_ns for name in _STAMPS
+    moved: dict[str, Any] = {name: getattr(record, name) + delta_ns for name in _STAMPS
                                 if getattr(record, name) is not None}
     moved["t_content"] = [t + delta_ns for t in record.t_content]
     if record.hangup is not None:
         moved["hangup"] = replace(record.hangup, t=record.hangup.t + delta_ns)
-    return replace(record, **moved)  # type: ignore[arg-type]
+    return replace(record, **moved)

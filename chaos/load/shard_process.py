@@ -27,6 +27,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +122,7 @@ class _Shard:
         self.gen = LoadGenerator(settings, target, policy=self.policy, sink=self.sink, worker_index=self.index,
                                  workers=self.count)
 
-    async def reply(self, seq: int, call: Any) -> None:
+    async def reply(self, seq: int, call: Awaitable[Any]) -> None:
         gen = self.gen
         assert gen is not None
         try:
@@ -135,7 +136,7 @@ class _Shard:
     def call(self, seq: int, cmd: str, args: list[Any]) -> None:
         gen = self.gen
         assert gen is not None
-        calls = {
+        calls: dict[str, Callable[[], Awaitable[Any]]] = {
             # the coordinator's deadline, on its clock → this shard's clock → the real monotonic clock here
             "run": lambda: gen.run(int(args[0]) + self.offset_ns - self.skew_ns),
             "deadline": lambda: gen.move_deadline(int(args[0]) + self.offset_ns - self.skew_ns),

@@ -95,7 +95,7 @@ class Uplink:
         pipe = os.fdopen(os.dup(fileno), "wb", buffering=0)
         transport, side = await asyncio.get_running_loop().connect_write_pipe(_WriteSide, pipe)
         transport.set_write_buffer_limits(high=HIGH_WATER_BYTES)
-        return cls(transport, side)  # type: ignore[arg-type]
+        return cls(transport, side)
 
     def record(self, record: Any) -> None:
         if not self.pending:  # one frame per tick, whatever the load produced meanwhile

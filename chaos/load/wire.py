@@ -19,8 +19,8 @@ import json
 from dataclasses import asdict, fields
 from typing import Any
 
-from chaos.load.rules import DisconnectRule, SlowReaderRule, TimeoutRule
 from chaos.load.workload import LoadSettings, PromptSettings
+from chaos.model.client_rules import DisconnectRule, SlowReaderRule, TimeoutRule
 from chaos.model.context import ClientRule
 from chaos.model.errors import ChaosError
 
@@ -76,14 +76,14 @@ async def read_message(reader: asyncio.StreamReader) -> dict[str, Any] | None:
 def rule_to_json(rule: ClientRule) -> dict[str, Any]:
     if type(rule).__name__ not in _RULES:
         raise ProtocolError(f"client rule {type(rule).__name__} cannot be sent to a shard")
-    return {"type": type(rule).__name__, **asdict(rule)}  # type: ignore[call-overload]
+    return {"type": type(rule).__name__, **asdict(rule)}  # type: ignore[call-overload]  # a dataclass, as every rule
 
 
 def rule_from_json(data: dict[str, Any]) -> ClientRule:
     cls = _RULES.get(str(data.get("type")))
     if cls is None:
         raise ProtocolError(f"unknown client rule type {data.get('type')!r}")
-    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]  # a dataclass, as every rule
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in names}
     try:
         return cls(**values)

@@ -16,7 +16,7 @@ import itertools
 import multiprocessing
 import multiprocessing.connection
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from chaos.host.cadence import sleep_to_next_tick
@@ -49,8 +49,15 @@ def _watch(loop: asyncio.AbstractEventLoop, conn: multiprocessing.connection.Con
 
 def _worker_main(inbox: multiprocessing.connection.Connection, outbox: multiprocessing.connection.Connection,
                  config: dict[str, Any]) -> None:
+    import signal
+
     from chaos.load.loop import run
 
+    # Ctrl-C on a terminal signals the whole process group, this worker too. The parent stops the load
+    # in order (revert, drain, then `close` over the pipe, which flushes this worker's last records);
+    # a KeyboardInterrupt here would only cut that short and print a traceback. SIGTERM still ends
+    # it, and a parent that dies closes the pipe, which ends `serve`.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     run(_worker(inbox, outbox, config))  # uvloop when installed: the worker's loop is ours to choose
 
 
@@ -111,15 +118,15 @@ class _WorkerSide:
             if not any(task.get_name() == "activity" for task in self.tasks):
                 self.tasks.add(self.loop.create_task(self._report_activity(), name="activity"))
             return
-        call = {
+        calls: dict[str, Callable[[], Awaitable[Any]]] = {
             "run": lambda: gen.run(args[0]),
             "deadline": lambda: gen.move_deadline(args[0]),
             "drain": lambda: gen.drain(args[0]),
             "start": lambda: gen.start(*args),
             "stop": lambda: gen.stop(args[0]),
             "lag": lambda: asyncio.sleep(0),
-        }[cmd]()
-        task = self.loop.create_task(self._reply(seq, call))
+        }
+        task = self.loop.create_task(self._reply(seq, calls[cmd]()))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
@@ -129,7 +136,7 @@ class _WorkerSide:
         return {"value": value, "lag": list(gen.lag.samples), "stats": gen.stats() | self.uplink.stats(),
                 "send_delay": {phase: list(samples) for phase, samples in gen.send_delays.items()}}
 
-    async def _reply(self, seq: int, call: Any) -> None:
+    async def _reply(self, seq: int, call: Awaitable[Any]) -> None:
         try:
             value = await call
             self.uplink.send(("reply", seq, True, self._snapshot(value)))

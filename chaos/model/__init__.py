@@ -1,6 +1,8 @@
 """The leaf model: what every room shares and nothing of ours is imported by it but itself.
 
 ``context`` (the run context a fault sees), ``observations`` (stream records, samples, notes),
-``errors`` (the exception family), ``units`` and ``params`` (parameter schemas), ``events`` (the
-run's event stream) and ``outcome`` (what a finished run says next).
+``errors`` (the exception family), ``units`` and ``params`` (parameter schemas), ``client_rules``
+(what client faults install and the load generator draws request plans from), ``experiment`` (the
+typed spec), ``verdict``, ``engines`` (engine profiles), ``allowlist``, ``bounded_json`` and ``outcome``
+(what a finished run says next). The run's event stream is ``chaos.execution.events``.
 """

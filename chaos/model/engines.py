@@ -46,7 +46,7 @@ What each profile says, and where it comes from (read in the engines' own code a
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -264,8 +264,3 @@ def identify(evidence: Evidence) -> tuple[EngineProfile, str]:
         if found is not None:
             return found
     return PROFILES["openai"], "no engine-specific sign (server header, owned_by, /version, /info, metric names)"
-
-
-def known_names() -> Sequence[str]:
-    """The values target.engine accepts."""
-    return ("auto", *PROFILES)

@@ -7,7 +7,16 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
 from chaos.model.capacity import CapacitySpec
-from chaos.model.context import AllowedTargets, ClusterRef, FaultAccount, Reach, RunContext, SafetySpec, Scene
+from chaos.model.context import (
+    AllowedTargets,
+    ClusterRef,
+    FaultAccount,
+    HaltSpec,
+    Reach,
+    RunContext,
+    SafetySpec,
+    Scene,
+)
 from chaos.model.observations import Observations
 from chaos.model.verdict import Verdict
 
@@ -40,10 +49,20 @@ class SlaCheck(Protocol):
 
     kind: ClassVar[str]
     summary: ClassVar[str]
+    # the kind's facts, which the run, the reports, budgets and capacity probes read (sla/base.py says each)
+    timing: ClassVar[bool]
+    better: ClassVar[Literal["lower", "higher"]]
+    capacity_fit: ClassVar[bool]
+    needs: ClassVar[tuple[Literal["kv_usage", "running", "end_of_stream"], ...]]
+    sample_label: ClassVar[str | None]
 
     @property
     def params(self) -> dict[str, Any]: ...
     def judge(self, obs: Observations, phase: str | None) -> Verdict: ...
+    def samples(self, obs: Observations, phase: str | None) -> list[float] | None: ...
+    def budget_rule(self) -> Any: ...  # an sla.base.BudgetRule
+    def probe_halt(self, window_s: float, factor: float, min_streams: int) -> HaltSpec | None: ...
+    def lateness_explains(self, verdict: Verdict, lag_s: float) -> bool: ...
 
 
 __all__ = [
@@ -116,7 +135,7 @@ class KubernetesSpec:
 class TargetSpec:
     """The system under test: the builtin stack, a server reached by URL, or a container streamchaos starts."""
 
-    kind: str = "builtin"  # builtin | openai | vllm | docker | kubernetes
+    kind: str = "builtin"  # a registered target kind (chaos.targets.registry.kinds): builtin, openai, vllm, ...
     url: str | None = None  # OpenAI API root, e.g. http://host:8000/v1
     metrics_url: str | None = None  # Prometheus endpoint; default: <url without /v1>/metrics
     model: str = "tiny"  # builtin: tiny or a checkpoint dir; openai: the served model name
@@ -145,6 +164,12 @@ class TargetSpec:
     hardening: str = "default"  # docker image targets: default (caps dropped, no-new-privileges) | none
     gpus: str | None = None  # all | N | device=0,1 (as `docker run --gpus`)
     kubernetes: KubernetesSpec | None = None  # kind kubernetes: where the pods are
+    # a plug-in kind's own keys (its ``section``) that have no field above: (name, value), values made hashable
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def option(self, name: str, default: Any = None) -> Any:
+        """The value of a plug-in kind's own key (``options``); ``default`` where it has none."""
+        return dict(self.options).get(name, default)
 
 
 @dataclass(frozen=True)

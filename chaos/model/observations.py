@@ -233,7 +233,7 @@ class Note:
 
 
 Record = StreamRecord | MetricSample | FaultEvent | PhaseWindow | Note
-_TYPES: dict[str, type] = {cls.type: cls for cls in (StreamRecord, MetricSample, FaultEvent, PhaseWindow, Note)}
+_TYPES: dict[str, type[Record]] = {cls.type: cls for cls in (StreamRecord, MetricSample, FaultEvent, PhaseWindow, Note)}
 RECORD_TYPES = frozenset(_TYPES)  # the "type" values of journal lines that are observation records
 _NESTED: dict[str, type] = {"error": ErrorInfo, "hangup": Hangup}
 _STREAM_FIELDS = tuple(f.name for f in fields(StreamRecord))
@@ -300,7 +300,7 @@ def from_json(line: str | dict[str, Any]) -> Record:
     for key, nested in _NESTED.items():
         if cls is StreamRecord and isinstance(kwargs.get(key), dict):
             kwargs[key] = nested(**kwargs[key])
-    return cls(**kwargs)  # type: ignore[no-any-return]
+    return cls(**kwargs)
 
 
 def iter_journal(path: str | Path) -> Iterator[dict[str, Any]]:

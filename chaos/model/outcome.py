@@ -17,6 +17,11 @@ __all__ = ["ended", "judged_nothing", "next_steps"]
 
 _URL = re.compile(r"https?://[^\s'\")]+")
 _REFUSED = ("ConnectError", "All connection attempts failed", "Connection refused", "ECONNREFUSED")
+# A TLS client's handshake answered by a plain-HTTP server (its "400 Bad Request" read as a TLS record):
+# OpenSSL 1.1-3.1 say WRONG_VERSION_NUMBER, 3.2 and later "record layer failure"; HTTP_REQUEST is the
+# same mistake seen from a TLS server's side (a proxy in the middle that speaks TLS).
+_PLAIN_HTTP = ("WRONG_VERSION_NUMBER", "wrong version number", "RECORD_LAYER_FAILURE", "record layer failure",
+               "SSL: HTTP_REQUEST")
 
 
 def judged_nothing(report: Mapping[str, Any]) -> bool:
@@ -42,16 +47,27 @@ def _where(error: str) -> str | None:
     return f"{parts.hostname}:{port}" if port else parts.hostname
 
 
+def _connection_step(text: str) -> str | None:
+    """What to check when the target could not be reached: nothing there, or plain HTTP where TLS was spoken."""
+    if any(sign in text for sign in _PLAIN_HTTP):
+        where = _where(text)
+        return (f"something listens on {where or 'the target port'} but speaks plain HTTP, not TLS: use "
+                f"{f'http://{where}' if where else 'http://'} in target.url or --target-url")
+    if any(sign in text for sign in _REFUSED):
+        return (f"nothing listens on {_where(text) or 'the target port'}: is the server up, and is that its address "
+                "(target.url, or --target-url)?")
+    return None
+
+
 def next_steps(error: str | None, status: str = "failed") -> list[str]:
     """What to check for a run that ended with ``error``; the most likely cause first."""
     text = error or ""
     steps: list[str] = []
     if status == "interrupted" or text.startswith("interrupted"):
         steps.append("the run was stopped before it finished: nothing was judged; run it again and let it end")
-    if any(sign in text for sign in _REFUSED):
-        where = _where(text)
-        steps.append(f"nothing listens on {where or 'the target port'}: is the server up, and is that its address "
-                     "(target.url, or --target-url)?")
+    connection = _connection_step(text)
+    if connection is not None:
+        steps.append(connection)
     if "HTTP 404" in text:
         if "/chat/completions" in text:
             steps.append("the server answers 404 for /v1/chat/completions: if it serves the completions API only, "

@@ -1,4 +1,4 @@
-"""The fault and SLA catalogues, rendered from the registries for `streamchaos list` and the docs."""
+"""The fault, SLA and target catalogues, rendered from the registries for `streamchaos list` and the docs."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from chaos.model.errors import ExperimentInvalid
 from chaos.model.params import Param, Schema
 from chaos.model.units import format_duration
 
-__all__ = ["catalogue_markdown", "fault_kinds", "render_catalogue", "sla_kinds"]
+__all__ = ["catalogue_markdown", "fault_kinds", "render_catalogue", "sla_kinds", "target_kinds"]
 
-_WHATS = ("faults", "slas", "all")
+_WHATS = ("faults", "slas", "targets", "all")
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,20 @@ def sla_kinds() -> list[_Kind]:
     from sla.base import REGISTRY
 
     return [_Kind(k, s.summary, s.schema) for k, s in sorted(REGISTRY.items())]
+
+
+def target_kinds() -> list[_Kind]:
+    """Every registered target kind, in list order; its parameters are the keys only it takes."""
+    from chaos.targets.registry import kinds
+
+    return [_Kind(k, c.summary, Schema(tuple(p for p in c.section.params if p.name in c.own_keys())))
+            for k, c in kinds().items()]
+
+
+def _target_common() -> str:
+    from chaos.targets.base import COMMON_SECTION
+
+    return f"target.kind; every kind also takes {', '.join(COMMON_SECTION.names())}"
 
 
 def format_default(param: Param) -> str:
@@ -125,7 +139,7 @@ _SLA_COMMON = "every entry takes kind, and optionally name, phases and expect: p
 
 
 def render_catalogue(what: str = "all") -> str:
-    """`streamchaos list [faults|slas|all]`: each kind, its summary and its parameters."""
+    """`streamchaos list [faults|slas|targets|all]`: each kind, its summary and its parameters."""
     if what not in _WHATS:
         raise ExperimentInvalid(f"streamchaos list: expected one of {', '.join(_WHATS)}, found {what!r}")
     parts = []
@@ -136,6 +150,8 @@ def render_catalogue(what: str = "all") -> str:
 
         parts.append(_text_section("SLAs", sla_kinds(), _SLA_COMMON))
         parts.append(definitions_text())
+    if what in ("targets", "all"):
+        parts.append(_text_section("Targets", target_kinds(), _target_common()))
     return "\n".join(parts).rstrip() + "\n"
 
 

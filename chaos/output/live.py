@@ -155,19 +155,24 @@ def format_line(s: Snapshot) -> str:
 
 
 def _table(s: Snapshot) -> Any:
+    """The panel: the phase's figures over the counts and the faults in force. Two tables of at most six
+    columns, so an 80-column terminal shows every header and every unit whole (ten columns in one
+    table needed 104 and rich cut them all)."""
+    from rich.console import Group
     from rich.table import Table
 
-    table = Table(title=f"phase {s.phase} ({s.phase_index}/{s.phases})", title_justify="left", show_header=True)
-    for column in ("elapsed", "remaining", "streams/s", "events/s", "TTFT p50", "TTFT p99", "streams", "errors",
-                   "early", "faults"):
-        table.add_column(column, justify="right" if column != "faults" else "left")
-    table.add_row(f"{s.elapsed_s:.1f}s", "-" if s.remaining_s is None else f"{s.remaining_s:.1f}s",
-                  f"{s.streams_per_s:.1f}",
-                  f"{s.events_per_s:.0f}", _ms(s.ttft_p50_s), _ms(s.ttft_p99_s), str(s.streams),
-                  f"[red]{s.errors}[/red]" if s.errors else "0",
-                  f"[yellow]{s.early_closes}[/yellow]" if s.early_closes else "0",
-                  ", ".join(s.faults) or "none")
-    return table
+    figures = Table(title=f"phase {s.phase} ({s.phase_index}/{s.phases})", title_justify="left")
+    for column in ("elapsed", "remaining", "streams/s", "events/s", "TTFT p50", "TTFT p99"):
+        figures.add_column(column, justify="right", no_wrap=True)
+    figures.add_row(f"{s.elapsed_s:.1f}s", "-" if s.remaining_s is None else f"{s.remaining_s:.1f}s",
+                    f"{s.streams_per_s:.1f}", f"{s.events_per_s:.0f}", _ms(s.ttft_p50_s), _ms(s.ttft_p99_s))
+    counts = Table()
+    for column in ("streams", "errors", "early closes"):
+        counts.add_column(column, justify="right", no_wrap=True)
+    counts.add_column("faults in force", overflow="fold")  # fault names are the experiment's: they may wrap
+    counts.add_row(str(s.streams), f"[red]{s.errors}[/red]" if s.errors else "0",
+                   f"[yellow]{s.early_closes}[/yellow]" if s.early_closes else "0", ", ".join(s.faults) or "none")
+    return Group(figures, counts)
 
 
 class LiveProgress:

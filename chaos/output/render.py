@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+import textwrap
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from chaos.model.verdict import Verdict
 
 __all__ = ["budget_text", "figure_text", "format_value", "from_report", "samples_text", "verdict_label", "verdict_line",
-           "verdict_status", "verdict_table"]
+           "verdict_status", "verdict_table", "verdict_why", "why_lines", "why_text"]
 
 _EVIDENCE_CHARS = 600
+_WHY_LINES = 4  # a reason with its fix (the streaming verifier's names the proxy setting) fits; more is the page's
 
 
 def format_value(value: float | None, unit: str) -> str:
@@ -90,17 +92,57 @@ def budget_text(v: Verdict) -> str:
     return format_value(v.budget, v.unit)
 
 
-def verdict_table(verdicts: Iterable[Verdict]) -> list[str]:
-    """The terminal table's lines: a header, a rule, one row per verdict (ok / !! marks)."""
+def verdict_table(verdicts: Iterable[Verdict], *, width: int = 100) -> list[str]:
+    """The terminal table's lines: a header, a rule, one row per verdict (ok / !! marks), and under each
+    failed or inconclusive row why (``why_lines``, wrapped to ``width`` columns)."""
+    verdicts = list(verdicts)
     rows = [("SLA", "PHASE", "STATUS", "FIGURE", "BUDGET", "N")]  # N: samples (n_eff: the evidence, report.html)
     for v in verdicts:
         mark = "ok " if v.ok else "!! "
         rows.append((mark + (v.name or v.sla), v.phase or "run", verdict_status(v), figure_text(v),
                      budget_text(v), str(v.samples)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows[:1]]
+    lines.append("  ".join("-" * w for w in widths))
+    for row, v in zip(rows[1:], verdicts, strict=True):
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+        lines.extend(why_lines(v, width))
     return lines
+
+
+def why_text(evidence: Mapping[str, Any]) -> str:
+    """Why a verdict was decided, in the verifier's own words: what decided it (when not its quantile),
+    why it is undecided, its reason. The console and report.html's verdict table both show this."""
+    parts = [str(evidence[k]) for k in ("inconclusive_cause", "reason") if evidence.get(k)]
+    if evidence.get("decided_by") and evidence["decided_by"] != "quantile":
+        parts.insert(0, f"decided by {evidence['decided_by']}")
+    return "; ".join(parts)
+
+
+def verdict_why(v: Verdict) -> str:
+    """``why_text``; for a verdict whose verifier gave no words, its interval against the budget."""
+    evidence = v.evidence if isinstance(v.evidence, dict) else {}
+    text = why_text(evidence)
+    lower, upper = evidence.get("lower"), evidence.get("upper")
+    if text or lower is None or upper is None:
+        return text
+    conf = evidence.get("confidence")
+    level = f"{conf:.0%} " if isinstance(conf, (int, float)) else ""
+    q = evidence.get("quantile")
+    of = f" of the p{round(q * 100, 4):g}" if isinstance(q, (int, float)) and not isinstance(q, bool) else ""
+    inside = "contains" if v.status == "inconclusive" else "does not contain"
+    return (f"the {level}interval [{format_value(lower, v.unit)}, {format_value(upper, v.unit)}]{of} {inside} "
+            f"the budget {budget_text(v)}")
+
+
+def why_lines(v: Verdict, width: int = 100) -> list[str]:
+    """``   why: ...`` under a failed or inconclusive verdict's row, wrapped to ``width`` columns (at most
+    a few lines: report.html has the whole evidence); nothing for a pass."""
+    text = verdict_why(v) if v.status != "pass" else ""
+    if not text:
+        return []
+    return textwrap.wrap(text, width=max(40, width), initial_indent="   why: ", subsequent_indent="        ",
+                         max_lines=_WHY_LINES, placeholder=" … (report.html has the rest)", break_on_hyphens=False)
 
 
 def from_report(verdicts: Iterable[dict[str, Any]]) -> list[Verdict]:

@@ -56,4 +56,4 @@ class _Collector:
 
     def on_event(self, event: object) -> None:
         if is_record(event):
-            self.obs.add(event)  # type: ignore[arg-type]
+            self.obs.add(event)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
@@ -100,13 +101,18 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def _clean_dict(value: dict[str, Any]) -> dict[str, Any]:
+    """``_clean`` of a mapping, typed as one."""
+    return {str(k): _clean(v) for k, v in value.items()}
+
+
 def phase_report(obs: Observations, planned: dict[str, float]) -> list[dict[str, Any]]:
     """Each phase's window (seconds from the run's start) and its planned vs actual duration: from
     when its faults were in force to when their revert began (``chaos.execution.coverage``)."""
-    ends = {p.name: p.t_end for p in obs.phases}
+    ends = {p.name: p.t_end for p in obs.phases if p.t_end is not None}
     return [
         {"name": pt.name, "start_s": pt.start_s, "in_force_at_s": pt.in_force_at_s,
-         "end_s": None if ends.get(pt.name) is None else round((ends[pt.name] - obs.t0) / 1e9, 4),  # type: ignore[operator]
+         "end_s": None if pt.name not in ends else round((ends[pt.name] - obs.t0) / 1e9, 4),
          "planned_duration_s": pt.planned_s,
          "actual_duration_s": None if pt.actual_s is None else round(pt.actual_s, 4)}
         for pt in phase_times(obs, planned)
@@ -132,7 +138,7 @@ def report_dict(result: Result) -> dict[str, Any]:
     planned = {p.name: p.duration for p in result.experiment.phases}
     population = obs.population()
     target = result.target
-    return _clean({
+    return _clean_dict({
         "experiment": result.experiment.name,
         "description": result.experiment.description,
         "seed": result.experiment.seed,
@@ -164,6 +170,8 @@ def report_dict(result: Result) -> dict[str, Any]:
         },
         "errors": {"top": top_errors(stream_errors(population))},
         "halt": halt_facts(obs),
+        # each entry's parameters, parsed: what the report's CDFs rebuild its spec from (``spec.samples``)
+        "sla": [{"name": e.name, "kind": e.kind, "params": e.spec.params} for e in result.experiment.sla],
         "verdicts": [v.to_dict() for v in result.verdicts],
     })
 
@@ -239,9 +247,10 @@ def _junit(result: Result) -> ET.ElementTree:
     return ET.ElementTree(suite)
 
 
-def render_summary(result: Result, *, page_name: str = "report.html") -> str:
+def render_summary(result: Result, *, page_name: str = "report.html", width: int | None = None) -> str:
     """The terminal account of a run: its cause first when it failed, the verdict table when there
-    are verdicts, the outcome, and last where its page is (``open: .../report.html``)."""
+    are verdicts (why under each failed or inconclusive one, wrapped to ``width`` columns, default the
+    terminal's), the outcome, and last where its page is (``open: .../report.html``)."""
     from chaos.model.outcome import ended, judged_nothing, next_steps
 
     report = report_dict(result)
@@ -261,7 +270,7 @@ def render_summary(result: Result, *, page_name: str = "report.html") -> str:
         return "\n".join(lines)
     if lines:
         lines.append("")
-    lines.extend(verdict_table(result.verdicts))
+    lines.extend(verdict_table(result.verdicts, width=width or shutil.get_terminal_size((100, 24)).columns))
     lines.append("")
     lines.append(
         f"{result.experiment.name}: {result.status}, {load['streams']} streams "

@@ -8,47 +8,32 @@ points (``server.*`` inside its engine and sockets, ``kv.pressure`` with ``metho
 stack streamchaos starts, or one started elsewhere given its admin token), a serving process the
 runner started itself (``process.kill``,
 ``gpu.throttle`` with ``backend: cpu_duty``), or a GPU on the runner's host (``gpu.*`` through NVML
-or a co-tenant). ``render_markdown`` draws the tables from the registries and ``chaos.model.engines``.
+or a co-tenant). Each target kind declares its column(s), what works there per need (``Target.support``).
+``render_markdown`` draws the tables from the registries and ``chaos.model.engines``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from chaos.model.engines import PROFILES
+from chaos.model.engines import PROFILES, EngineProfile
 
-__all__ = ["NEEDS", "TARGETS", "fault_support", "render_markdown"]
+if TYPE_CHECKING:
+    from chaos.targets.base import SupportColumn
 
-# What each way of acting needs → where it works, per target column.
-TARGETS: tuple[tuple[str, str], ...] = (
-    ("builtin", "builtin (started by the run)"),
-    ("builtin-remote", "builtin elsewhere (--target-url + admin token)"),
-    ("vllm", "vllm (spawned by the run)"),
-    ("remote", "any other server (--target-url)"),
-    ("docker", "docker (a container the run starts)"),
-    ("kubernetes", "kubernetes (pods behind a Service)"),
-)
-_WORKS: dict[str, dict[str, str]] = {
-    "client": {"builtin": "yes", "builtin-remote": "yes", "vllm": "yes (outside)", "remote": "yes", "docker": "yes",
-               "kubernetes": "yes"},
-    "proxy": {"builtin": "yes", "builtin-remote": "yes", "vllm": "yes (outside)", "remote": "yes", "docker": "yes",
-              "kubernetes": "yes (proxy.listen reachable)"},
-    "admin": {"builtin": "yes", "builtin-remote": "yes", "vllm": "yes (inside: middleware)", "remote": "no",
-              "docker": "builtin image only", "kubernetes": "no"},
-    "engine-hooks": {"builtin": "yes", "builtin-remote": "yes", "vllm": "no", "remote": "no",
-                     "docker": "builtin image only",
-                     "kubernetes": "no"},
-    "pid": {"builtin": "yes", "builtin-remote": "no", "vllm": "yes (API server or EngineCore)", "remote": "no",
-            "docker": "no",
-            "kubernetes": "no"},
-    "gpu": {"builtin": "GPU host", "builtin-remote": "GPU host", "vllm": "CUDA host", "remote": "GPU host",
-            "docker": "GPU host",
-            "kubernetes": "no"},
-    "container": {"builtin": "no", "builtin-remote": "no", "vllm": "no", "remote": "no", "docker": "yes",
-                  "kubernetes": "no"},
-    "cluster": {"builtin": "no", "builtin-remote": "no", "vllm": "no", "remote": "no", "docker": "no",
-                "kubernetes": "yes"},
-}
+__all__ = ["NEEDS", "NEEDS_WORDS", "fault_support", "render_markdown", "target_columns"]
+
+
+
+def target_columns() -> tuple[SupportColumn, ...]:
+    """The matrix's target columns: every registered kind's ``support`` (``Target.support``), by rank;
+    each says, per need below, what works there."""
+    from chaos.targets.registry import kinds
+
+    return tuple(sorted((column for cls in kinds().values() for column in cls.support), key=lambda c: c.rank))
+
+
 NEEDS_WORDS = {
     "client": "the load generator only",
     "proxy": "Toxiproxy between load and target (`proxy:`)",
@@ -88,13 +73,15 @@ def _needs(kind: str) -> tuple[tuple[str, str], ...] | None:
 def fault_support(kind: str) -> dict[str, str]:
     """Per target column, whether ``kind`` works there (and how); ``?`` for a kind without an entry."""
     ways = _needs(kind)
+    columns = target_columns()
     if ways is None:
-        return {t: "?" for t, _ in TARGETS}
+        return {c.key: "?" for c in columns}
     out: dict[str, str] = {}
-    for target, _ in TARGETS:
+    for column in columns:
+        target = column.key
         cells = []
         for how, need in ways:
-            works = _WORKS[need][target]
+            works = column.works.get(need, "no")
             if works != "no":
                 cells.append(f"{works} ({how})" if how and len(ways) > 1 else works)
         if cells and all(c.startswith("yes") for c in cells):
@@ -105,6 +92,45 @@ def fault_support(kind: str) -> dict[str, str]:
 
 def _row(cells: Sequence[str]) -> str:
     return "| " + " | ".join(cells) + " |"
+
+
+_SERIES_WORDS = {"kv_usage": "a KV usage", "running": "a running-requests"}  # SlaSpec.needs that are series
+
+
+def _sla_needs(kind: str) -> tuple[str, ...]:
+    """What the verifier ``kind`` reads of the engine (``SlaSpec.needs``)."""
+    import sla  # noqa: F401  (importing the package registers every verifier)
+    from sla.base import REGISTRY
+
+    return tuple(REGISTRY[kind].needs)
+
+
+def _sla_needs_text(sla_kinds: Sequence[str]) -> str:
+    """The paragraph over the SLA table, from the kinds' ``needs``."""
+    series = sorted(((k, [n for n in _sla_needs(k) if n in _SERIES_WORDS]) for k in sla_kinds),
+                    key=lambda kn: (-len(kn[1]), kn[0]))
+    series = [(k, ns) for k, ns in series if ns]
+    ends = [k for k in sla_kinds if "end_of_stream" in _sla_needs(k)]
+    said = [f"`{k}` {'needs ' if i == 0 else ''}{' and '.join(_SERIES_WORDS[n] for n in ns)} series"
+            for i, (k, ns) in enumerate(series)]
+    return (f"Every SLA but {' and '.join(f'`{k}`' for k, _ in series) or 'none'} judges the client's own stamps "
+            f"and works against any engine; {' and '.join(f'`{k}`' for k in ends)} (and every verdict that counts "
+            f"complete streams) uses the profile's end-of-stream rule; {', '.join(said)}, each inconclusive "
+            "(and saying why) without them.")
+
+
+def _sla_cell(needs: Sequence[str], p: EngineProfile) -> str:
+    """What an SLA that reads ``needs`` of the engine reads of profile ``p``, or ``yes``."""
+    if p.gateway and any(n in _SERIES_WORDS for n in needs):
+        return "the engine behind it (`target.metrics_url`)"
+    if "kv_usage" in needs:
+        return (f"`{p.usage_series[0][0]}`" + (" (of several)" if len(p.usage_series) > 1 else "")
+                if p.usage_series else "inconclusive")
+    if "running" in needs:
+        return f"`{p.running_series[0]}`" if p.running_series else "inconclusive"
+    if "end_of_stream" in needs:
+        return "finish_reason + [DONE]" if p.end.done else "finish_reason"
+    return "yes"
 
 
 def render_markdown(fault_kinds: Sequence[str], sla_kinds: Sequence[str]) -> str:
@@ -123,35 +149,20 @@ def render_markdown(fault_kinds: Sequence[str], sla_kinds: Sequence[str]) -> str
         lines.append(_row([f"`{p.name}`", p.title, ", ".join(f"`{a}`" for a in sorted(p.accepts)) or "none", end,
                            usage or ("none" if p.metrics else "no /metrics"), running or "none",
                            p.detection.replace("|", "/"), p.notes]))
+    columns = target_columns()
     lines += ["", "## Fault support", "",
               "Which fault kinds work against which targets (generated from `chaos/output/support.py`). "
               "What each one needs: " + "; ".join(f"{w}" for w in NEEDS_WORDS.values()) + ". "
               "Against a remote engine the profile does not change what a fault can do.", "",
-              _row(["fault kind", *(title for _, title in TARGETS), "needs"]), _row(["---"] * (len(TARGETS) + 2))]
+              _row(["fault kind", *(c.title for c in columns), "needs"]), _row(["---"] * (len(columns) + 2))]
     for kind in fault_kinds:
         support = fault_support(kind)
         ways = _needs(kind) or ()
         needs = "; ".join(f"{how + ': ' if how else ''}{NEEDS_WORDS[need]}" for how, need in ways) or "?"
-        lines.append(_row([f"`{kind}`", *(support[t] for t, _ in TARGETS), needs]))
-    lines += ["", "## What each SLA needs", "",
-              "Every SLA but `kv_cleanup` and `abort_propagation` judges the client's own stamps and works against any "
-              "engine; `early_close` (and every verdict that counts complete streams) uses the profile's end-of-stream "
-              "rule; `kv_cleanup` needs a KV usage and a running-requests series, `abort_propagation` a "
-              "running-requests series, each inconclusive (and saying why) without them.", "",
+        lines.append(_row([f"`{kind}`", *(support[c.key] for c in columns), needs]))
+    lines += ["", "## What each SLA needs", "", _sla_needs_text(sla_kinds), "",
               _row(["SLA", *(f"`{p.name}`" for p in PROFILES.values())]), _row(["---"] * (len(PROFILES) + 1))]
     for kind in sla_kinds:
-        cells = []
-        for p in PROFILES.values():
-            if kind in ("kv_cleanup", "abort_propagation") and p.gateway:
-                cells.append("the engine behind it (`target.metrics_url`)")
-            elif kind == "kv_cleanup":
-                cells.append(f"`{p.usage_series[0][0]}`" + (" (of several)" if len(p.usage_series) > 1 else "")
-                             if p.usage_series else "inconclusive")
-            elif kind == "abort_propagation":
-                cells.append(f"`{p.running_series[0]}`" if p.running_series else "inconclusive")
-            elif kind == "early_close":
-                cells.append("finish_reason + [DONE]" if p.end.done else "finish_reason")
-            else:
-                cells.append("yes")
-        lines.append(_row([f"`{kind}`", *cells]))
+        reads = _sla_needs(kind)
+        lines.append(_row([f"`{kind}`", *(_sla_cell(reads, p) for p in PROFILES.values())]))
     return "\n".join(lines) + "\n"

@@ -7,7 +7,7 @@ on ``0.0.0.0``, makes every remote client look local). The token reaches the sta
 
 One route is open: ``GET /admin/proof?nonce=N`` answers ``HMAC-SHA256(token, "streamchaos-admin:" + N)``,
 so a client holding a token can check that a server holds the same one before it sends it
-(``chaos.stack.admin_client.recognise``). A proof reveals nothing about the token and is never accepted
+(``chaos.admin.client.recognise``). A proof reveals nothing about the token and is never accepted
 in its place.
 
 Changes made here (hook faults, the KV reservation) are leases (``chaos.stack.leases``): they end by
@@ -28,8 +28,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from chaos.admin.client import proof_of
+
 from . import protocol
-from .admin_client import proof_of
 from .bodies import BodyTooLarge, JsonRefused, loads_bounded, read_capped
 from .hooks import HookSpecInvalid, parse_spec
 from .leases import parse_ttl

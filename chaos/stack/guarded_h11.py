@@ -4,7 +4,7 @@ the server starts, so importing the stack's other modules needs neither uvicorn 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -16,21 +16,23 @@ __all__ = ["GuardedH11Protocol", "guarded_protocol"]
 
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with the header and body deadlines and the connection cap of
-    ``limits`` (set on a subclass by ``chaos.stack.guard.guarded_protocol``)."""
+    ``limits`` (set on a subclass by ``guarded_protocol`` below)."""
 
     limits: ClassVar[ServerLimits]
     _refused = False
     _deadline: asyncio.TimerHandle | None = None
     _stage: str | None = None  # "header" or "body": which deadline is armed
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # a stream transport, as uvicorn's protocols are given (uvloop's is no asyncio.Transport subclass)
+        stream = cast(asyncio.Transport, transport)
         if len(self.connections) >= self.limits.max_connections:
             self._refused = True
-            self.transport = transport  # type: ignore[assignment]
-            transport.write(_FULL_503)  # type: ignore[attr-defined]
-            transport.close()
+            self.transport = stream
+            stream.write(_FULL_503)
+            stream.close()
             return
-        super().connection_made(transport)  # type: ignore[arg-type]
+        super().connection_made(stream)
         self._follow()
 
     def connection_lost(self, exc: Exception | None) -> None:

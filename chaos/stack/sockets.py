@@ -25,7 +25,7 @@ def _tcp_socket(transport: Any) -> socket.socket | None:
     if (sock is None or getattr(sock, "family", None) not in _TCP_FAMILIES
             or getattr(sock, "type", None) != socket.SOCK_STREAM):
         return None
-    return sock  # type: ignore[no-any-return]
+    return sock  # type: ignore[no-any-return]  # socket-like: uvloop hands a PseudoSocket
 
 
 def set_nodelay(transport: Any, on: bool) -> bool:
@@ -88,7 +88,7 @@ class Connections:
 def protocol_class(base: type, connections: Connections) -> type:
     """A subclass of uvicorn's HTTP protocol ``base`` that registers each connection's transport."""
 
-    class TrackedProtocol(base):  # type: ignore[valid-type, misc]
+    class TrackedProtocol(base):  # type: ignore[misc]  # a base class known only at run time (uvicorn's choice)
         def connection_made(self, transport: Any) -> None:
             self._sc_transport = transport
             connections.opened(transport)

@@ -29,7 +29,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from .admin_client import proof_of
+from chaos.admin.client import proof_of
+
 from .asgi_faults import ASGIApp, FaultMiddleware, Receive, Scope, Send
 from .bodies import BodyTooLarge, JsonRefused, loads_bounded, read_capped
 from .hooks import Hooks, HookSpecInvalid, parse_spec

@@ -1,4 +1,6 @@
-"""Bringing up the system under test: the builtin stack as a child process, or a remote server.
+"""What a target kind is (``Target``: its facts and one run's instance, registered by ``@target_kind`` in
+``TARGET_KINDS``), and two kinds: the builtin stack as a child process (``builtin``) and a server already
+running at a URL (``openai``).
 
 ``chaos.targets.registry.start_target`` returns a ``Target`` whose ``info`` (a
 ``chaos.model.context.TargetInfo``) tells faults and the load generator where everything is;
@@ -7,7 +9,7 @@
 The admin token of a builtin stack comes from configuration only (``target.admin_token``,
 ``target.admin_token_file``, ``STREAMCHAOS_ADMIN_TOKEN``); a stack the runner starts gets a fresh
 random one in its environment. A remote target is sent the token only after it has shown that it
-holds it (``chaos.stack.admin_client.recognise``).
+holds it (``chaos.admin.client.recognise``).
 """
 
 from __future__ import annotations
@@ -16,32 +18,37 @@ import asyncio
 import logging
 import os
 import secrets
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import httpx
 
+from chaos.admin.client import recognise
 from chaos.host.capped import JSON_LIMIT, clip, get_capped
 from chaos.host.redact import register_secret
 from chaos.host.tls import tls_context
 from chaos.model.context import TargetInfo
+from chaos.model.engines import PROFILES
 from chaos.model.errors import ExperimentInvalid, SetupFailed, TargetUnreachable
 from chaos.model.observations import MetricSample, Note
-from chaos.stack.admin_client import recognise
+from chaos.model.params import Param, Schema
+from chaos.model.units import format_duration
 from chaos.stack.process import StackProcess
 from chaos.stack.serve import ADMIN_TOKEN_ENV, ServeUsageError, read_token_file
 from chaos.targets.scraper import MetricScraper
 
 __all__ = [
-    "BuiltinStack", "RemoteTarget", "ResourceRecorder", "Target", "configured_admin_token", "require_engine",
-    "serve_args", "target_facts",
+    "COMMON_SECTION", "TARGET_KINDS", "Account", "BuiltinStack", "RemoteTarget", "ResourceRecorder", "SupportColumn",
+    "Target", "TargetStart", "configured_admin_token", "require_engine", "serve_args", "target_facts", "target_kind",
 ]
 
 if TYPE_CHECKING:
-    from chaos.model.experiment import TargetSpec
+    from chaos.host.capped import Capped
+    from chaos.model.experiment import Experiment, TargetSpec
 
 log = logging.getLogger("chaos.targets.base")
 
@@ -49,7 +56,9 @@ log = logging.getLogger("chaos.targets.base")
 ResourceRecorder = Callable[[dict[str, Any]], None]
 
 
-# What the builtin stack imports that a light install (`pip install streamchaos`) leaves out.
+_BUILTIN_URL = "http://127.0.0.1:<ephemeral port>"  # what a dry run says of the builtin stack's address
+
+# What the builtin stack imports that the light core (`pip install -e .` in a clone) leaves out.
 ENGINE_MODULES = ("torch", "tokenizers", "safetensors", "starlette", "uvicorn")
 
 
@@ -92,23 +101,156 @@ def serve_args(spec: TargetSpec, port: int, seed: int) -> list[str]:
     return args + list(spec.extra_args)
 
 
-class Target:
-    """The system under test as the runner drives it: start, stop, and (where possible) restart.
+ENGINE_CHOICES = ("auto", *PROFILES)
+
+# The keys of `target:` every kind takes (the loader adds `kind`, its choices the registered kinds). A
+# kind's ``section`` is these plus its own keys; a key only other kinds take is refused for it.
+COMMON_SECTION = Schema((
+    Param("url", "str", None, doc="OpenAI API root, e.g. http://host:8000/v1 (or --target-url at run time)"),
+    Param("metrics_url", "str", None, doc="Prometheus endpoint; default <url without /v1>/metrics"),
+    Param("model", "str", "tiny", doc="builtin: tiny or a checkpoint directory; otherwise the served model name"),
+    Param("device", "str", "auto", doc="builtin engine device: auto, cpu, cuda or cuda:N"),
+    Param("kv_blocks", "int", 512, min=1, doc="builtin: KV cache blocks per layer"),
+    Param("block_size", "int", 16, min=1, doc="builtin: tokens per KV block"),
+    Param("max_num_seqs", "int", 64, min=1, doc="builtin: most sequences in one batch"),
+    Param("max_model_len", "int", 1024, min=2, doc="builtin: prompt plus generated tokens"),
+    Param("startup_timeout", "duration", 60.0, doc="how long the target may take to answer /health"),
+    Param("api_key", "str", None, doc="bearer token sent with every request (prefer api_key_env)"),
+    Param("api_key_env", "str", None, doc="environment variable holding the API key (also --api-key-env)"),
+    Param("metrics_auth", "str", "api_key",
+          doc="credentials for metrics_url: api_key (the target's), none, env:NAME or file:PATH"),
+    Param("engine", "choice", "auto", choices=ENGINE_CHOICES,
+          doc="the engine's profile (request fields, end of stream, metric names); auto detects it"),
+    Param("admin_token", "str", None,
+          doc="token for the builtin stack's admin API (prefer admin_token_file or STREAMCHAOS_ADMIN_TOKEN)"),
+    Param("admin_token_file", "str", None,
+          doc="file (mode 0600) holding the admin token of a builtin stack started elsewhere"),
+    Param("extra_args", "str_list", (),
+          doc="extra command-line arguments for a spawned server (vllm: its own flags, applied last)"),
+    # vllm's, but accepted (at their defaults) by every kind, as before targets were plug-ins
+    Param("cpus", "str", "auto", doc="vllm: host CPUs its processes may use: auto (on CPU, all but one, left to the "
+                                     "load), all, or a list such as 0-5,8"),
+    Param("executable", "str", None, doc="vllm: the python of vLLM's own virtualenv (or its `vllm` command); default "
+                                         "$STREAMCHAOS_VLLM_PYTHON, then `vllm` on PATH"),
+))
+
+
+@dataclass(frozen=True)
+class SupportColumn:
+    """One column of the fault-support matrix (``chaos.output.support``, docs/support.md): one way a kind
+    is run, and what works there for each thing a fault needs (``client``, ``proxy``, ``admin``,
+    ``engine-hooks``, ``pid``, ``gpu``, ``container``, ``cluster``: ``chaos.output.support.NEEDS_WORDS``);
+    a need it does not name is ``no``. ``rank`` orders the columns (shipped ones 0-9)."""
+
+    key: str
+    title: str
+    works: Mapping[str, str] = field(default_factory=dict)
+    rank: int = 100
+
+
+@dataclass(frozen=True)
+class TargetStart:
+    """What ``start_target`` hands a target kind's ``create`` besides the spec."""
+
+    url: str | None  # target.url or --target-url: where the load goes
+    run_dir: Path
+    seed: int
+    run_id: str = ""
+    record: ResourceRecorder | None = None
+    gate: Any = None  # chaos.k8s.gate.ClusterGate: the allow-list a Kubernetes target applies as it resolves
+
+
+class Account(Protocol):
+    """Where a kind's dry-run account goes (``chaos.execution.dryrun.DryRun``): its lines, the requests
+    made, the exit code the run would likely end with, and the two reads a dry run may make."""
+
+    contacted: list[str]
+
+    def say(self, text: str = "", indent: int = 0) -> None: ...
+
+    def worst(self, code: int) -> None: ...
+
+    async def get(self, url: str, headers: dict[str, str]) -> Capped | str:
+        """One recorded GET: the response, or why there is none."""
+
+    async def preflight(self, exp: Experiment, base: str, model: str) -> None:
+        """The load's request, once, as the run's preflight sends it, said and recorded."""
+
+
+class Target(ABC):
+    """One kind of system under test (class-level facts) and one run's instance of it (start, stop,
+    and where possible restart).
+
+    A kind is one module of ``chaos.targets`` (or of another distribution, named by an entry point of
+    the group ``streamchaos.targets``) holding one subclass decorated ``@target_kind``; nothing else
+    changes. Its facts, read by the loader, the dry run, the support matrix, `streamchaos list targets`
+    and ``start_target`` from ``TARGET_KINDS``:
+
+    - ``kind`` (the value of ``target.kind``), ``summary`` (one line), ``order`` (its place in lists),
+      ``started_by_run`` (each run starts a fresh one: nothing to settle between capacity probes);
+    - ``section``: the schema of ``target:`` for this kind: ``COMMON_SECTION`` plus its own keys;
+    - ``support``: its column(s) in the fault-support matrix;
+    - ``create(spec, start)``: the instance for one run; ``reached_by_url(spec)``: whether a URL stands
+      in for it (the run then drives the server already running there, kind ``openai``);
+    - ``startup_allowance_s(spec)``: how long ``start()`` may take;
+    - ``dry_run(...)``: what ``streamchaos run --dry-run`` says of it, touching nothing.
 
     ``outlives_runner``: it keeps running if the runner is killed (a container), so the runner keeps
     a watchdog that rolls the run back (``chaos.execution.rollback``) when it dies.
     """
 
+    kind: ClassVar[str]
+    summary: ClassVar[str]
+    section: ClassVar[Schema] = COMMON_SECTION
+    support: ClassVar[tuple[SupportColumn, ...]] = ()
+    order: ClassVar[int] = 100  # shipped kinds 0-9: a plug-in kind is listed after them
+    started_by_run: ClassVar[bool] = False  # each run starts a fresh one (capacity probes need not let it settle)
+
     info: TargetInfo
     outlives_runner: bool = False
 
-    async def start(self) -> TargetInfo:  # pragma: no cover - interface
-        raise NotImplementedError
+    # -- the kind ----------------------------------------------------------------------------------
+    @classmethod
+    def own_keys(cls) -> tuple[str, ...]:
+        """The keys of ``target:`` only this kind (among those that declare them) takes."""
+        common = set(COMMON_SECTION.names())
+        return tuple(name for name in cls.section.names() if name not in common)
 
-    async def stop(self) -> None:  # pragma: no cover - interface
-        raise NotImplementedError
+    @classmethod
+    def reached_by_url(cls, spec: TargetSpec) -> bool:
+        """Whether a URL (``target.url`` or --target-url) stands in for this kind: the run then drives the
+        server already running there instead of making one. True unless the kind says otherwise."""
+        return True
+
+    @classmethod
+    @abstractmethod
+    def create(cls, spec: TargetSpec, start: TargetStart) -> Target:
+        """This kind's target for one run, not started yet; ``SetupFailed`` where it cannot be made here."""
+
+    @classmethod
+    def startup_allowance_s(cls, spec: TargetSpec) -> float | None:
+        """How long ``start()`` may take before the run gives up; None where nothing is started."""
+        return spec.startup_timeout
+
+    @classmethod
+    @abstractmethod
+    async def dry_run(cls, exp: Experiment, url: str | None, probe: bool, out: Account) -> tuple[TargetInfo, bool]:
+        """A dry run's account on ``out``: what the run would start or reach, its start-up allowance, and
+        ``out.worst(4)`` where it could not here. Nothing is started; read-only requests only where
+        ``probe``, through ``out``. The target as the run would have it, and whether the run would start
+        its serving process itself (so would know its pid)."""
+
+    # -- one run's instance ------------------------------------------------------------------------
+    @abstractmethod
+    async def start(self) -> TargetInfo:
+        """Start it (or reach it) and say where everything is."""
+
+    @abstractmethod
+    async def stop(self) -> None:
+        """Leave nothing of it running; idempotent."""
 
     async def restart(self) -> None:
+        """Stop it and start it again where it was (a fault that kills it asks); ``SetupFailed`` where it cannot be."""
         raise SetupFailed(f"target {self.info.kind} cannot be restarted by streamchaos")
 
     def observing(self, sink: Callable[[MetricSample | Note], None], interval: float,
@@ -128,8 +270,53 @@ class Target:
         return (self.info.pid,) if self.info.pid else None
 
 
+# kind -> class: every target kind ``@target_kind`` made known (``chaos.targets.registry.kinds`` imports
+# each module of the package, and the ``streamchaos.targets`` entry points, first).
+TARGET_KINDS: dict[str, type[Target]] = {}
+_Kind = TypeVar("_Kind", bound=type[Target])
+
+
+def target_kind(cls: _Kind) -> _Kind:
+    """Class decorator: make a target kind known to experiments (``target.kind``), the dry run, the
+    support matrix, `streamchaos list targets` and ``start_target``."""
+    if cls.kind in TARGET_KINDS and TARGET_KINDS[cls.kind] is not cls:
+        raise AssertionError(f"target kind {cls.kind!r} registered twice")
+    TARGET_KINDS[cls.kind] = cls
+    return cls
+
+
+@target_kind
 class BuiltinStack(Target):
     """`streamchaos stack serve` as a child process on an ephemeral loopback port."""
+
+    kind = "builtin"
+    summary = "this project's own engine and OpenAI-compatible server, started as a child process on a loopback port"
+    order = 0
+    started_by_run = True
+    support = (SupportColumn("builtin", "builtin (started by the run)", {
+        "client": "yes", "proxy": "yes", "admin": "yes", "engine-hooks": "yes", "pid": "yes", "gpu": "GPU host",
+    }, rank=0),)
+
+    @classmethod
+    def create(cls, spec: TargetSpec, start: TargetStart) -> Target:
+        require_engine("target kind builtin")
+        return cls(spec, start.run_dir / "stack.log", start.seed)
+
+    @classmethod
+    async def dry_run(cls, exp: Experiment, url: str | None, probe: bool, out: Account) -> tuple[TargetInfo, bool]:
+        spec = exp.target
+        out.say(f"target: the builtin stack, started as a child process on {_BUILTIN_URL} and stopped at the end "
+                "(not started now)")
+        try:  # without the engine extra the run would stop at once (exit 4)
+            require_engine("the experiment's target (kind builtin)")
+        except SetupFailed as exc:
+            out.say(f"NOT POSSIBLE HERE: {exc}", 1)
+            out.worst(4)
+        out.say(f"model {spec.model}, device {spec.device}, kv_blocks {spec.kv_blocks} x {spec.block_size} tokens, "
+                f"max_num_seqs {spec.max_num_seqs}, max_model_len {spec.max_model_len}, startup_timeout "
+                f"{format_duration(spec.startup_timeout)}", 1)
+        return TargetInfo(kind="builtin", base_url=f"{_BUILTIN_URL}/v1", metrics_url=f"{_BUILTIN_URL}/metrics",
+                          admin_url=f"{_BUILTIN_URL}/admin", device=spec.device, model=spec.model), True
 
     def __init__(self, spec: TargetSpec, log_path: Path, seed: int) -> None:
         self.spec = spec
@@ -180,8 +367,71 @@ class BuiltinStack(Target):
             await asyncio.to_thread(self.process.close)
 
 
+@target_kind
 class RemoteTarget(Target):
-    """An OpenAI-compatible server that is already running (vLLM, SGLang, TGI, a gateway)."""
+    """An OpenAI-compatible server that is already running (vLLM, SGLang, TGI, a gateway): kind openai,
+    and any kind a URL stands in for (``reached_by_url``)."""
+
+    kind = "openai"
+    summary = ("any OpenAI-compatible streaming server already running at target.url or --target-url (vLLM, "
+               "SGLang, TGI, llama.cpp, a gateway); neither started nor stopped")
+    order = 1
+    support = (
+        SupportColumn("builtin-remote", "builtin elsewhere (--target-url + admin token)", {
+            "client": "yes", "proxy": "yes", "admin": "yes", "engine-hooks": "yes", "gpu": "GPU host",
+        }, rank=1),
+        SupportColumn("remote", "any other server (--target-url)", {
+            "client": "yes", "proxy": "yes", "gpu": "GPU host",
+        }, rank=3),
+    )
+
+    @classmethod
+    def create(cls, spec: TargetSpec, start: TargetStart) -> Target:
+        if not start.url:
+            raise SetupFailed(f"target kind {spec.kind!r} needs a URL: set target.url in the experiment or pass "
+                              "--target-url")
+        return cls(spec, start.url)
+
+    @classmethod
+    def startup_allowance_s(cls, spec: TargetSpec) -> float | None:
+        return None  # already running: one GET /v1/models (10s) says whether it answers
+
+    @classmethod
+    async def dry_run(cls, exp: Experiment, url: str | None, probe: bool, out: Account) -> tuple[TargetInfo, bool]:
+        spec = exp.target
+        if not url:
+            out.say(f"target: kind {spec.kind} needs a URL: set target.url in the experiment or pass --target-url")
+            out.worst(4)
+            return TargetInfo(kind=spec.kind, base_url="(none)", model=spec.model), False
+        base = url.rstrip("/")
+        base = base if base.endswith("/v1") else base + "/v1"
+        root = base[: -len("/v1")]
+        admin_token = configured_admin_token(spec)
+        kind = "openai" if spec.kind == "builtin" else spec.kind
+        info = TargetInfo(kind=kind, base_url=base, metrics_url=spec.metrics_url or root + "/metrics", model=spec.model,
+                          admin_url=f"{root}/admin" if admin_token else None)
+        out.say(f"target: {kind} server at {base} (already running; streamchaos neither starts nor stops it)")
+        if not probe:
+            out.say("not contacted: refused above", 1)
+            return info, False
+        headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
+        answer = await out.get(base + "/models", headers)
+        if isinstance(answer, str) or answer.status_code >= 400:
+            out.say(f"DOES NOT ANSWER: GET {base}/models: "
+                    f"{answer if isinstance(answer, str) else f'HTTP {answer.status_code}'}", 1)
+            out.worst(4)
+            return info, False
+        served = _served(answer)
+        model = spec.model if not served or spec.model in served else served[0]
+        out.say(f"answers GET /v1/models: serves {', '.join(served) or '(no list)'}; requests will name model "
+                f"{model!r}", 1)
+        await out.preflight(exp, base, exp.load.model or model)
+        out.say(f"metrics read from {info.metrics_url} (reading only)", 1)
+        out.say("admin API: " + (f"{root}/admin, used for in-process faults only if the server proves it holds the "
+                                 "configured token (not asked in a dry run)" if admin_token else
+                                 "none configured (target.admin_token_file or STREAMCHAOS_ADMIN_TOKEN): in-process "
+                                 "faults are off"), 1)
+        return replace(info, model=model), False
 
     def __init__(self, spec: TargetSpec, url: str) -> None:
         base = url.rstrip("/")
@@ -245,6 +495,14 @@ class RemoteTarget(Target):
 
     async def stop(self) -> None:
         return None
+
+
+def _served(response: Capped) -> list[str]:
+    """The model ids a ``/v1/models`` answer lists (at most 16, each clipped); none where it is malformed."""
+    try:
+        return [clip(m["id"]) or "" for m in response.json().get("data", [])][:16]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return []
 
 
 def target_facts(info: TargetInfo) -> dict[str, Any]:

@@ -7,7 +7,7 @@ bridge network of the run's own (labelled like the container, removed with it) a
 published on 127.0.0.1 only, so a server that binds 0.0.0.0 inside (vLLM's default) is not on the
 host's interfaces; ``network: host`` puts it on the host's network instead.
 
-The container is labelled with the run (``chaos.targets.containers.run_labels``) and journaled as a
+The container is labelled with the run (``chaos.docker.containers.run_labels``) and journaled as a
 resource before it is created and again with its id, so ``streamchaos rollback`` (and the watchdog,
 should the runner die) can remove it; ``stop`` keeps its logs in the run directory
 (``container.log``) and removes it, on every exit path of the run.
@@ -27,14 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from chaos.host.capped import JSON_LIMIT, Capped, clip, get_capped
-from chaos.host.redact import register_secret
-from chaos.host.tls import tls_context
-from chaos.model.context import TargetInfo
-from chaos.model.errors import SetupFailed
-from chaos.stack.serve import ADMIN_TOKEN_ENV
-from chaos.targets.base import ResourceRecorder, Target, configured_admin_token, serve_args
-from chaos.targets.containers import (
+from chaos.docker.containers import (
     container_facts,
     docker_client,
     find_container,
@@ -44,12 +37,49 @@ from chaos.targets.containers import (
     remove_run_containers,
     run_labels,
 )
+from chaos.host.capped import JSON_LIMIT, Capped, clip, get_capped
+from chaos.host.redact import register_secret
+from chaos.host.tls import tls_context
+from chaos.model.context import TargetInfo
+from chaos.model.errors import SetupFailed
+from chaos.model.params import Param, Schema
+from chaos.model.units import format_duration
+from chaos.stack.serve import ADMIN_TOKEN_ENV
+from chaos.targets.base import (
+    COMMON_SECTION,
+    Account,
+    ResourceRecorder,
+    SupportColumn,
+    Target,
+    TargetStart,
+    configured_admin_token,
+    require_engine,
+    serve_args,
+    target_kind,
+)
 
 if TYPE_CHECKING:
-    from chaos.model.experiment import TargetSpec
+    from chaos.model.experiment import Experiment, TargetSpec
 
 __all__ = ["DEFAULT_IMAGE_PORT", "RESOURCE_KIND", "DockerTarget", "container_config", "published_port"]
 
+NETWORKS = ("bridge", "host")
+# The keys of `target:` only a docker target takes (beside COMMON_SECTION's).
+SECTION = (
+    Param("image", "str", None, doc="docker: the image to run; none runs the builtin stack from this host's Python"),
+    Param("command", "str_list", (), doc="docker: the image's command, e.g. [--model, m, --port, '8000']"),
+    Param("env", "mapping", None, doc="docker: environment variables {NAME: value}"),
+    Param("network", "choice", "bridge", choices=NETWORKS,
+          doc="docker: bridge (default: a network of the run's own, the port published on 127.0.0.1 only), "
+              "or host (the host's network: a server binding 0.0.0.0 listens on every interface)"),
+    Param("port", "int", None, min=1, max=65535,
+          doc="docker: the port the server listens on in the container (image default 8000)"),
+    Param("volumes", "str_list", (), doc="docker: bind mounts HOST:CONTAINER[:ro|rw], read-only unless :rw"),
+    Param("hardening", "choice", "default", choices=("default", "none"),
+          doc="docker image targets: default drops NET_RAW, MKNOD, SYS_CHROOT, SETFCAP, SETPCAP, AUDIT_WRITE and sets "
+              "no-new-privileges; none keeps Docker's defaults"),
+    Param("gpus", "str", None, doc="docker: GPUs as `docker run --gpus`: all, a count, or device=0,1"),
+)
 RESOURCE_KIND = "docker.container"
 DEFAULT_IMAGE_PORT = 8000  # vLLM's, SGLang's (30000 aside) and TGI's usual API port
 LOG_MAX_SIZE = "64m"  # what the daemon keeps of the container's output (json-file log-opts)
@@ -96,7 +126,7 @@ def container_config(
     else:
         config["ports"] = {f"{port}/tcp": ("127.0.0.1", host_port)}  # on loopback only
     if spec.gpus:
-        from docker.types import DeviceRequest  # type: ignore[import-untyped]
+        from docker.types import DeviceRequest
 
         count, ids = parse_gpus(spec.gpus)
         config["device_requests"] = [DeviceRequest(count=count if not ids else None, device_ids=list(ids) or None,
@@ -121,16 +151,74 @@ def published_port(attrs: dict[str, Any], port: int) -> int | None:
     return None
 
 
+def _dry_problems(spec: TargetSpec) -> list[str]:
+    """What would stop the container before it is created, known without asking the daemon."""
+    import importlib.util
+
+    problems = []
+    if importlib.util.find_spec("docker") is None:
+        problems.append("a docker target needs the Docker SDK: in the streamchaos clone, pip install -e '.[docker]' "
+                        "(the `docker` package)")
+    if spec.image is None:
+        try:
+            require_engine("a docker target without an image (the builtin stack from this host's Python)")
+        except SetupFailed as exc:
+            problems.append(str(exc))
+    problems += [f"target.volumes: {host} does not exist on this host" for host, _, _ in map(parse_volume, spec.volumes)
+                 if not Path(host).exists()]
+    return problems
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
+@target_kind
 class DockerTarget(Target):
     """One container for one run: created, started, waited on until it answers, and removed."""
 
+    kind = "docker"
+    summary = ("a container the run starts through the Docker SDK (an image, or the builtin stack from this host's "
+               "Python), reached where it listens, removed at the end")
+    order = 3
+    started_by_run = True
+    section = Schema((*COMMON_SECTION.params, *SECTION))
+    support = (SupportColumn("docker", "docker (a container the run starts)", {
+        "client": "yes", "proxy": "yes", "admin": "builtin image only", "engine-hooks": "builtin image only",
+        "gpu": "GPU host", "container": "yes",
+    }, rank=4),)
     outlives_runner = True  # a container keeps running when the runner is killed: the watchdog removes it
+
+    @classmethod
+    def create(cls, spec: TargetSpec, start: TargetStart) -> Target:
+        return cls(spec, run_dir=start.run_dir, seed=start.seed, run_id=start.run_id, record=start.record)
+
+    @classmethod
+    async def dry_run(cls, exp: Experiment, url: str | None, probe: bool, out: Account) -> tuple[TargetInfo, bool]:
+        """The container as the run would make it; neither the daemon nor the image is asked."""
+        spec = exp.target
+        builtin = spec.image is None
+        what = "the builtin stack from this host's Python (no image: no registry needed)" if builtin else \
+            f"image {spec.image}"
+        out.say(f"target: a container of {what}, created through the Docker SDK for the run and removed at the end, "
+                "its output kept as container.log (not started now; the Docker daemon is not asked in a dry run)")
+        port = spec.port or ("<free port>" if builtin else DEFAULT_IMAGE_PORT)
+        if spec.network == "bridge":
+            root = "http://127.0.0.1:<published port>"
+            out.say(f"network bridge: a network of the run's own, the server's port {port} published on 127.0.0.1 "
+                    "only", 1)
+        else:
+            root = f"http://127.0.0.1:{port}"
+            out.say(f"network host: the host's network, the server listening on port {port}", 1)
+        for problem in _dry_problems(spec):
+            out.say(f"NOT POSSIBLE HERE: {problem}", 1)
+            out.worst(4)
+        out.say(f"start-up allowance {format_duration(spec.startup_timeout)} (target.startup_timeout) for "
+                f"{root}/v1/models to answer", 1)
+        return TargetInfo(kind="docker", base_url=root + "/v1", metrics_url=spec.metrics_url or root + "/metrics",
+                          admin_url=root + "/admin" if builtin else None, model=spec.model), False
 
     def __init__(self, spec: TargetSpec, *, run_dir: Path, seed: int, run_id: str,
                  record: ResourceRecorder | None) -> None:
@@ -286,7 +374,8 @@ class DockerTarget(Target):
 
     def _log_tail(self, lines: int = 20) -> str:
         try:
-            return self._container().logs(tail=lines).decode("utf-8", "replace").strip()
+            logs: bytes = self._container().logs(tail=lines)
+            return logs.decode("utf-8", "replace").strip()
         except Exception as exc:  # noqa: BLE001 - only for a message
             return f"(no log: {exc!r})"
 

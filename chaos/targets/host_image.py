@@ -56,7 +56,7 @@ def skeleton_tar() -> bytes:
 
 def host_image(client: Any) -> str:
     """The skeleton image's tag, imported into the daemon unless it is there already."""
-    import docker.errors  # type: ignore[import-untyped]
+    import docker.errors
 
     data = skeleton_tar()
     tag = hashlib.sha256(data).hexdigest()[:12]

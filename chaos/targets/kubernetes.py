@@ -18,6 +18,8 @@ through a Kubernetes target (its requests would reach one pod of several): the i
 While the run observes, the pods' changes are recorded (``chaos.k8s.watch``) and each serving pod's
 ``/metrics`` is scraped on its own (every
 sample labelled ``pod``, one timestamp per round, so a sum over a timestamp is the whole target).
+
+A dry run (``resolved_cluster_target``) resolves the target with read-only calls only.
 """
 
 from __future__ import annotations
@@ -39,16 +41,26 @@ from chaos.k8s.client import CONTEXT_ENV, INCLUSTER_TOKEN, KUBECONFIG_ENV, KubeA
 from chaos.k8s.relay import DirectDial, ForwardDial, Relay
 from chaos.k8s.watch import PodWatch
 from chaos.model.context import ClusterRef, TargetInfo
-from chaos.model.errors import ChaosError, ExperimentInvalid, SetupFailed, TargetUnreachable
+from chaos.model.errors import ChaosError, ExperimentInvalid, SetupFailed, TargetNotAllowed, TargetUnreachable
 from chaos.model.observations import MetricSample, Note
-from chaos.targets.base import RemoteTarget, Target
+from chaos.model.params import Param, Schema
+from chaos.model.units import format_duration
+from chaos.targets.base import (
+    COMMON_SECTION,
+    Account,
+    RemoteTarget,
+    SupportColumn,
+    Target,
+    TargetStart,
+    target_kind,
+)
 from chaos.targets.scraper import parse_exposition
 
 if TYPE_CHECKING:
     from chaos.k8s.gate import ClusterGate
-    from chaos.model.experiment import KubernetesSpec, TargetSpec
+    from chaos.model.experiment import Experiment, KubernetesSpec, TargetSpec
 
-__all__ = ["KubernetesTarget", "resolve_access", "service_port"]
+__all__ = ["KubernetesTarget", "resolve_access", "resolved_cluster_target", "service_port"]
 
 Sink = Callable[[MetricSample | Note], None]
 
@@ -82,8 +94,36 @@ def service_port(service: dict[str, Any], wanted: int | str | None) -> dict[str,
                             f"{', '.join(str(p.get('name') or p['port']) for p in ports)}")
 
 
+@target_kind
 class KubernetesTarget(Target):
     """The pods behind a Service (or a label selector), reached as ``access`` says."""
+
+    kind = "kubernetes"
+    summary = ("the pods behind a Service (or a label selector) in a cluster, watched and scraped one by one, reached "
+               "by ClusterIP, pod IPs or port-forward; neither started nor stopped")
+    order = 4
+    # the section's own keys are parsed by the loader (chaos.experiment.sections.KUBERNETES)
+    section = Schema((*COMMON_SECTION.params, Param(
+        "kubernetes", "mapping", None,
+        doc="kind kubernetes: {namespace, service or selector, port, access, kubeconfig, context}")))
+    support = (SupportColumn("kubernetes", "kubernetes (pods behind a Service)", {
+        "client": "yes", "proxy": "yes (proxy.listen reachable)", "cluster": "yes",
+    }, rank=5),)
+
+    @classmethod
+    def reached_by_url(cls, spec: TargetSpec) -> bool:
+        return spec.kubernetes is None  # with a cluster section, a URL only says where the load goes
+
+    @classmethod
+    def create(cls, spec: TargetSpec, start: TargetStart) -> Target:
+        return cls(spec, start.url, start.gate)
+
+    @classmethod
+    async def dry_run(cls, exp: Experiment, url: str | None, probe: bool, out: Account) -> tuple[TargetInfo, bool]:
+        info = await resolved_cluster_target(exp, probe, out)
+        out.say(f"start-up allowance {format_duration(exp.target.startup_timeout)} (target.startup_timeout) for a pod "
+                "to be Ready and answer", 1)
+        return info, False
 
     def __init__(self, spec: TargetSpec, url: str | None, gate: ClusterGate | None = None) -> None:
         assert spec.kubernetes is not None
@@ -280,3 +320,95 @@ class KubernetesTarget(Target):
         if response.over:
             raise ValueError(response.too_large())
         return response.text
+
+
+# -- a dry run's account ---------------------------------------------------------------------------------
+def _refused(out: Account, exc: TargetNotAllowed) -> None:
+    for line in str(exc).splitlines()[1:] or [str(exc)]:
+        out.say(f"REFUSED: {line.strip()}", 1)
+    out.worst(2)
+
+
+async def resolved_cluster_target(exp: Experiment, probe: bool, out: Account) -> TargetInfo:
+    """A dry run's account of the target, resolved with read-only calls in the order a run makes them,
+    stopping where a run would be refused: the namespace against ``safety.allowed_targets`` (before any
+    call), ``get`` the Service (its selector and port), ``get`` each Deployment a ``k8s.scale`` names (its
+    pod template against the allow-list), then ``list`` the pods; each call recorded in ``out.contacted``.
+    Nothing is watched, port-forwarded to, deleted, evicted or scaled. The target as the run would
+    resolve it (``probe``: the allow-list let it be read at all)."""
+    from chaos.model.allowlist import format_selector
+
+    spec = exp.target
+    kube = spec.kubernetes
+    assert kube is not None
+    what = f"Service {kube.service}" if kube.service else f"the pods {format_selector(kube.selector)}"
+    access = "url" if spec.url else resolve_access(kube)
+    reached = f"the load goes to {spec.url} (target.url)" if spec.url else f"reached by {access}"
+    out.say(f"target: kind kubernetes, {what} in namespace {kube.namespace or '(the kubeconfig context’s)'}; {reached} "
+            "(already running; streamchaos neither starts nor stops it)")
+    info = TargetInfo(kind="kubernetes", base_url="(resolved when the run starts)", model=spec.model)
+    if not probe:
+        out.say("not contacted: refused above", 1)
+        return info
+    from chaos.k8s.gate import ClusterGate
+
+    try:
+        api = await KubeApi.connect(kube.kubeconfig, kube.context)
+    except ChaosError as exc:
+        out.say(f"NOT POSSIBLE HERE: {exc}", 1)
+        out.worst(4)
+        return info
+    try:
+        namespace = kube.namespace or default_namespace(kube.kubeconfig, kube.context)
+        gate = ClusterGate(exp)
+        gate.namespace(namespace)
+        labels, templates = await _read_cluster(api, exp, gate, namespace, out)
+        cluster = ClusterRef(namespace=namespace, selector=tuple(sorted(labels.items())), service=kube.service,
+                             kubeconfig=kube.kubeconfig, context=kube.context, server=api.server, templates=templates)
+        return TargetInfo(kind="kubernetes", base_url=spec.url or f"(by {access})", model=spec.model, cluster=cluster)
+    except TargetNotAllowed as exc:
+        _refused(out, exc)
+        return info
+    except ChaosError as exc:
+        out.say(f"NOT POSSIBLE HERE: {exc}", 1)
+        out.worst(4)
+        return info
+    finally:
+        await api.close()
+
+
+async def _read_cluster(api: KubeApi, exp: Experiment, gate: ClusterGate, namespace: str,
+                        out: Account) -> tuple[dict[str, str], tuple[tuple[str, str], ...]]:
+    """What the run would read as it resolves the target: the Service (its selector and port), the
+    Deployments scaled by its faults (their pod templates), the pods and how many are Ready; each
+    read said and recorded as contacted. The pods' labels and the templates."""
+    from chaos.k8s.gate import scaled_deployments
+    from chaos.k8s.pods import selector_text, serving
+
+    spec = exp.target
+    kube = spec.kubernetes
+    assert kube is not None
+    labels = dict(kube.selector)
+    where = f"in namespace {namespace} ({api.server})"
+    if kube.service:
+        service = await api.read_service(namespace, kube.service)
+        out.contacted.append(f"get services {kube.service} {where}")
+        labels = {**((service.get("spec") or {}).get("selector") or {}), **labels}
+        port = service_port(service, kube.port)
+        out.say(f"Service {kube.service}: selector {selector_text(labels) or '(none)'}, port "
+                f"{port.get('name') or port['port']} → pods' {port.get('targetPort', port['port'])}", 1)
+    try:
+        templates = await gate.resolved(api, namespace, labels)
+    finally:
+        out.contacted.extend(f"get deployments {name} {where}" for name in scaled_deployments(exp))
+    pods, _ = await api.list_pods(namespace, labels)
+    out.contacted.append(f"list pods -l {selector_text(labels)} {where}")
+    ready = [p["metadata"]["name"] for p in pods if serving(p)]
+    out.say(f"pods {selector_text(labels)}: {len(pods)}, {len(ready)} Ready"
+            + (f" ({', '.join(sorted(ready))})" if ready else ""), 1)
+    if not ready:
+        out.say(f"NO POD IS READY: the run would wait startup_timeout ({spec.startup_timeout:g}s) and fail", 1)
+        out.worst(4)
+    for name, template in templates:
+        out.say(f"Deployment {name}: pod template {template or '(no labels)'}", 1)
+    return labels, templates

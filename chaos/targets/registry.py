@@ -1,22 +1,80 @@
-"""Which target an experiment starts: the kind → factory registry ``TARGET_KINDS``, ``start_target``
-and the resources ``running_target``/``started``. Above every kind's module (``base``, ``docker``,
-``vllm``, ``kubernetes``), which import only ``base``: the targets have no import circle."""
+"""Which target an experiment starts: every kind found (``kinds``), the class a spec makes
+(``target_class``), ``start_target`` and the resources ``running_target``/``started``; the schema of
+``target:`` drawn from the kinds (``target_schema``).
+
+A kind is found without naming it anywhere: ``kinds`` imports every module of this package (each
+``@target_kind`` registers its class in ``chaos.targets.base.TARGET_KINDS``) and every entry point of
+the group ``streamchaos.targets`` (a distribution's own kinds). Each kind's module imports its heavy
+dependencies (the Docker SDK, the Kubernetes client, vLLM) only where a target of it is made.
+"""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+import importlib
+import pkgutil
+from collections.abc import AsyncIterator
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chaos.model.errors import SetupFailed
-from chaos.targets.base import BuiltinStack, RemoteTarget, ResourceRecorder, Target, require_engine
+from chaos.model.params import Param, Schema
+from chaos.targets.base import COMMON_SECTION, TARGET_KINDS, RemoteTarget, ResourceRecorder, Target, TargetStart
 
 if TYPE_CHECKING:
     from chaos.model.experiment import TargetSpec
 
-__all__ = ["TARGET_KINDS", "TargetFactory", "TargetStart", "running_target", "start_target", "started"]
+__all__ = [
+    "ENTRY_POINT_GROUP", "TargetStart", "kinds", "running_target", "start_target", "started", "target_class",
+    "target_schema",
+]
+
+ENTRY_POINT_GROUP = "streamchaos.targets"
+_found = False
+
+
+def kinds() -> dict[str, type[Target]]:
+    """Every target kind, in list order (``order``, then name): the package's modules and the entry
+    points imported once, then whatever ``@target_kind`` registered (a test's throwaway kind too)."""
+    global _found
+    if not _found:
+        # this package's modules, found by path: importing chaos.targets here would be an import circle
+        for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
+            importlib.import_module(f"{__package__}.{module.name}")
+        for point in entry_points(group=ENTRY_POINT_GROUP):
+            point.load()
+        _found = True
+    return dict(sorted(TARGET_KINDS.items(), key=lambda item: (item[1].order, item[0])))
+
+
+def target_schema() -> Schema:
+    """The schema of ``target:``: ``kind`` (one of the kinds), the keys every kind takes, then each
+    kind's own, in list order. Which of them a given kind takes is its ``section``."""
+    found = kinds()
+    params = {p.name: p for p in COMMON_SECTION.params}
+    for cls in found.values():
+        for param in cls.section.params:
+            params.setdefault(param.name, param)
+    kind = Param("kind", "choice", "builtin", choices=tuple(found), doc="which system under test")
+    return Schema((kind, *params.values()))
+
+
+def target_class(spec: TargetSpec, url: str | None) -> type[Target]:
+    """The class that makes ``spec``'s target when ``url`` (target.url or --target-url) is given or not:
+    the kind's own, or the remote server's where a URL stands in for it. The run and the dry run ask
+    this same question, so they cannot disagree."""
+    cls = kinds().get(spec.kind)
+    if cls is None:
+        raise SetupFailed(f"target kind {spec.kind!r} is not known here; known: {', '.join(kinds())}")
+    return RemoteTarget if url and cls.reached_by_url(spec) else cls
+
+
+def start_target(spec: TargetSpec, *, target_url: str | None, run_dir: Path, seed: int, run_id: str = "",
+                 record: ResourceRecorder | None = None, gate: Any = None) -> Target:
+    """The target the experiment names (not started); ``target_url`` (the CLI's --target-url) makes it remote."""
+    start = TargetStart(target_url or spec.url, run_dir, seed, run_id, record, gate)
+    return target_class(spec, start.url).create(spec, start)
 
 
 @contextlib.asynccontextmanager
@@ -44,76 +102,3 @@ async def started(target: Target) -> AsyncIterator[Target]:
     finally:
         with contextlib.suppress(Exception):  # a target that died meanwhile has nothing left to stop
             await target.stop()
-
-
-@dataclass(frozen=True)
-class TargetStart:
-    """What ``start_target`` hands a target kind's factory besides the spec."""
-
-    url: str | None  # target.url or --target-url: where the load goes
-    run_dir: Path
-    seed: int
-    run_id: str = ""
-    record: ResourceRecorder | None = None
-    gate: Any = None
-
-
-# A target kind's factory: the target the spec makes, or None where the spec makes no target of this
-# kind here (a URL was given instead: the target is then remote). Each imports its kind lazily, so
-# a run loads only the dependencies of the kind it starts (the Docker SDK, the Kubernetes client).
-TargetFactory = Callable[["TargetSpec", TargetStart], "Target | None"]
-
-
-def _builtin(spec: TargetSpec, start: TargetStart) -> Target | None:
-    if start.url:
-        return None
-    require_engine("target kind builtin")
-    return BuiltinStack(spec, start.run_dir / "stack.log", start.seed)
-
-
-def _vllm(spec: TargetSpec, start: TargetStart) -> Target | None:
-    if start.url:
-        return None
-    from chaos.targets.vllm import VllmTarget  # vLLM in its own virtualenv, under a process guard
-
-    return VllmTarget(spec, run_dir=start.run_dir, seed=start.seed, record=start.record)
-
-
-def _docker(spec: TargetSpec, start: TargetStart) -> Target | None:
-    if start.url:
-        return None
-    from chaos.targets.docker import DockerTarget  # the Docker SDK only where a container runs
-
-    return DockerTarget(spec, run_dir=start.run_dir, seed=start.seed, run_id=start.run_id, record=start.record)
-
-
-def _kubernetes(spec: TargetSpec, start: TargetStart) -> Target | None:
-    if spec.kubernetes is None:  # no cluster section: a URL it is
-        return None
-    from chaos.targets.kubernetes import KubernetesTarget  # a URL only overrides where the load goes
-
-    return KubernetesTarget(spec, start.url, start.gate)
-
-
-TARGET_KINDS: dict[str, TargetFactory] = {
-    "builtin": _builtin,
-    "vllm": _vllm,
-    "docker": _docker,
-    "kubernetes": _kubernetes,
-}
-
-
-def start_target(spec: TargetSpec, *, target_url: str | None, run_dir: Path, seed: int, run_id: str = "",
-                 record: ResourceRecorder | None = None, gate: Any = None) -> Target:
-    """The target the experiment names (``TARGET_KINDS[spec.kind]``); ``target_url`` (the CLI's
-    --target-url) makes it remote."""
-    start = TargetStart(target_url or spec.url, run_dir, seed, run_id, record, gate)
-    factory = TARGET_KINDS.get(spec.kind)
-    target = factory(spec, start) if factory is not None else None
-    if target is not None:
-        return target
-    if start.url:
-        return RemoteTarget(spec, start.url)
-    raise SetupFailed(
-        f"target kind {spec.kind!r} needs a URL: set target.url in the experiment or pass --target-url"
-    )

@@ -57,13 +57,23 @@ from chaos.host.runfiles import open_append
 from chaos.host.tls import tls_context
 from chaos.model.context import TargetInfo
 from chaos.model.errors import SetupFailed
-from chaos.targets.base import ResourceRecorder, Target, configured_admin_token, require_engine
+from chaos.model.units import format_duration
+from chaos.targets.base import (
+    Account,
+    ResourceRecorder,
+    SupportColumn,
+    Target,
+    TargetStart,
+    configured_admin_token,
+    require_engine,
+    target_kind,
+)
 
 if TYPE_CHECKING:
-    from chaos.model.experiment import TargetSpec
+    from chaos.model.experiment import Experiment, TargetSpec
 
 __all__ = [
-    "MIDDLEWARE", "RESOURCE_KIND", "VLLM_PYTHON_ENV", "VllmTarget", "engine_core_pid", "find_vllm_python",
+    "MIDDLEWARE", "RESOURCE_KIND", "VLLM_PYTHON_ENV", "VllmTarget", "find_vllm_python",
     "kv_bytes_per_token", "resolve_device", "vllm_command",
 ]
 
@@ -188,24 +198,56 @@ def vllm_command(spec: TargetSpec, *, python: str, model: str, served_name: str,
     return command + list(spec.extra_args)
 
 
-def engine_core_pid(server_pid: int) -> int | None:
-    """vLLM's EngineCore process in the API server's process group (it sets that process title)."""
-    try:
-        pgid = os.getpgid(server_pid)
-    except ProcessLookupError:
-        return None
-    for pid in group_members(pgid):
-        try:
-            with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
-                if f.read().strip().startswith("VLLM::EngineCor"):
-                    return pid
-        except OSError:
-            continue
-    return None
-
-
+@target_kind
 class VllmTarget(Target):
     """Real vLLM as a child process tree, guarded, journaled, with the streamchaos middleware inside."""
+
+    kind = "vllm"
+    summary = ("real vLLM (`vllm serve` from its own virtualenv) on a loopback port, under a process guard, with "
+               "the streamchaos middleware inside its server")
+    order = 2
+    started_by_run = True
+    support = (SupportColumn("vllm", "vllm (spawned by the run)", {
+        "client": "yes (outside)", "proxy": "yes (outside)", "admin": "yes (inside: middleware)",
+        "pid": "yes (API server or EngineCore)", "gpu": "CUDA host",
+    }, rank=2),)
+
+    @classmethod
+    def create(cls, spec: TargetSpec, start: TargetStart) -> Target:
+        return cls(spec, run_dir=start.run_dir, seed=start.seed, record=start.record)
+
+    @classmethod
+    def startup_allowance_s(cls, spec: TargetSpec) -> float | None:
+        return max(spec.startup_timeout, STARTUP_FLOOR_S)
+
+    @classmethod
+    async def dry_run(cls, exp: Experiment, url: str | None, probe: bool, out: Account) -> tuple[TargetInfo, bool]:
+        """The interpreter found, the device, the command and the CPUs (nothing started)."""
+        spec = exp.target
+        device = resolve_device(spec.device)
+        out.say(f"target: real vLLM on {device}, built from model {spec.model!r} under a process guard on a free "
+                "loopback port, with the streamchaos middleware inside its server (not started now)")
+        root = "http://127.0.0.1:<free port>"
+        info = TargetInfo(kind="vllm", base_url=f"{root}/v1", metrics_url=f"{root}/metrics", admin_url=f"{root}/admin",
+                          device=device, model=spec.model)
+        out.say(f"start-up allowance {format_duration(max(spec.startup_timeout, STARTUP_FLOOR_S))} (startup_timeout "
+                f"{format_duration(spec.startup_timeout)}, at least {format_duration(STARTUP_FLOOR_S)} for vLLM)", 1)
+        try:
+            python, version = find_vllm_python(spec)
+            cpus = server_cpus(spec.cpus, "cpu" if device == "cpu" else "cuda", allowed_cpus())
+        except (SetupFailed, ValueError) as exc:
+            out.say(f"NOT POSSIBLE HERE: {exc}", 1)
+            out.worst(4)
+            return info, True
+        model = "<run dir>/model (the tiny model exported)" if spec.model == "tiny" else spec.model
+        command = vllm_command(spec, python=python, model=model, served_name=spec.model, port=0,
+                               device="cpu" if device == "cpu" else "cuda", seed=0, kv_bytes_token=None)
+        out.say(f"vLLM {version}: {' '.join(command[:3])} ... ({len(command)} arguments; its log: vllm.log)", 1)
+        if cpus is not None:
+            left = sorted(set(allowed_cpus()) - set(cpus))
+            out.say(f"its processes on CPUs {format_cpu_list(cpus)} (target.cpus {spec.cpus})"
+                    + (f"; CPU {format_cpu_list(tuple(left))} left to the load generator" if left else ""), 1)
+        return info, True
 
     def __init__(self, spec: TargetSpec, *, run_dir: Path, seed: int, record: ResourceRecorder | None = None) -> None:
         self.spec = spec
@@ -215,7 +257,7 @@ class VllmTarget(Target):
         self.python, self.version = find_vllm_python(spec)
         self.device = resolve_device(spec.device)
         self.log_path = run_dir / "vllm.log"
-        self.startup_timeout = max(spec.startup_timeout, STARTUP_FLOOR_S)
+        self.startup_timeout = max(spec.startup_timeout, STARTUP_FLOOR_S)  # startup_allowance_s
         self.guard: subprocess.Popen[bytes] | None = None
         self._port = 0
         self._token: str | None = None

@@ -1,6 +1,7 @@
 """The rooms' import contracts (pyproject.toml's [tool.importlinter]) hold, type-only imports
-counted; a planted violation breaks them; and outside the embedded Toxiproxy there is no import
-circle at all, within a room or across rooms."""
+counted; a planted violation breaks them; the forbidden lists are whole (a new room of chaos/ is
+either in the floor or forbidden to faults/ and sla/); and outside the embedded Toxiproxy there is
+no import circle at all, within a room or across rooms."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import grimp
 import pytest
@@ -18,6 +20,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 PACKAGES = ("chaos", "sla", "faults")
+# The floor of chaos/: the rooms a fault family or a verifier may import (docs/architecture.md).
+FLOOR = {"chaos.model", "chaos.host", "chaos.admin", "chaos.docker", "chaos.gpu", "chaos.k8s", "chaos.toxiproxy"}
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -33,7 +37,7 @@ def _lint(root: Path) -> tuple[int, str]:
 def test_the_contracts_are_kept() -> None:
     code, report = _lint(ROOT)
     assert code == 0, report
-    assert "3 kept, 0 broken" in report, report
+    assert "5 kept, 0 broken" in report, report
 
 
 @pytest.fixture
@@ -51,9 +55,14 @@ def copy(tmp_path: Path) -> Path:
      "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from chaos.execution.runner import Runner\n",
      "The rooms, top to bottom"),
     ("chaos/execution/runner.py", "from chaos.output.report import ReportWriter as _W\n", "The rooms, top to bottom"),
-    ("chaos/load/client.py", "import chaos.k8s.pods as _p\n", "The rooms, top to bottom"),  # siblings are independent
+    # the floor's backends are siblings: independent of each other
+    ("chaos/k8s/pods.py", "import chaos.docker.containers as _c\n", "The rooms, top to bottom"),
     ("chaos/stack/serve.py", "import sla.ttft as _t\n", "The builtin stack imports only"),
-    ("faults/toxiproxy_server/api.py", "import faults.base as _b\n", "The embedded Toxiproxy is a product of its own"),
+    ("chaos/toxiproxy/server/api.py", "import chaos.model.errors as _e\n",
+     "The embedded Toxiproxy is a product of its own"),
+    # the layers allow both (faults sits above the load generator, sla above the stack); the floor does not
+    ("faults/network.py", "import chaos.load.generator as _g\n", "Fault families stand on the floor"),
+    ("sla/ttft.py", "import chaos.stack.metrics as _m\n", "Verifiers stand on the floor"),
 ])
 def test_a_planted_violation_breaks_its_contract(copy: Path, module: str, planted: str, contract: str) -> None:
     path = copy / module
@@ -65,11 +74,45 @@ def test_a_planted_violation_breaks_its_contract(copy: Path, module: str, plante
     assert module.removesuffix(".py").replace("/", ".") in report, report  # the report names the importer
 
 
-def test_the_toxiproxy_contract_forbids_every_other_fault_module() -> None:
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
-    forbidden = next(c for c in config["contracts"] if c["id"] == "toxiproxy")["forbidden_modules"]
-    others = {f"faults.{p.stem}" for p in (ROOT / "faults").glob("*.py") if p.stem != "__init__"}
-    assert set(forbidden) == {"chaos", "sla"} | others
+def _contracts() -> list[dict[str, Any]]:
+    contracts: list[dict[str, Any]] = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))[
+        "tool"]["importlinter"]["contracts"]
+    return contracts
+
+
+def _forbidden(contract_id: str) -> set[str]:
+    return set(next(c for c in _contracts() if c["id"] == contract_id)["forbidden_modules"])
+
+
+def _members(package: str) -> set[str]:
+    """The modules and subpackages directly inside ``package`` (a dotted name), ``__init__`` left out."""
+    folder = ROOT.joinpath(*package.split("."))
+    modules = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+    packages = {p.parent.name for p in folder.glob("*/__init__.py")}
+    return {f"{package}.{name}" for name in modules | packages}
+
+
+def test_the_toxiproxy_contract_forbids_everything_else_of_ours() -> None:
+    rooms = _members("chaos") - {"chaos.toxiproxy"}
+    siblings = _members("chaos.toxiproxy") - {"chaos.toxiproxy.server"}
+    assert _forbidden("toxiproxy") == {"faults", "sla"} | rooms | siblings
+
+
+@pytest.mark.parametrize("package, other", [("faults", "sla"), ("sla", "faults")])
+def test_faults_and_sla_may_import_only_the_floor(package: str, other: str) -> None:
+    """Every room of chaos/ is either in the floor or forbidden, so a new room is a decision."""
+    forbidden = _forbidden(package)
+    rooms = _members("chaos")
+    assert other in forbidden
+    assert forbidden - {other} <= rooms, "a forbidden room that does not exist"
+    assert rooms - forbidden == FLOOR
+
+
+def test_every_room_has_its_layer_and_the_floor_is_at_the_bottom() -> None:
+    layers = next(c for c in _contracts() if c["id"] == "rooms")["layers"]
+    where = {room.strip(): i for i, layer in enumerate(layers) for room in layer.split("|")}
+    assert _members("chaos") | {"faults", "sla"} <= set(where)
+    assert min(where[r] for r in FLOOR) > max(i for r, i in where.items() if r not in FLOOR)
 
 
 def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
@@ -119,7 +162,7 @@ def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
 
 def test_no_import_circle_outside_the_embedded_toxiproxy() -> None:
     graph = grimp.build_graph(*PACKAGES, include_external_packages=False, exclude_type_checking_imports=False)
-    circles = [c for c in _cycles(graph) if not all(m.startswith("faults.toxiproxy_server.") for m in c)]
+    circles = [c for c in _cycles(graph) if not all(m.startswith("chaos.toxiproxy.server.") for m in c)]
     assert circles == []
 
 

@@ -52,7 +52,9 @@ def test_a_load_worker_imports_no_fault_family() -> None:
         "import pickle, sys\n"
         "import chaos.load.workers  # the spawned process's target lives here\n"
         f"pickle.loads(bytes.fromhex({config.hex()!r}))\n"
-        "heavy = ('faults', 'pynvml', 'toxiproxy', 'torch', 'chaos.stack', 'chaos.execution.runner')\n"
+        # the fault families' backends moved out of faults/ (chaos.gpu, chaos.toxiproxy): still none of them
+        "heavy = ('faults', 'pynvml', 'toxiproxy', 'chaos.gpu', 'chaos.toxiproxy', 'torch', 'chaos.stack', "
+        "'chaos.execution.runner')\n"
         "print(sorted(m for m in sys.modules if m == 'faults' or m.startswith(heavy)))\n"
     )
     assert _loaded_in_a_fresh_process(code) == []
@@ -66,7 +68,8 @@ def test_a_load_shard_imports_no_fault_family() -> None:
         "from chaos.cli import _parser\n"
         "args = _parser().parse_args(['shard', '--coordinator', '127.0.0.1:1', '--count', '2', '--index', '0'])\n"
         "import chaos.load.shard_process, chaos.load.wire\n"
-        "heavy = ('faults', 'pynvml', 'toxiproxy', 'torch', 'chaos.stack', 'chaos.execution.runner', "
+        "heavy = ('faults', 'pynvml', 'toxiproxy', 'chaos.gpu', 'chaos.toxiproxy', 'torch', 'chaos.stack', "
+        "'chaos.execution.runner', "
         "'chaos.experiment')\n"
         "print(sorted(m for m in sys.modules if m == 'faults' or m.startswith(heavy)))\n"
     )
@@ -80,7 +83,7 @@ def test_what_never_judges_never_imports_scipy_stats_or_matplotlib() -> None:
     code = (
         "import sys\n"
         "import chaos.cli, chaos.execution.runner, chaos.execution.watchdog, chaos.host.procguard\n"
-        "import chaos.stack.serve, faults.toxiproxy_server.server, chaos.load.workers, sla.stats\n"
+        "import chaos.stack.serve, chaos.toxiproxy.server.server, chaos.load.workers, sla.stats\n"
         "print(sorted(m for m in sys.modules if m.startswith(('scipy.stats', 'matplotlib'))))\n"
     )
     assert _loaded_in_a_fresh_process(code) == []

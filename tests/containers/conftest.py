@@ -34,7 +34,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture
 def docker_client() -> Iterator[Any]:
-    from chaos.targets.containers import docker_client as client_for
+    from chaos.docker.containers import docker_client as client_for
 
     client = client_for()
     yield client
@@ -45,7 +45,7 @@ def docker_client() -> Iterator[Any]:
 def leftovers(docker_client: Any) -> Iterator[list[str]]:
     """Run directories whose containers and networks must all be gone at the end; any left is
     removed, then the test fails."""
-    from chaos.targets.containers import LABEL_RUN_DIR
+    from chaos.docker.containers import LABEL_RUN_DIR
 
     run_dirs: list[str] = []
     yield run_dirs

@@ -9,7 +9,7 @@ def docker_skip_reason() -> str | None:
     """None when a Docker daemon answers and the tests are not switched off; otherwise why they skip."""
     if os.environ.get("STREAMCHAOS_TEST_DOCKER", "").strip() == "0":
         return "STREAMCHAOS_TEST_DOCKER=0"
-    from chaos.targets.containers import daemon_problem
+    from chaos.docker.containers import daemon_problem
 
     return daemon_problem()
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from chaos.targets.containers import run_labels
+from chaos.docker.containers import run_labels
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from chaos.targets.containers import LABEL_RUN_DIR
+from chaos.docker.containers import LABEL_RUN_DIR
 
 pytestmark = pytest.mark.timeout(180)
 

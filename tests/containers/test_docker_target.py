@@ -13,9 +13,9 @@ import pytest
 from dockerd import free_port
 
 import chaos
+from chaos.docker.containers import LABEL_RUN_DIR, LABEL_RUN_ID, run_labels
 from chaos.experiment import experiment_from_dict
 from chaos.model.errors import SetupFailed
-from chaos.targets.containers import LABEL_RUN_DIR, LABEL_RUN_ID, run_labels
 from chaos.targets.host_image import host_image, host_mounts
 from chaos.targets.registry import running_target
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 import chaos.execution.proxy as proxy_module
+from chaos.docker.containers import LABEL_RUN_DIR, LABEL_RUN_ID
 from chaos.execution.proxy import RunOwner, resolve_server
 from chaos.model.errors import SetupFailed
-from chaos.targets.containers import LABEL_RUN_DIR, LABEL_RUN_ID
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -21,9 +21,9 @@ import httpx
 import pytest
 import yaml
 
+from chaos.gpu.burner import find_burners
 from chaos.stack.process import StackProcess
-from faults.burner import find_burners
-from faults.toxiproxy_server import ToxiproxyThread
+from chaos.toxiproxy.server import ToxiproxyThread
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "nvml"))
 from fakenvml import build_fake_nvml, gcc, read_state  # noqa: E402

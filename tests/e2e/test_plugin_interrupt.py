@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from faults.toxiproxy_server import ToxiproxyThread
+from chaos.toxiproxy.server import ToxiproxyThread
 
 INNER = textwrap.dedent('''
     import os

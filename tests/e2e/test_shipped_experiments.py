@@ -16,14 +16,23 @@ from chaos.execution.verify import CLIENT_SATURATED, HOST_CHANGED
 from chaos.model.observations import Observations
 from chaos.pytest_plugin import failure_message
 
+ROOT = Path(__file__).parents[2]
+# The shipped experiments this module cannot run, by target kind, and the test file that runs each:
+# kind kubernetes against the fake API server (or a real cluster), kind vllm against real vLLM.
+RUN_ELSEWHERE = {
+    "kubernetes": "tests/k8s/runs/test_pod_kill_experiment.py",
+    "vllm": "tests/vllm/test_vllm_target.py",
+}
 
-def _runs_elsewhere(path: Path) -> bool:
-    """kind: kubernetes experiments run in tests/k8s, against the fake API server (or a real cluster);
-    kind: vllm ones in tests/vllm, against real vLLM."""
-    return (yaml.safe_load(path.read_text(encoding="utf-8")).get("target") or {}).get("kind") in ("kubernetes", "vllm")
+
+def _runs_elsewhere(path: Path) -> str | None:
+    """The test file that runs this shipped experiment, where that is not this module; else None."""
+    kind = (yaml.safe_load(path.read_text(encoding="utf-8")).get("target") or {}).get("kind")
+    return RUN_ELSEWHERE.get(kind)
 
 
-EXPERIMENTS = [p for p in sorted((Path(__file__).parents[2] / "experiments").glob("*.yaml")) if not _runs_elsewhere(p)]
+SHIPPED = sorted((ROOT / "experiments").glob("*.yaml"))
+EXPERIMENTS = [p for p in SHIPPED if _runs_elsewhere(p) is None]
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -174,7 +183,7 @@ def check_html_report(result: Any) -> None:
 def check_container_freeze(result: Any) -> None:
     """The daemon saw the container paused, with no CPU time used while frozen; requests sent into the
     freeze got nothing until it ended, then completed; the container is gone and its log kept."""
-    from chaos.targets.containers import LABEL_RUN_DIR, docker_client
+    from chaos.docker.containers import LABEL_RUN_DIR, docker_client
 
     events = {e.action: e for e in result.observations.faults if e.kind == "docker.pause"}
     assert events["inject"].evidence["paused"] is True and events["revert"].evidence["unpaused"] is True
@@ -217,6 +226,16 @@ def box_noise_only(result: Any) -> bool:
     return result.status == "completed" and bool(failing) and all(
         v.status == "inconclusive" and v.evidence.get("inconclusive_cause") in (CLIENT_SATURATED, HOST_CHANGED)
         for v in failing)
+
+
+def test_each_experiment_left_out_here_is_run_by_the_test_named_for_it() -> None:
+    """pod-kill.yaml was left out here as "run in tests/k8s" while the test that ran it was never
+    committed: nothing ran it. Each one left out must be named by the file that runs it."""
+    elsewhere = {p.name: _runs_elsewhere(p) for p in SHIPPED if _runs_elsewhere(p) is not None}
+    assert "pod-kill.yaml" in elsewhere
+    for name, runner in elsewhere.items():
+        assert runner is not None and (ROOT / runner).is_file(), f"{name}: {runner} is not there"
+        assert f'"{name}"' in (ROOT / runner).read_text(encoding="utf-8"), f"{runner} does not run {name}"
 
 
 def needs_docker(path: Path) -> bool:

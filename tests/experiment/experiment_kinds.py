@@ -8,7 +8,7 @@ from typing import Any
 
 from chaos.model.params import Param, Schema
 from faults.base import Fault, Injection
-from sla.base import SlaSpec, Verdict
+from sla.base import BudgetRule, HaltSpec, SlaSpec, Verdict
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,11 +70,26 @@ class QuantileSlo(SlaSpec):
         Param("quantile", "float", 0.99, min=0.5, max=0.999, doc="which quantile"),
     ))
 
+    timing = True
+    better = "lower"
+    capacity_fit = True
+    needs = ()
+    sample_label = None
+
     budget: float
     quantile: float
 
     def judge(self, obs: Any, phase: str | None) -> Verdict:
         return Verdict("test.slo", phase, "inconclusive", None, None, "s", 0)
+
+    def samples(self, obs: Any, phase: str | None) -> list[float] | None:
+        return None
+
+    def budget_rule(self) -> BudgetRule:
+        return BudgetRule.policy("test-only")
+
+    def probe_halt(self, window_s: float, factor: float, min_streams: int) -> HaltSpec | None:
+        return None
 
 
 SLO = QuantileSlo

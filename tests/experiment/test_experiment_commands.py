@@ -81,7 +81,9 @@ def test_catalogue_sections_are_separate() -> None:
     assert "test.latency" in faults_only and "test.slo" not in faults_only
     assert "test.slo" in slas_only and "test.latency" not in slas_only
     assert re.search(r"quantile\s+float \(>= 0\.5, <= 0\.999\)\s+0\.99", slas_only)
-    with pytest.raises(ExperimentInvalid, match="expected one of faults, slas, all, found 'fault'"):
+    targets_only = render_catalogue("targets")
+    assert "docker" in targets_only and "test.latency" not in targets_only and "test.slo" not in targets_only
+    with pytest.raises(ExperimentInvalid, match="expected one of faults, slas, targets, all, found 'fault'"):
         render_catalogue("fault")
 
 

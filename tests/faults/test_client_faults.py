@@ -12,7 +12,7 @@ import pytest
 
 from chaos.load.client import make_http_client, stream_request
 from chaos.load.mock import ThreadedMockServer
-from chaos.load.rules import DisconnectRule, SlowReaderRule, TimeoutRule
+from chaos.model.client_rules import DisconnectRule, SlowReaderRule, TimeoutRule
 from chaos.model.context import ClientPlan, ClientPolicy, RunContext, TargetInfo
 from chaos.model.observations import StreamRecord
 from faults.base import REGISTRY

@@ -2,7 +2,7 @@
 
 NVML tests load the fake in this process through ``STREAMCHAOS_NVML_LIB`` (the production path) and,
 for crash-safety, inject in a child process that is SIGKILLed and roll back from another child.
-Helper processes are real ``faults.burner`` processes; every test stops what it started.
+Helper processes are real ``chaos.gpu.burner`` processes; every test stops what it started.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ sys.path.insert(0, str(ROOT / "tests" / "nvml"))
 from fakenvml import build_fake_nvml, fake_env, gcc, read_state, reset_pynvml
 
 from chaos.execution.telemetry import GpuTelemetry
+from chaos.gpu import burner
+from chaos.gpu.nvml import Nvml, nvml_available
 from chaos.model.context import RunContext, SafetySpec, TargetInfo
 from chaos.model.errors import FaultPermissionDenied, FaultUnsupported
-from faults import burner
 from faults.gpu import GpuPowerCap, GpuThrottle, choose_backend, clock_at_or_below, contention_shape
-from faults.nvml import Nvml, nvml_available
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -386,6 +386,26 @@ def test_rollback_stops_live_helpers_but_never_a_recycled_pid(tmp_path: Path) ->
         stranger.wait(timeout=10)
         injector.kill()
         injector.wait(timeout=10)
+
+
+def test_a_helper_started_as_faults_burner_before_the_move_is_still_recognised(tmp_path: Path) -> None:
+    """A journal written before the helpers moved to chaos/gpu/ names helpers whose command line is
+    ``faults/burner.py``: rollback still finds them. The tag still decides: another script with the
+    tag, or the old script with another tag, is no helper."""
+    tag = burner.new_tag()
+    scripts = [tmp_path / "faults" / "burner.py", tmp_path / "faults" / "other.py"]
+    scripts[0].parent.mkdir()
+    for script in scripts:
+        script.write_text("import time\ntime.sleep(60)\n", encoding="utf-8")
+    procs = [subprocess.Popen([sys.executable, str(s), "cpu", "--tag", tag]) for s in scripts]
+    try:
+        wait_for(lambda: burner.find_burners(tag) == [procs[0].pid], 10, "the old-path helper to be recognised")
+        assert not burner.is_burner(procs[0].pid, burner.new_tag())
+        assert not burner.is_burner(procs[1].pid, tag)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 # ---- cpu_duty against a real CPU-bound process ----------------------------------------------------

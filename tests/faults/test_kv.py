@@ -233,7 +233,7 @@ def test_revert_during_a_top_up_call_counts_the_blocks_it_took(
 ) -> None:
     """A reserve call whose reply is still on its way when revert comes: the engine has taken the
     blocks, so the fault's tally must include them (a cancelled call used to drop them)."""
-    from chaos.stack.admin_client import AdminClient
+    from chaos.admin.client import AdminClient
 
     real_reserve = AdminClient.reserve
     reply_pending = asyncio.Event()

@@ -15,8 +15,8 @@ import pytest
 from chaos.execution.proxy import start_proxy
 from chaos.experiment import experiment_from_dict
 from chaos.model.context import RunContext, TargetInfo
+from chaos.toxiproxy.server import ToxiproxyThread
 from faults.base import REGISTRY
-from faults.toxiproxy_server import ToxiproxyThread
 
 PARAMS: dict[str, dict[str, Any]] = {
     "network.latency": {"latency": "50ms", "jitter": "10ms", "direction": "both"},

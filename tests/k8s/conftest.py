@@ -13,7 +13,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the helpers beside this file (clusters.py, fake_apiserver.py)
 
 pytest.importorskip("kubernetes",
-                    reason="the Kubernetes tests need the client: pip install -e '.[dev]' (or 'streamchaos[k8s]')")
+                    reason="the Kubernetes tests need the client: pip install -e '.[dev]' (or '.[k8s]')")
 pytest.importorskip("aiohttp", reason="the fake API server needs aiohttp (in the dev extra)")
 
 from clusters import ClusterUnderTest, open_cluster  # noqa: E402

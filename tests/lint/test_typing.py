@@ -1,5 +1,5 @@
-"""Typing as a guard: mypy passes on the whole package (the configuration it runs with is checked in
-tests/architecture/test_typing_config.py)."""
+"""Typing as a guard: mypy passes, strict (pyproject.toml's ``strict = true``), on every package (the
+configuration it runs with is checked in tests/architecture/test_typing_config.py)."""
 
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ import pytest
 
 from chaos.load.generator import LoadGenerator
 from chaos.load.mock import ThreadedMockServer
-from chaos.load.rules import DisconnectRule
 from chaos.load.workload import LoadSettings, LoadTarget
+from chaos.model.client_rules import DisconnectRule
 from chaos.model.context import ClientPolicy
 from chaos.model.observations import StreamRecord
 

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 
 from chaos.load.mock import ThreadedMockServer
-from chaos.load.rules import DisconnectRule
 from chaos.load.shard_pool import ShardPool, merge_journal_shard
 from chaos.load.shard_process import SKEW_ENV, TOKEN_ENV
 from chaos.load.workload import LoadTarget
+from chaos.model.client_rules import DisconnectRule
 from chaos.model.context import ClientPolicy
 from chaos.model.experiment import LoadSpec, PromptSpec
 from chaos.model.observations import Note, StreamRecord

@@ -9,9 +9,9 @@ import pytest
 
 from chaos.load.driver import make_load
 from chaos.load.mock import ThreadedMockServer
-from chaos.load.rules import DisconnectRule
 from chaos.load.workers import WorkerPool
 from chaos.load.workload import LoadSettings, LoadTarget, split_evenly
+from chaos.model.client_rules import DisconnectRule
 from chaos.model.context import ClientPolicy
 from chaos.model.observations import StreamRecord
 

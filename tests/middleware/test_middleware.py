@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from chaos.stack.admin_client import proof_of
+from chaos.admin.client import proof_of
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = Path(__file__).with_name("sse_app.py")

@@ -80,6 +80,9 @@ def synthetic_run(streams: int = 10_000, tokens: int = 48, seconds: float = 300.
         "gpu": {}, "environment": environment(obs),
         "load": {"streams": streams, "background_streams": 0, "complete": streams, "hung_up_on_purpose": 0,
                  "client_lag": {}},
+        "sla": [{"name": "ttft", "kind": "ttft", "params": {"quantile": 0.99, "budget": 0.5, "confidence": 0.95}},
+                {"name": "itl", "kind": "itl",
+                 "params": {"quantile": 0.99, "budget": 0.02, "max_stall": None, "confidence": 0.95}}],
         "verdicts": [v.to_dict() for v in verdicts],
     }
     return report, obs

@@ -71,3 +71,49 @@ def test_cli_history_exits_1_when_the_latest_run_regressed(tmp_path: Path, capsy
     assert "4 runs" in out and "ttft [steady]: pass in the last 4 run(s)" in out and "2 flagged change(s)" in out
     assert (root / "history.html").is_file()
     assert main(["report", "--history", str(tmp_path / "nowhere")]) == 2
+
+
+def _against(body: dict[str, Any], kind: str, url: str, model: str = "tiny") -> dict[str, Any]:
+    return {**body, "target": {"kind": kind, "base_url": url, "metrics_url": None, "device": "cpu", "model": model,
+                               "engine": {"profile": "builtin" if kind == "builtin" else "vllm"}}}
+
+
+def two_targets(tmp_path: Path, *, last_regresses: bool = False) -> Path:
+    """A game-day alternating between the builtin stack (a new loopback port each run, as a spawned stack
+    gets) and a vLLM behind a fixed URL, whose TTFT is six times the builtin's: different targets, not a change."""
+    day = 86_400.0
+    runs = []
+    for i in range(8):
+        if i % 2 == 0:
+            figure = 0.300 if last_regresses and i == 6 else 0.050
+            runs.append(_against(report(quantile(figure, figure - 0.005, figure + 0.005), start=1.7e9 + i * day),
+                                 "builtin", f"http://127.0.0.1:{40000 + i}/v1"))
+        else:
+            runs.append(_against(report(quantile(0.300, 0.280, 0.320), start=1.7e9 + i * day),
+                                 "openai", "http://gpu-1:8000/v1", model="llama"))
+    return make_history(tmp_path / "mixed-targets", runs)
+
+
+def test_runs_against_different_targets_are_separate_series(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    runs = load_runs(two_targets(tmp_path))
+    assert {r.target for r in runs} == {"builtin tiny on cpu, profile builtin",
+                                        "openai http://gpu-1:8000/v1 llama on cpu, profile vllm"}
+    transitions = regressions(runs)
+    assert len(transitions) == 6  # 3 within each target's 4 runs; none across targets
+    assert all(t.before.target == t.after.target for t in transitions)
+    assert not [r for t in transitions for r in t.rows if r.flagged]  # alternating targets is no regression
+    assert main(["report", "--history", str(tmp_path / "mixed-targets")]) == 0
+    out = capsys.readouterr().out
+    assert "against 2 targets" in out and "0 flagged change(s)" in out, out
+    assert "target builtin tiny on cpu, profile builtin: 4 run(s)" in out, out
+    page = (tmp_path / "mixed-targets" / "history.html").read_text(encoding="utf-8")
+    assert 'data-plot="trend-0-ttft-steady" data-points="4"' in page
+    assert 'data-plot="trend-1-ttft-steady" data-points="4"' in page
+
+
+def test_a_regression_within_one_target_is_still_flagged_among_others(tmp_path: Path) -> None:
+    runs = load_runs(two_targets(tmp_path, last_regresses=True))
+    flagged = [(t.after.path.name, t.before.path.name) for t in regressions(runs) for r in t.rows if r.flagged]
+    assert flagged == [("run-6", "run-4")]  # the builtin run against the builtin run before it
+    assert main(["report", "--history", str(tmp_path / "mixed-targets")]) == 0  # the newest run (vLLM) held

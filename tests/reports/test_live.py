@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 import pytest
 from rich.console import Console
@@ -78,6 +79,27 @@ def test_on_a_terminal_it_draws_a_live_panel() -> None:
     progress.close()
     text = buffer.getvalue()
     assert "TTFT p50" in text and "streams/s" in text and "30.0ms" in text and "\x1b[" in text
+
+
+def test_at_80_columns_every_header_and_unit_of_the_panel_is_whole() -> None:
+    """A newcomer's terminal is 80 columns: no header cut to an ellipsis or wrapped, no TTFT without its unit."""
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=True, width=80, color_system=None)
+    progress = LiveProgress(buffer, interactive=True, refresh_s=0.0, console=console)
+    for event in events():
+        progress.on_event(event)  # type: ignore[arg-type]
+    progress.tally.ttft_s.append(12.3456)  # a TTFT past 10 s, the widest figure the panel shows
+    progress.on_event(Stage("drain", "draining in-flight streams", 100 * NS))  # draws the panel once more
+    progress.close()
+    text = buffer.getvalue()
+    panel = [line for line in text.splitlines() if line.startswith(("┃", "│"))]
+    assert panel and all(len(line) <= 80 for line in panel), text
+    headers = " ".join(line for line in panel if line.startswith("┃"))
+    for header in ("elapsed", "remaining", "streams/s", "events/s", "TTFT p50", "TTFT p99", "streams", "errors",
+                   "early closes", "faults"):
+        assert f" {header} " in headers, f"{header!r} is not whole at 80 columns:\n{text}"
+    assert "…" not in text, text
+    assert "30.0ms" in text and re.search(r" \d{5}\.\dms ", text), text  # p50, and a p99 near 10 s with its unit
 
 
 def test_a_closed_terminal_does_not_stop_the_run() -> None:

@@ -4,8 +4,10 @@ holds responses whole is still a fail, late client or not."""
 
 from __future__ import annotations
 
-from chaos.execution.verify import _within_client_lag
+import sla
 from sla.base import Verdict
+
+SPEC = sla.spec_for("streaming")
 
 
 def _streaming(first_read_share: float) -> Verdict:
@@ -14,8 +16,8 @@ def _streaming(first_read_share: float) -> Verdict:
 
 
 def test_bursts_a_late_client_explains_are_not_the_servers() -> None:
-    assert _within_client_lag(_streaming(0.03), lag_s=0.16)
+    assert SPEC.lateness_explains(_streaming(0.03), lag_s=0.16)
 
 
 def test_a_whole_response_in_the_first_read_is_still_a_buffer() -> None:
-    assert not _within_client_lag(_streaming(1.0), lag_s=0.16)  # nginx buffering, gzip: one read per stream
+    assert not SPEC.lateness_explains(_streaming(1.0), lag_s=0.16)  # nginx buffering, gzip: one read per stream

@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
+from chaos.admin.client import AdminClient, admin_url_of
 from chaos.model.errors import FaultError
-from chaos.stack.admin_client import AdminClient, admin_url_of
 from chaos.stack.engine import Engine, EngineConfig
 from chaos.stack.process import StackProcess
 from chaos.stack.server import build_app
@@ -60,7 +60,7 @@ def test_admin_access(engine: Engine, configured: str | None, client: str, sent:
 
 
 def test_proof_shows_the_token_without_revealing_it(engine: Engine) -> None:
-    from chaos.stack.admin_client import proof_of
+    from chaos.admin.client import proof_of
 
     app = build_app(engine, admin_token="s3cret")
     nonce = "n" * 24

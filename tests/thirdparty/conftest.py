@@ -125,7 +125,7 @@ def transformers_serve(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathF
     """`transformers serve` (CPU) serving the exported tiny checkpoint."""
     binary = _tool("transformers", "fastapi", "uvicorn", "transformers.cli.serving")
     if binary is None:
-        pytest.skip("transformers serve is not installed: pip install 'streamchaos[thirdparty]' (.ci/run installs it)")
+        pytest.skip("transformers serve is not installed: pip install -e '.[thirdparty]' (.ci/run installs it)")
     log = tmp_path_factory.mktemp("transformers-serve") / "serve.log"
     port = free_port()
     # one request at a time (no --continuous-batching: its batcher stalled on the suppress_tokens of
@@ -145,7 +145,7 @@ def litellm_proxy(builtin_stack: StackProcess, tmp_path_factory: pytest.TempPath
     """A LiteLLM proxy with a master key in front of the builtin stack (model name ``tiny``)."""
     binary = _tool("litellm", "litellm", "fastapi", "apscheduler", "orjson")
     if binary is None:
-        pytest.skip("the LiteLLM proxy is not installed: pip install 'streamchaos[thirdparty]' (.ci/run installs it)")
+        pytest.skip("the LiteLLM proxy is not installed: pip install -e '.[thirdparty]' (.ci/run installs it)")
     directory = tmp_path_factory.mktemp("litellm")
     config = directory / "config.yaml"
     config.write_text(

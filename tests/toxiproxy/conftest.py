@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from faults.toxiproxy_server import ToxiproxyThread
+from chaos.toxiproxy.server import ToxiproxyThread
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tpx_support import Server, Upstreams

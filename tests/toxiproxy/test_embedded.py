@@ -17,8 +17,8 @@ import httpx
 import pytest
 from tpx_support import connect, port_of, recv_exact
 
-from faults.toxiproxy_server import EmbeddedToxiproxy, ToxiproxyThread
-from faults.toxiproxy_server.toxics import SlicerToxic
+from chaos.toxiproxy.server import EmbeddedToxiproxy, ToxiproxyThread
+from chaos.toxiproxy.server.toxics import SlicerToxic
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,7 +61,7 @@ def test_standalone_command(tmp_path: Path, upstreams) -> None:
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "faults.toxiproxy_server", "--port", "0", "--seed", "7", "--config", str(cfg)],
+        [sys.executable, "-m", "chaos.toxiproxy.server", "--port", "0", "--seed", "7", "--config", str(cfg)],
         stdout=subprocess.PIPE,
         text=True,
         cwd=ROOT,

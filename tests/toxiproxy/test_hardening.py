@@ -1,6 +1,6 @@
 """The embedded Toxiproxy as a real process under a hostile local client (issue 23, point 3).
 
-Each test starts ``python -m faults.toxiproxy_server`` (or the runner's own way of starting it) on an
+Each test starts ``python -m chaos.toxiproxy.server`` (or the runner's own way of starting it) on an
 ephemeral loopback port and attacks it with real sockets: a slowloris request past the deadline, one
 connection past the cap, body reservations past the shared budget, huge names, and listens on every
 interface or a privileged port when the runner spawned it.
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def start(*flags: str) -> tuple[subprocess.Popen[bytes], str]:
-    proc = spawn([sys.executable, "-m", "faults.toxiproxy_server", "--port", "0", *flags], cwd=ROOT,
+    proc = spawn([sys.executable, "-m", "chaos.toxiproxy.server", "--port", "0", *flags], cwd=ROOT,
                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     line = first_line(proc, 15.0)
     if not line.startswith(EMBEDDED_READY):

@@ -261,7 +261,7 @@ def test_unlimited_buffer_is_capped(toxiproxy: Server, upstreams, monkeypatch: p
     """max_bytes 0 (unlimited) held a response that never ends in memory without bound (issue 11,
     finding 12); now it is flushed at the hard cap. The cap is lowered here from 64 MiB to 64 KiB
     (the embedded server runs in this process), so 256 KiB that never ends must come through."""
-    from faults.toxiproxy_server import toxics
+    from chaos.toxiproxy.server import toxics
 
     monkeypatch.setattr(toxics, "BUFFER_HARD_CAP_BYTES", 64 * 1024, raising=False)
     name, port = echo_proxy(toxiproxy, upstreams)

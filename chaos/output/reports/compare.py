@@ -28,13 +28,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import sla  # noqa: F401  (importing the package registers every verifier)
 from chaos.output.render import format_value
+from sla.base import REGISTRY
 
-__all__ = ["LOWER_IS_WORSE", "Row", "change_text", "compare_reports", "compare_table", "render_compare", "significance",
-           "significance_text"]
+__all__ = ["Row", "change_text", "compare_reports", "compare_table", "higher_is_better", "render_compare",
+           "significance", "significance_text"]
 
-# Kinds whose figure is a floor (more is better); every other kind's figure is a ceiling.
-LOWER_IS_WORSE = frozenset({"throughput", "goodput", "fluidity"})
 _SHARE_COUNTS = ("failed", "incomplete")
 
 
@@ -58,6 +58,13 @@ class Row:
     @property
     def flagged(self) -> bool:
         return bool(self.flag)
+
+
+def higher_is_better(kind: str) -> bool:
+    """Whether ``kind``'s figure is a floor (more is better: ``SlaSpec.better``). A kind this install
+    does not know (a report from another version) is taken for a ceiling, as most kinds are."""
+    spec = REGISTRY.get(kind)
+    return spec is not None and spec.better == "higher"
 
 
 def _key(v: Mapping[str, Any]) -> tuple[str, str]:
@@ -129,7 +136,7 @@ def _row(name: str, phase: str, a: Mapping[str, Any] | None, b: Mapping[str, Any
     change = fb - fa if fa is not None and fb is not None else None
     relative = change / abs(fa) if change is not None and fa else None
     test, significant = ("not judged in both runs", None) if a is None or b is None else significance(a, b, alpha)
-    worse = None if change is None else (change < 0 if kind in LOWER_IS_WORSE else change > 0)
+    worse = None if change is None else (change < 0 if higher_is_better(kind) else change > 0)
     flag = ""
     if a is not None and b is not None and a.get("ok") and not b.get("ok"):
         flag = f"verdict: {a['status']} → {b['status']}"

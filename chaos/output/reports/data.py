@@ -57,7 +57,7 @@ def fault_windows(report: dict[str, Any], end: float) -> list[Window]:
 
 def run_end(report: dict[str, Any], obs: Observations) -> float:
     """The last moment anything was observed, in seconds: the time axis of every timeline view."""
-    ends = [p["end_s"] or p["start_s"] for p in report.get("phases", [])]
+    ends: list[float] = [p["end_s"] or p["start_s"] for p in report.get("phases", [])]
     ends += [f["reverted_at"] or f["injected_at"] or 0.0 for f in report.get("faults", [])]
     stamps = [s.t_end or s.t_sent for s in obs.streams if (s.t_end or s.t_sent) is not None]
     if stamps:

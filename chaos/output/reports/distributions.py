@@ -1,11 +1,11 @@
-"""Per SLA, the distribution that was judged: TTFT and inter-token-gap CDFs per phase, with the
-budget, the quantile level, the verdict's own confidence interval on it, and the baseline phase
-overlaid. `recovery` shows the two TTFT samples its rank test compared. Pure: report + observations
-in, HTML out.
+"""Per SLA entry, the distribution that was judged, as a CDF per phase, with the budget, the quantile
+level, the verdict's own confidence interval on it, and the baseline phase overlaid: every kind that
+names what its samples are (``SlaSpec.sample_label``: TTFT, inter-token gaps, ``recovery``'s two TTFT
+samples). Pure: report + observations in, HTML out.
 
-The samples are chosen as the verifiers choose them (``sla.ttft.ttft_samples``, every content gap of
-the phase's judged streams); the interval, figure and counts drawn are read from the verdict's
-evidence, never recomputed.
+The samples drawn are the verifier's own: ``spec.samples(obs, phase)`` of the entry's spec, rebuilt
+from the report's ``sla`` section, the very values the verdict was judged on and the budget proposer
+reads; the interval, figure and counts drawn are read from the verdict's evidence, never recomputed.
 """
 
 from __future__ import annotations
@@ -13,24 +13,28 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from chaos.model.observations import NS, Observations
+import sla
+from chaos.model.errors import ExperimentInvalid
+from chaos.model.observations import Observations
 from chaos.output.render import format_value
 from chaos.output.reports.html import esc, plot_figure
 from chaos.output.reports.plot import BUDGET_COLOUR, cdf_points, data_gid, log_scale, new_figure, phase_colour, to_svg
+from sla.base import SlaSpec
 
-__all__ = ["JUDGED_KINDS", "judged_samples", "render_distributions"]
-
-JUDGED_KINDS = ("ttft", "itl", "recovery")
+__all__ = ["drawn_specs", "render_distributions"]
 
 
-def judged_samples(obs: Observations, kind: str, phase: str | None) -> list[float]:
-    """The values (seconds) the ``kind`` verifier judges in ``phase`` (the whole run for None)."""
-    population = obs.population(phase)
-    if kind == "itl":
-        return [g / NS for st in population for g in st.gaps_ns]
-    from sla.ttft import ttft_samples
-
-    return [v / NS for v in ttft_samples(population)[0]]
+def drawn_specs(report: Mapping[str, Any]) -> dict[str, SlaSpec]:
+    """Entry name → spec, for the report's SLA entries whose kind has a distribution to draw."""
+    specs: dict[str, SlaSpec] = {}
+    for entry in report.get("sla") or []:
+        try:
+            spec = sla.spec_for(str(entry["kind"]), entry.get("params") or {}, parsed=True)
+        except (ExperimentInvalid, KeyError, TypeError):
+            continue  # a kind or parameters this install does not know: nothing it can draw
+        if spec.sample_label is not None:
+            specs[str(entry.get("name") or entry["kind"])] = spec
+    return specs
 
 
 def _baseline(report: Mapping[str, Any], verdicts: Sequence[Mapping[str, Any]]) -> str | None:
@@ -42,15 +46,17 @@ def _baseline(report: Mapping[str, Any], verdicts: Sequence[Mapping[str, Any]]) 
     return phases[0]["name"] if phases else None
 
 
-def _figure(obs: Observations, report: Mapping[str, Any], name: str, verdicts: Sequence[Mapping[str, Any]]) -> str:
+def _judged_phase(verdict: Mapping[str, Any]) -> str | None:
+    """The phase whose samples a verdict judged: its own, or the one its evidence names (``recovery``)."""
+    phase = (verdict.get("evidence") or {}).get("judged_phase") or verdict.get("phase")
+    return None if phase is None else str(phase)
+
+
+def _figure(obs: Observations, report: Mapping[str, Any], name: str, spec: SlaSpec,
+            verdicts: Sequence[Mapping[str, Any]]) -> str:
     kind, unit = verdicts[0]["sla"], verdicts[0]["unit"]
     baseline = _baseline(report, verdicts)
-    sample_kind = "ttft" if kind == "recovery" else kind
-    judged: list[tuple[str | None, Mapping[str, Any]]]
-    if kind == "recovery":
-        judged = [(str(v["evidence"].get("judged_phase") or v.get("phase")), v) for v in verdicts]
-    else:
-        judged = [(v.get("phase"), v) for v in verdicts]
+    judged = [(_judged_phase(v), v) for v in verdicts]
     curves: list[tuple[str | None, Mapping[str, Any] | None]] = list(judged)
     several_phases = len(report.get("phases") or []) > 1
     if baseline is not None and several_phases and baseline not in [p for p, _ in judged]:
@@ -61,7 +67,7 @@ def _figure(obs: Observations, report: Mapping[str, Any], name: str, verdicts: S
     points, lowest, highest = 0, float("inf"), 0.0
     order = [p["name"] for p in report.get("phases") or []]
     for phase, verdict in curves:
-        values = judged_samples(obs, sample_kind, phase)
+        values = spec.samples(obs, phase) or []
         if not values:
             continue
         x, y = cdf_points(values)
@@ -74,22 +80,21 @@ def _figure(obs: Observations, report: Mapping[str, Any], name: str, verdicts: S
         (line,) = ax.step(x, y, where="post", color="#8c959f" if dashed else colour, lw=1.2,
                           ls="--" if dashed else "-", label=label)
         line.set_gid(data_gid(f"cdf-{name}"))
-        if verdict is not None and kind in ("ttft", "itl"):
+        if verdict is not None:
             _mark_quantile(ax, verdict, colour, k, (float(x[0]), float(x[-1])))
     if points == 0:
         return ""
-    highest = _budget_lines(ax, kind, unit, verdicts[0], k, highest)
+    highest = _budget_lines(ax, unit, verdicts[0], k, highest)
     if lowest > 0 and highest / lowest > 50:
         log_scale(ax, "x")
     ax.set_ylim(0, 1.02)
     ax.set_ylabel("share of samples ≤ x")
     axis_unit = "ms" if unit == "s" else unit
-    ax.set_xlabel({"itl": f"gap between content events ({axis_unit})", "ttft": f"time to first content ({axis_unit})",
-                   "recovery": f"time to first content ({axis_unit})"}[kind])
+    ax.set_xlabel(f"{spec.sample_label} ({axis_unit})")
     ax.legend(loc="best")
     title = f"{name} ({kind})" if name != kind else kind
     svg = to_svg(fig, label=f"CDF of {title}")
-    caption = _caption(kind, verdicts)
+    caption = _caption(str(spec.sample_label), verdicts, several_phases and baseline is not None)
     return f"<h3>{esc(title)}</h3>" + plot_figure(f"cdf-{name}", svg, caption, points)
 
 
@@ -108,11 +113,12 @@ def _mark_quantile(ax: Any, verdict: Mapping[str, Any], colour: str, k: float, s
         ax.plot([verdict["figure"] * k], [q], marker="o", ms=4, color=colour)
 
 
-def _budget_lines(ax: Any, kind: str, unit: str, verdict: Mapping[str, Any], k: float, highest: float) -> float:
-    """The budget (and its quantile level, and itl's stall limit) as lines; the x extent they need."""
+def _budget_lines(ax: Any, unit: str, verdict: Mapping[str, Any], k: float, highest: float) -> float:
+    """The budget when it is a time on the samples' axis (a ratio is not), its quantile level, and a
+    stall limit the evidence names (``itl``'s ``max_stall_s``) as lines; the x extent they need."""
     evidence = verdict.get("evidence") or {}
     budget = verdict.get("budget")
-    if kind in ("ttft", "itl") and budget is not None:
+    if unit == "s" and budget is not None:
         ax.axvline(budget * k, color=BUDGET_COLOUR, lw=1, ls="-", label=f"budget {format_value(budget, unit)}")
         highest = max(highest, float(budget) * k)
         level = evidence.get("quantile")
@@ -120,36 +126,36 @@ def _budget_lines(ax: Any, kind: str, unit: str, verdict: Mapping[str, Any], k: 
             ax.axhline(level, color="#57606a", lw=0.6, ls=":",
                        label=f"p{round(level * 100, 4):g} level (bar: its interval)")
     stall = evidence.get("max_stall_s")
-    if kind == "itl" and isinstance(stall, (int, float)):
+    if isinstance(stall, (int, float)):
         ax.axvline(stall * k, color=BUDGET_COLOUR, lw=1, ls="-.", label=f"max stall {format_value(stall, 's')}")
     return highest
 
 
-def _caption(kind: str, verdicts: Sequence[Mapping[str, Any]]) -> str:
+def _caption(label: str, verdicts: Sequence[Mapping[str, Any]], with_baseline: bool) -> str:
     parts = []
     for v in verdicts:
         ev = v.get("evidence") or {}
         text = f"{esc(v.get('phase') or 'run')}: <b class=\"{esc(v['status'])}\">{esc(v['status'])}</b>, " \
                f"{esc(format_value(v.get('figure'), v['unit']))} vs {esc(format_value(v.get('budget'), v['unit']))}"
-        if kind == "recovery" and ev.get("p_value") is not None:
+        if ev.get("p_value") is not None:  # a rank test's (recovery): its p-value and both medians
             text += f" (Mann-Whitney p={ev['p_value']:.3g}, " \
                     f"medians {esc(format_value(ev.get('baseline_p50_s'), 's'))}" \
                     f" → {esc(format_value(ev.get('judged_p50_s'), 's'))})"
         if ev.get("censored_over_budget"):
             text += f"; {ev['censored_over_budget']} streams waited past the budget without content (counted over it)"
         parts.append(text)
-    what = {"ttft": "Time to first content", "itl": "Gaps between content events",
-            "recovery": "TTFT of the baseline and the judged phase"}[kind]
+    what = label[:1].upper() + label[1:] + (", the baseline phase dashed" if with_baseline else "")
     return f"{what}, cumulative. " + "; ".join(parts)
 
 
 def render_distributions(report: Mapping[str, Any], obs: Observations) -> str:
+    specs = drawn_specs(report)
     by_entry: dict[str, list[Mapping[str, Any]]] = {}
     for v in report.get("verdicts") or []:
-        if v["sla"] in JUDGED_KINDS:
+        if (v.get("name") or v["sla"]) in specs:
             by_entry.setdefault(v.get("name") or v["sla"], []).append(v)
-    figures = [_figure(obs, report, name, verdicts) for name, verdicts in by_entry.items()]
+    figures = [_figure(obs, report, name, specs[name], verdicts) for name, verdicts in by_entry.items()]
     figures = [f for f in figures if f]
     if not figures:
-        return '<p class="muted">No TTFT, gap or recovery verdicts with samples to draw.</p>'
+        return '<p class="muted">No verdicts with a sample to draw (TTFT, token gaps, recovery).</p>'
     return '<div class="grid">' + "".join(f"<div>{f}</div>" for f in figures) + "</div>"

@@ -3,6 +3,8 @@
 Each SLA entry and phase over time (its figure with the verdict's own interval, the budget), the
 verdicts as a streak table (one column per run, the current streak), and every run compared with
 the one before it by ``chaos.output.reports.compare`` — the same statistics — with regressions flagged.
+A series is the runs of one experiment against one target (``target_of``): a run is compared only
+with the run before it against the same target, since another target's figures are no baseline.
 Pure apart from ``load_runs``, which reads the run directories' report.json files.
 """
 
@@ -18,7 +20,10 @@ from typing import Any
 from chaos.model.errors import UsageError
 from chaos.output.reports.compare import MIN_DELAY_S, Row, compare_reports
 
-__all__ = ["Run", "Transition", "history_lines", "load_runs", "read_report", "regressions", "render_history", "streak"]
+__all__ = ["Run", "Transition", "history_lines", "latest_regressed", "load_runs", "read_report", "regressions",
+           "render_history", "series", "streak", "target_of"]
+
+_LOOPBACK = ("127.", "localhost", "[::1]", "::1")
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,39 @@ class Run:
     @property
     def label(self) -> str:
         return datetime.fromtimestamp(self.start, UTC).strftime("%m-%d %H:%M:%S")
+
+    @property
+    def target(self) -> str:
+        return target_of(self.report)
+
+
+def target_of(report: Mapping[str, Any]) -> str:
+    """The target a run was against, as its report.json records it: ``builtin tiny on cpu``, ``openai
+    http://gpu-1:8000/v1 llama-3-8b, profile vllm``. The address counts unless the run chose it: a
+    loopback address of a target kind other than ``openai`` is a spawned stack's, container's or
+    port-forward's ephemeral port, new in every run. ``-`` when the report records no target."""
+    target = report.get("target")
+    if not isinstance(target, Mapping) or not target.get("kind"):
+        return "-"
+    kind, url = str(target["kind"]), str(target.get("base_url") or "")
+    host = url.split("://", 1)[-1]
+    spawned = kind != "openai" and host.startswith(_LOOPBACK)
+    words = [kind, "" if spawned else url, str(target.get("model") or "")]
+    text = " ".join(w for w in words if w)
+    if target.get("device"):
+        text += f" on {target['device']}"
+    engine = target.get("engine")
+    if isinstance(engine, Mapping) and engine.get("profile"):
+        text += f", profile {engine['profile']}"
+    return text
+
+
+def series(runs: Sequence[Run]) -> list[tuple[str, list[Run]]]:
+    """The runs grouped by target (``target_of``), each group oldest first, groups in order of their first run."""
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(run.target, []).append(run)
+    return list(groups.items())
 
 
 @dataclass(frozen=True)
@@ -138,26 +176,41 @@ def streak(runs: Sequence[Run], key: tuple[str, str]) -> tuple[str, int]:
 
 def regressions(runs: Sequence[Run], *, alpha: float = 0.05, min_change: float = 0.10,
                 min_delay: float = MIN_DELAY_S) -> list[Transition]:
-    """Each run against the run before it (the comparison's statistics)."""
+    """Each run against the run before it against the same target (the comparison's statistics), in run order."""
+    pairs = [(before, after) for _, group in series(runs) for before, after in zip(group, group[1:], strict=False)]
     return [Transition(before, after, compare_reports(before.report, after.report, alpha=alpha, min_change=min_change,
-                                                           min_delay=min_delay))
-            for before, after in zip(runs, runs[1:], strict=False)]
+                                                      min_delay=min_delay))
+            for before, after in sorted(pairs, key=lambda pair: pair[1].start)]
+
+
+def latest_regressed(runs: Sequence[Run], transitions: Sequence[Transition]) -> bool:
+    """Whether the newest run has a flagged change against the run before it against its target."""
+    return bool(runs) and any(r.flagged for t in transitions if t.after is runs[-1] for r in t.rows)
 
 
 def history_lines(runs: Sequence[Run], transitions: Sequence[Transition]) -> list[str]:
-    """The terminal summary: each entry's streak, then every flagged change."""
+    """The terminal summary: each entry's streak (per target when the runs had several), then every flagged change."""
+    groups = series(runs)
     lines = [f"{runs[0].report.get('experiment')}: {len(runs)} runs, {runs[0].label} … {runs[-1].label} (UTC)"]
-    for key in _keys(runs):
-        status, count = streak(runs, key)
-        lines.append(f"  {key[0]} [{key[1]}]: {status} in the last {count} run(s)")
+    if len(groups) > 1:
+        lines.append(f"  against {len(groups)} targets: each run is compared with the run before it against the same "
+                     "target")
+    for target, group in groups:
+        indent = "  " if len(groups) == 1 else "    "
+        if len(groups) > 1:
+            lines.append(f"  target {target}: {len(group)} run(s)")
+        for key in _keys(group):
+            status, count = streak(group, key)
+            lines.append(f"{indent}{key[0]} [{key[1]}]: {status} in the last {count} run(s)")
     flagged = [(t, r) for t in transitions for r in t.rows if r.flagged]
     lines.append(f"{len(flagged)} flagged change(s) between consecutive runs" + (":" if flagged else ""))
     for t, r in flagged:
-        lines.append(f"  !! {t.after.label} vs {t.before.label}: {r.name} [{r.phase}] {r.flag} ({r.test})")
+        against = f" (target {t.after.target})" if len(groups) > 1 else ""
+        lines.append(f"  !! {t.after.label} vs {t.before.label}: {r.name} [{r.phase}] {r.flag} ({r.test}){against}")
     return lines
 
 
-def _trend_figure(runs: Sequence[Run], key: tuple[str, str]) -> tuple[str, int]:
+def _trend_figure(runs: Sequence[Run], key: tuple[str, str], name: str) -> tuple[str, int]:
     from chaos.output.reports.plot import BUDGET_COLOUR, COLOURS, data_gid, new_figure, to_svg
 
     points = [(i, v) for i, r in enumerate(runs) if (v := _verdict(r, key)) is not None and v.get("figure") is not None]
@@ -175,8 +228,7 @@ def _trend_figure(runs: Sequence[Run], key: tuple[str, str]) -> tuple[str, int]:
             ax.plot([i, i], [ev["lower"] * k, ev["upper"] * k], color=colours.get(v["status"], COLOURS[5]), lw=3,
                     alpha=0.4)
     ax.scatter(xs, [v["figure"] * k for _, v in points], s=18, zorder=3,
-               color=[colours.get(v["status"], COLOURS[5]) for _, v in points],
-               gid=data_gid(f"trend-{key[0]}-{key[1]}"))
+               color=[colours.get(v["status"], COLOURS[5]) for _, v in points], gid=data_gid(name))
     budget = points[-1][1].get("budget")
     if budget is not None:
         ax.axhline(budget * k, color=BUDGET_COLOUR, lw=1)
@@ -186,14 +238,13 @@ def _trend_figure(runs: Sequence[Run], key: tuple[str, str]) -> tuple[str, int]:
     return to_svg(fig, label=f"{key[0]} {key[1]} over time"), len(points)
 
 
-def render_history(runs: Sequence[Run], transitions: Sequence[Transition]) -> str:
+def _streak_table(runs: Sequence[Run]) -> str:
     from chaos.output.render import format_value
-    from chaos.output.reports.html import esc, page, plot_figure, section
+    from chaos.output.reports.html import esc
 
-    keys = _keys(runs)
     head = "<tr><th>SLA</th><th>phase</th>" + "".join(f"<th>{esc(r.label)}</th>" for r in runs) + "<th>streak</th></tr>"
     body = []
-    for key in keys:
+    for key in _keys(runs):
         cells = []
         for run in runs:
             v = _verdict(run, key)
@@ -203,31 +254,56 @@ def render_history(runs: Sequence[Run], transitions: Sequence[Transition]) -> st
         status, count = streak(runs, key)
         body.append(f"<tr><td>{esc(key[0])}</td><td>{esc(key[1])}</td>{''.join(cells)}<td>{esc(status)} "
                     f"×{count}</td></tr>")
-    streaks = f'<table class="streaks">{head}{"".join(body)}</table>'
-    flagged = [(t, r) for t in transitions for r in t.rows if r.flagged]
-    items = "".join(
-        f'<li class="flagged"><b>{esc(t.after.label)}</b> against {esc(t.before.label)}: {esc(r.name)} '
-        f'[{esc(r.phase)}] — '
+    return f'<table class="streaks">{head}{"".join(body)}</table>'
+
+
+def _trends(runs: Sequence[Run], prefix: str) -> str:
+    from chaos.output.reports.html import plot_figure
+
+    trends = []
+    for key in _keys(runs):
+        name = f"trend-{prefix}{key[0]}-{key[1]}"
+        svg, points = _trend_figure(runs, key, name)
+        if svg:
+            trends.append("<div>" + plot_figure(name, svg, "figure per run; bars: the verdict's interval; "
+                                                "red: the budget", points) + "</div>")
+    return '<div class="grid">' + "".join(trends) + "</div>"
+
+
+def _flagged_items(transitions: Sequence[Transition], several: bool) -> str:
+    from chaos.output.render import format_value
+    from chaos.output.reports.html import esc
+
+    return "".join(
+        f'<li class="flagged"><b>{esc(t.after.label)}</b> against {esc(t.before.label)}'
+        + (f" ({esc(t.after.target)})" if several else "") + f": {esc(r.name)} [{esc(r.phase)}] — "
         f"{esc(r.flag)}; {esc(format_value(r.a.get('figure') if r.a else None, r.unit))} → "
         f"{esc(format_value(r.b.get('figure') if r.b else None, r.unit))} ({esc(r.test)})</li>"
-        for t, r in flagged
+        for t in transitions for r in t.rows if r.flagged
     )
-    trends = []
-    for key in keys:
-        svg, points = _trend_figure(runs, key)
-        if svg:
-            trends.append("<div>" + plot_figure(f"trend-{key[0]}-{key[1]}", svg,
-                                                "figure per run; bars: the verdict's interval; "
-                                                "red: the budget", points) + "</div>")
-    page_body = "\n".join([
+
+
+def render_history(runs: Sequence[Run], transitions: Sequence[Transition]) -> str:
+    """The page: per target (one series when every run had the same), the streaks and the trends; the
+    flagged changes between consecutive runs against the same target."""
+    from chaos.output.reports.html import esc, page, section
+
+    groups = series(runs)
+    several = len(groups) > 1
+    flagged = sum(1 for t in transitions for r in t.rows if r.flagged)
+    items = _flagged_items(transitions, several)
+    parts = [
         f"<h1>{esc(runs[0].report.get('experiment'))}: {len(runs)} runs</h1>",
         f'<p class="summary">{runs[0].label} … {runs[-1].label} (UTC); '
-        + (f'<b class="fail">{len(flagged)} flagged change(s)</b>' if flagged
-           else '<b class="pass">no flagged change</b>')
+        + (f"{len(groups)} targets, each its own series; " if several else "")
+        + (f'<b class="fail">{flagged} flagged change(s)</b>' if flagged else '<b class="pass">no flagged change</b>')
         + "</p>",
-        section("streaks", "Verdicts per run", streaks),
-        section("regressions", "Flagged changes between consecutive runs",
-                f"<ul>{items}</ul>" if items else '<p class="muted">none</p>'),
-        section("trends", "Figures over time", '<div class="grid">' + "".join(trends) + "</div>"),
-    ])
-    return page(f"streamchaos history: {runs[0].report.get('experiment')}", page_body)
+    ]
+    for i, (target, group) in enumerate(groups):
+        against = f" against {target}" if several else ""
+        suffix, prefix = (f"-{i}", f"{i}-") if several else ("", "")
+        parts.append(section(f"streaks{suffix}", f"Verdicts per run{against}", _streak_table(group)))
+        parts.append(section(f"trends{suffix}", f"Figures over time{against}", _trends(group, prefix)))
+    parts.insert(3 if not several else 2, section("regressions", "Flagged changes between consecutive runs",
+                                                  f"<ul>{items}</ul>" if items else '<p class="muted">none</p>'))
+    return page(f"streamchaos history: {runs[0].report.get('experiment')}", "\n".join(parts))

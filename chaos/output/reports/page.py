@@ -3,17 +3,57 @@
 Verdicts (units, intervals, samples, samples to decide), the judged distributions, the timeline
 with fault windows, a token waterfall, each fault's plan / evidence / undo, the environment. No
 script, no stylesheet or font or image fetched: open it from a CI artifact or an air-gapped laptop.
+
+A view beyond the built-in ones is a panel: a pure ``render(report, observations) -> str`` decorated
+with ``@panel(ident, title)``, drawn as its own section before the environment (docs/dev/report-panel.md).
+An in-tree panel's module is named in ``PANEL_MODULES``, which the page imports before it draws.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from chaos.model.observations import Observations
 from chaos.output.reports.html import esc, page, section
 
-__all__ = ["next_steps_html", "render_html", "summary_line"]
+__all__ = ["PANELS", "PANEL_MODULES", "Panel", "next_steps_html", "panel", "render_html", "summary_line"]
+
+Render = Callable[[Mapping[str, Any], Observations], str]
+
+# the built-in views' section ids, in page order (a panel may not take one)
+BUILTIN_SECTIONS = ("verdicts", "distributions", "timeline", "waterfall", "phases", "faults", "environment")
+PANEL_MODULES: tuple[str, ...] = ()  # in-tree panel modules: importing one registers its panels
+
+
+@dataclass(frozen=True)
+class Panel:
+    """A view beyond the built-in ones: its section id (the page's anchor), its heading, its render."""
+
+    ident: str
+    title: str
+    render: Render
+
+
+PANELS: dict[str, Panel] = {}  # registered panels, drawn in registration order before the environment
+
+
+def panel(ident: str, title: str) -> Callable[[Render], Render]:
+    """Decorator: draw ``render(report, observations)`` as section ``ident`` of every report.html.
+
+    ``render`` is pure (the report dict and the observations in, an HTML fragment out) and must escape
+    what it prints (``chaos.output.reports.html.esc``)."""
+
+    def add(render: Render) -> Render:
+        known = PANELS.get(ident)
+        if ident in BUILTIN_SECTIONS or (known is not None and known.render is not render):
+            raise AssertionError(f"report panel {ident!r} registered twice")
+        PANELS[ident] = Panel(ident, title, render)
+        return render
+
+    return add
 
 
 def summary_line(report: Mapping[str, Any]) -> str:
@@ -73,6 +113,14 @@ def render_html(report: dict[str, Any], obs: Observations) -> str:
         section("waterfall", "Token waterfall", render_waterfall(report, obs)),
         section("phases", "Phases", render_phases(report.get("phases") or [])),
         section("faults", "Faults", render_faults(report.get("faults") or [])),
+        *_panels(report, obs),
         section("environment", "Environment", render_environment(report)),
     ])
     return page(f"streamchaos: {report['experiment']}", body)
+
+
+def _panels(report: dict[str, Any], obs: Observations) -> list[str]:
+    """The registered panels' sections (their in-tree modules imported first, which registers them)."""
+    for name in PANEL_MODULES:
+        importlib.import_module(name)
+    return [section(p.ident, p.title, p.render(report, obs)) for p in PANELS.values()]

@@ -102,7 +102,7 @@ def new_figure(width_in: float, height_in: float, rows: int = 1, *, sharex: bool
     import matplotlib
 
     left, right, top, bottom = margins_in
-    with matplotlib.rc_context(_RC):  # type: ignore[arg-type]  # its stubs want literal keys
+    with matplotlib.rc_context(_RC):
         from matplotlib.figure import Figure
 
         fig = Figure(figsize=(width_in, height_in))
@@ -136,7 +136,7 @@ def to_svg(fig: Figure, *, label: str) -> str:
     for artist in fig.findobj(Text):  # every label, title, annotation and legend entry: `$` is a dollar sign
         artist.set_parse_math(False)
     buf = io.StringIO()
-    with matplotlib.rc_context(_RC):  # type: ignore[arg-type]  # its stubs want literal keys
+    with matplotlib.rc_context(_RC):
         fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
     text = buf.getvalue()
     text = text[text.index("<svg"):]

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from chaos.output.render import format_value
+from chaos.output.render import why_text as render_why_text
 from chaos.output.reports.html import esc, kv_table
 
 __all__ = ["interval_text", "render_verdicts", "samples_text", "to_decide_text", "why_text"]
@@ -55,11 +56,8 @@ def to_decide_text(v: Mapping[str, Any]) -> str:
 
 
 def why_text(v: Mapping[str, Any]) -> str:
-    ev = v.get("evidence") or {}
-    parts = [str(ev[k]) for k in ("inconclusive_cause", "reason") if ev.get(k)]
-    if ev.get("decided_by") and ev["decided_by"] != "quantile":
-        parts.insert(0, f"decided by {ev['decided_by']}")
-    return "; ".join(parts)
+    """The verdict's why, worded as on the console (``chaos.output.render.why_text``)."""
+    return render_why_text(v.get("evidence") or {})
 
 
 def render_verdicts(verdicts: list[Mapping[str, Any]]) -> str:

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -281,7 +282,7 @@ class Engine:
                 steps_total=self._steps_total,
             )
 
-    def live_requests(self) -> list[dict]:
+    def live_requests(self) -> list[dict[str, Any]]:
         with self._cond:
             out = []
             for seq in self._seqs.values():
@@ -478,7 +479,7 @@ class Engine:
         if self._utf8_bias is not None:
             states = torch.tensor([s.utf8_state for s in batch], dtype=torch.long, device=logits.device)
             logits = logits + self._utf8_bias[states]
-        greedy = logits.argmax(dim=-1).tolist()
+        greedy: list[int] = logits.argmax(dim=-1).tolist()
         for i, seq in enumerate(batch):
             p = seq.params
             if p.temperature <= 0:

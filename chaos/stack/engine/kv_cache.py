@@ -19,7 +19,3 @@ class KVCache:
 
     def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return list(zip(self.k, self.v, strict=True))
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)

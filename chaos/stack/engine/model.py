@@ -80,7 +80,7 @@ class ModelConfig:
         )
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(nn.Module):  # type: ignore[misc]  # nn.Module is Any: mypy does not follow torch (pyproject.toml)
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
@@ -98,7 +98,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
-class Attention(nn.Module):
+class Attention(nn.Module):  # type: ignore[misc]  # nn.Module is Any: mypy does not follow torch (pyproject.toml)
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         hd = cfg.dim_head
@@ -138,7 +138,7 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.num_heads * hd))
 
 
-class MLP(nn.Module):
+class MLP(nn.Module):  # type: ignore[misc]  # nn.Module is Any: mypy does not follow torch (pyproject.toml)
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
@@ -149,7 +149,7 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(nn.Module):  # type: ignore[misc]  # nn.Module is Any: mypy does not follow torch (pyproject.toml)
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.self_attn = Attention(cfg)
@@ -168,7 +168,7 @@ class AttnMeta:
     mask: torch.Tensor  # [B, 1, T, S] bool, True = attend
 
 
-class Backbone(nn.Module):
+class Backbone(nn.Module):  # type: ignore[misc]  # nn.Module is Any: mypy does not follow torch (pyproject.toml)
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
@@ -176,7 +176,7 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class CausalLM(nn.Module):
+class CausalLM(nn.Module):  # type: ignore[misc]  # nn.Module is Any: mypy does not follow torch (pyproject.toml)
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
@@ -215,7 +215,7 @@ class CausalLM(nn.Module):
         sin = sin_t[positions].unsqueeze(2)
         x = self.model.embed_tokens(input_ids)
         layer: DecoderLayer
-        for layer, (kc, vc) in zip(self.model.layers, kv_caches, strict=True):  # type: ignore[assignment]
+        for layer, (kc, vc) in zip(self.model.layers, kv_caches, strict=True):
             x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, kc, vc, meta)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         if logits_index is not None:
@@ -264,7 +264,8 @@ def build_tiny(vocab_size: int, seed: int = 0, cfg: ModelConfig | None = None) -
             else:
                 p.normal_(0.0, 1.0 / math.sqrt(p.shape[1]), generator=g)
     model._rope_len = 0
-    return model.eval()
+    model.eval()  # returns the model itself, typed Any here: torch is not followed
+    return model
 
 
 def load_hf(path: str | Path) -> CausalLM:
@@ -283,8 +284,8 @@ def load_hf(path: str | Path) -> CausalLM:
     for f in files:
         state.update(load_file(str(f)))
     with torch.device("meta"):
-        model = CausalLM(cfg)
-    model = model.to_empty(device="cpu")
+        meta = CausalLM(cfg)
+    model: CausalLM = meta.to_empty(device="cpu")
     own = dict(model.named_parameters())
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
@@ -300,7 +301,8 @@ def load_hf(path: str | Path) -> CausalLM:
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model._rope_len = 0
-    return model.eval()
+    model.eval()  # returns the model itself, typed Any here: torch is not followed
+    return model
 
 
 __all__ = ["AttnMeta", "CausalLM", "ModelConfig", "build_tiny", "load_hf", "tiny_config"]

@@ -137,6 +137,5 @@ def _special_tokens_by_id(cj: Path, backend: _HFTokenizer) -> dict[str, str | No
 def _tok_str(v: Any) -> str | None:
     if isinstance(v, str):
         return v
-    if isinstance(v, dict) and isinstance(v.get("content"), str):
-        return v["content"]
-    return None
+    content = v.get("content") if isinstance(v, dict) else None
+    return content if isinstance(content, str) else None

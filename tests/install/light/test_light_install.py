@@ -1,4 +1,4 @@
-"""`pip install streamchaos` (no extra) in a fresh virtualenv: no torch, yet a run against a remote
+"""`pip install -e .` of the clone (no extra) in a fresh virtualenv: no torch, yet a run against a remote
 target works; the builtin target says in one line which extra to install (exit 4, no traceback)."""
 
 from __future__ import annotations

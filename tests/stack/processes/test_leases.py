@@ -70,7 +70,7 @@ def test_a_bad_ttl_is_400(stack: StackProcess, admin: Any) -> None:
 CHILD = textwrap.dedent("""
     import asyncio, sys, time
     from pathlib import Path
-    from chaos.stack import admin_client
+    from chaos.admin import client as admin_client
     admin_client.LEASE_TTL_S, admin_client.LEASE_RENEW_EVERY_S = 1.0, 0.2
     from chaos.model.context import RunContext, TargetInfo
     from faults.kv import KvPressure

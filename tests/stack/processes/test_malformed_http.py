@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chaos.stack.process import StackProcess
-from faults.toxiproxy_server import ToxiproxyThread
+from chaos.toxiproxy.server import ToxiproxyThread
 
 pytestmark = pytest.mark.timeout(300)
 

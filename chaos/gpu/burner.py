@@ -1,6 +1,6 @@
 """Helper processes for the non-invasive GPU-throttle backends: CPU/GPU contention and SIGSTOP duty cycles.
 
-Run as ``python PATH/faults/burner.py MODE ...`` (by path, not ``-m``, so a helper starts in ~0.1s without
+Run as ``python PATH/chaos/gpu/burner.py MODE ...`` (by path, not ``-m``, so a helper starts in ~0.1s without
 importing every fault family); the fault side uses ``spawn``, ``kill_verified`` and ``find_burners``.
 
     cpu   --busy F --period S            spin F of every period on the CPU (a co-tenant on the engine's cores)
@@ -51,6 +51,10 @@ __all__ = [
 HARD_CAP_S = 3600.0
 SCRIPT = str(Path(__file__).resolve())
 _PR_SET_PDEATHSIG = 1
+# What a helper's command line names: this module, and where it lived before it moved out of faults/
+# (a rollback of a journal written then must still recognise the helpers that run started).
+_SCRIPT_PATHS = (b"chaos/gpu/burner.py", b"faults/burner.py")
+_MODULE_NAMES = (b"chaos.gpu.burner", b"faults.burner")
 
 
 _TAG = re.compile(r"streamchaos-[0-9a-f]{16}")
@@ -67,7 +71,7 @@ def valid_tag(tag: str) -> bool:
 
 
 def is_burner(pid: int, tag: str) -> bool:
-    """True when ``pid`` is a live ``faults.burner`` helper whose ``--tag`` argument is exactly ``tag``."""
+    """True when ``pid`` is a live ``chaos.gpu.burner`` helper whose ``--tag`` argument is exactly ``tag``."""
     if not valid_tag(tag):
         return False
     try:
@@ -76,7 +80,7 @@ def is_burner(pid: int, tag: str) -> bool:
     except OSError:
         return False
     # A zombie has an empty cmdline: nothing left to kill.
-    script = any(a.endswith(b"faults/burner.py") for a in argv[1:2]) or b"faults.burner" in argv
+    script = any(a.endswith(_SCRIPT_PATHS) for a in argv[1:2]) or any(m in argv for m in _MODULE_NAMES)
     tagged = any(flag == b"--tag" and value == tag.encode() for flag, value in zip(argv, argv[1:], strict=False))
     return script and tagged and proc_state(pid) not in (None, "Z", "X")
 
@@ -272,7 +276,7 @@ def _run_duty(args: argparse.Namespace) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="faults/burner.py", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="chaos/gpu/burner.py", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="mode", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--tag", required=True, help="identifies this fault's helpers for a later rollback")

@@ -1,7 +1,8 @@
 """Containers streamchaos starts, through the Docker SDK: labels, ownership, state read back, removal.
 
-A leaf module (it imports only ``chaos.model.errors``; the ``docker`` package lazily), shared by the
-docker target (``chaos.targets.docker``), the container faults (``faults.docker``) and rollback.
+A leaf module (it imports only ``chaos.model.errors`` and ``chaos.host.runfiles``; the ``docker``
+package lazily), shared by the docker target (``chaos.targets.docker``), the container faults
+(``faults.docker``), the containerised Toxiproxy (``chaos.execution.proxy``) and rollback.
 
 Every container streamchaos starts carries ``streamchaos.run_id`` (the journal's run id) and
 ``streamchaos.run_dir`` (the run directory, resolved). Those labels, not the journal, decide what is
@@ -57,9 +58,10 @@ def docker_client(error: type[ChaosError] = SetupFailed, what: str = "a docker t
     ``error`` (``SetupFailed`` for a target, ``FaultUnsupported`` for a fault) says why there is none.
     """
     try:
-        import docker  # type: ignore[import-untyped]
+        import docker
     except ImportError:
-        raise error(f"{what} needs the Docker SDK: pip install 'streamchaos[docker]' (the `docker` package)") from None
+        raise error(f"{what} needs the Docker SDK: in the streamchaos clone, pip install -e '.[docker]' "
+                    "(the `docker` package)") from None
     try:
         client = docker.from_env(timeout=CLIENT_TIMEOUT_S)
         client.ping()
@@ -125,7 +127,7 @@ def container_facts(attrs: Mapping[str, Any]) -> dict[str, Any]:
 
 def find_container(client: Any, container_id: str) -> Any | None:
     """The container with this id (or name), or None when the daemon has none."""
-    import docker.errors  # type: ignore[import-untyped]
+    import docker.errors
 
     if not container_id:
         return None

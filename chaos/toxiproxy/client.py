@@ -51,7 +51,7 @@ class _RequestsWithTimeout:
         return requests.delete(url, timeout=CALL_TIMEOUT_S - 1, **kwargs)
 
 
-toxiproxy.api.requests = _RequestsWithTimeout  # type: ignore[assignment]
+toxiproxy.api.requests = _RequestsWithTimeout
 
 
 class ToxiproxyAPI:

@@ -37,7 +37,7 @@ class EmbeddedToxiproxy:
         self.config = config
         self.proxies: dict[str, Proxy] = {}
         self.api = Api(self)
-        self.loop: asyncio.AbstractEventLoop | None = None  # type: ignore[assignment]
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
         self.url: str | None = None
 
@@ -135,7 +135,7 @@ class ToxiproxyThread:
         if "error" in box:
             raise box["error"]
         self.url = box["url"]
-        return self.url  # type: ignore[return-value]
+        return self.url
 
     def stop(self, timeout: float = 10.0) -> None:
         if self._loop is not None and self._thread is not None and self._thread.is_alive():
@@ -162,7 +162,7 @@ def _positive(text: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m faults.toxiproxy_server [--host H] [--port P] [--seed N] [--config FILE]``."""
+    """``python -m chaos.toxiproxy.server [--host H] [--port P] [--seed N] [--config FILE]``."""
     ap = argparse.ArgumentParser(prog="streamchaos toxiproxy serve",
                                  description="Embedded API-compatible Toxiproxy (2.12.0)")
     ap.add_argument("--host", "-host", default="127.0.0.1")

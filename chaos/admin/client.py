@@ -28,7 +28,7 @@ from chaos.model.errors import FaultError, FaultPermissionDenied, TargetUnreacha
 __all__ = ["LEASE_RENEW_EVERY_S", "LEASE_TTL_S", "AdminClient", "LeaseKeeper", "admin_delete_sync", "admin_url_of",
            "proof_of", "recognise"]
 
-log = logging.getLogger("chaos.stack.admin_client")
+log = logging.getLogger("chaos.admin.client")
 
 # What a fault sets through the admin API is a lease of LEASE_TTL_S, renewed every LEASE_RENEW_EVERY_S
 # while the fault is injected: a runner that dies leaves it for at most LEASE_TTL_S. Five renewals per

@@ -1,9 +1,9 @@
 """The client rules the load generator understands: hang up, read slowly, time out.
 
 Client faults (``faults.client``) build these and install them in the run's ``ClientPolicy``; the
-generator draws every new request's plan from the rules in force. They live here, beside the
-generator that carries them out, so a load worker process unpickles them without importing
-``faults``.
+generator (``chaos.load``) draws every new request's plan from the rules in force. They are plain
+frozen data, so they live in the model, below both: a client fault imports them without importing
+the load generator, and a load worker process unpickles them without importing ``faults``.
 """
 
 from __future__ import annotations

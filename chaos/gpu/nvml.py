@@ -208,11 +208,11 @@ class Nvml:
 
     def power_watts(self, index: int) -> float:
         with _translated(f"read the power draw of GPU {index}"):
-            return pynvml.nvmlDeviceGetPowerUsage(self.handle(index)) / 1000.0
+            return float(pynvml.nvmlDeviceGetPowerUsage(self.handle(index))) / 1000.0  # mW
 
     def power_limit_watts(self, index: int) -> float:
         with _translated(f"read the power limit of GPU {index}"):
-            return pynvml.nvmlDeviceGetPowerManagementLimit(self.handle(index)) / 1000.0
+            return float(pynvml.nvmlDeviceGetPowerManagementLimit(self.handle(index))) / 1000.0  # mW
 
     def power_limit_constraints_watts(self, index: int) -> tuple[float, float]:
         with _translated(f"read the power limit range of GPU {index}"):

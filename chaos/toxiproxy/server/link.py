@@ -224,7 +224,7 @@ class Link:
     # -- source side -------------------------------------------------------------------------
     def feed(self, data: bytes) -> None:
         if not self.stages:
-            self.dst.write(data)  # type: ignore[union-attr]
+            self.dst.write(data)  # type: ignore[union-attr]  # set before reading starts (Conn.side_made)
             return
         ts = self.loop.time()
         first = self.stages[0]
