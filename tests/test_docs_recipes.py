@@ -2,8 +2,10 @@
 as written, registers and works against the real API. The fault recipe's module parses from the
 page's experiment through the real loader, rejects the page's bad values with the messages the page
 quotes, freezes and resumes a real child process and rolls a freeze back; the panel recipe's module
-draws its section into a real report page from a synthetic run. A renamed base class, decorator or
-loader function fails here until the page follows."""
+draws its section into a real report page from a synthetic run; the SLA recipe's verifier passes and
+fails a synthetic run's observations and is taken by the loader; the target recipe's kind is taken by
+the loader, accounted for by the dry run, has its support column, and starts and stops a real local
+server. A renamed base class, decorator or loader function fails here until the page follows."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -49,10 +51,16 @@ LoadModule = Callable[[str, str], ModuleType]
 def page_modules(directory: Path) -> Iterator[LoadModule]:
     """Import pages' modules from ``directory`` (so they register); on exit, unregister what they
     registered and forget the modules, leaving the registries as they were."""
+    import sla  # noqa: F401  (the shipped verifiers registered first, as a run finds them)
     from chaos.output.reports.page import PANELS
+    from chaos.targets.base import TARGET_KINDS
+    from chaos.targets.registry import kinds
     from faults.base import REGISTRY
+    from sla.base import REGISTRY as VERIFIERS
 
+    kinds()  # the shipped target kinds found first, so restoring keeps them
     before_faults, before_panels = dict(REGISTRY), dict(PANELS)
+    before_verifiers, before_targets = dict(VERIFIERS), dict(TARGET_KINDS)
     imported: list[str] = []
     sys.path.insert(0, str(directory))
 
@@ -71,6 +79,10 @@ def page_modules(directory: Path) -> Iterator[LoadModule]:
         REGISTRY.update(before_faults)
         PANELS.clear()
         PANELS.update(before_panels)
+        VERIFIERS.clear()
+        VERIFIERS.update(before_verifiers)
+        TARGET_KINDS.clear()
+        TARGET_KINDS.update(before_targets)
 
 
 @pytest.fixture
@@ -166,15 +178,24 @@ def test_the_fault_recipe_parses_validates_injects_reverts_and_rolls_back(
 
 def test_the_recipes_leave_the_registries_as_they_found_them(tmp_path: Path) -> None:
     from chaos.output.reports.page import PANELS
+    from chaos.targets.base import TARGET_KINDS
+    from chaos.targets.registry import kinds
     from faults.base import REGISTRY
+    from sla.base import REGISTRY as VERIFIERS
 
-    before_faults, before_panels = set(REGISTRY), set(PANELS)
+    registries: tuple[Mapping[str, object], ...] = (REGISTRY, PANELS, VERIFIERS, TARGET_KINDS)
+    kinds()
+    before = [set(r) for r in registries]
     with page_modules(tmp_path) as load:
         load("process_pause", blocks("fault.md")[("module", "process_pause")])
         load("outcomes_panel", blocks("report-panel.md")[("module", "outcomes_panel")])
-        assert set(REGISTRY) == before_faults | {"process.pause"} and set(PANELS) == before_panels | {"outcomes"}
-    assert set(REGISTRY) == before_faults and set(PANELS) == before_panels
-    assert "process_pause" not in sys.modules and str(tmp_path) not in sys.path
+        load("e2e", blocks("sla-verifier.md")[("module", "e2e")])
+        load("command_target", blocks("target-kind.md")[("module", "command_target")])
+        added = [set(r) - b for r, b in zip(registries, before, strict=True)]
+        assert added == [{"process.pause"}, {"outcomes"}, {"e2e"}, {"command"}], added
+    assert [set(r) for r in registries] == before
+    assert "builtin" in kinds() and "ttft" in VERIFIERS  # the shipped ones kept
+    assert not {"process_pause", "e2e", "command_target"} & set(sys.modules) and str(tmp_path) not in sys.path
 
 
 def test_the_panel_recipe_draws_its_section_into_a_real_report_page(
@@ -225,3 +246,115 @@ def test_a_panel_may_not_take_a_builtin_section(monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(AssertionError, match="registered twice"):
         panel(BUILTIN_SECTIONS[0], "Mine")(lambda report, obs: "")
     assert BUILTIN_SECTIONS[0] not in PANELS
+
+
+def test_the_sla_recipe_passes_and_fails_on_observations_and_is_accepted_by_the_loader(
+        recipe_module: LoadModule, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "reports"))
+    import numpy as np
+    from synthetic import synthetic_run  # tests/reports/synthetic.py
+
+    import sla
+    from chaos.execution.verify import judge_entry
+    from chaos.experiment.loader import parse_experiment
+    from chaos.output.support import render_markdown
+    from sla.base import REGISTRY, missing_facts
+
+    page = blocks("sla-verifier.md")
+    module = recipe_module("e2e", page[("module", "e2e")])
+    cls = REGISTRY["e2e"]
+    assert cls is module.E2e and missing_facts(cls) == []
+
+    _, obs = synthetic_run(streams=300, seconds=30)
+    # the median end-to-end time of the baseline, measured here independently of the verifier
+    times = [(s.t_content[-1] - s.t_sent) / 1e9 for s in obs.population("baseline") if s.t_content and s.t_sent]
+    median = float(np.quantile(times, 0.5))
+    assert len(times) > 50 and median > 0
+
+    within = sla.judge(obs, "e2e", {"quantile": "p50", "budget": f"{median * 2000:.0f}ms"}, "baseline")
+    over = sla.judge(obs, "e2e", {"quantile": "p50", "budget": f"{median * 500:.0f}ms"}, "baseline")
+    assert (within.status, over.status) == ("pass", "fail"), (within, over)
+    assert within.samples == over.samples == len(times) and within.unit == "s"
+    assert within.figure is not None and abs(within.figure - median) <= 0.1 * median, (within.figure, median)
+
+    experiment = parse_experiment(page[("experiment", "e2e")], "e2e.yaml")
+    (entry,) = experiment.sla
+    assert isinstance(entry.spec, cls) and entry.params == {"quantile": 0.9, "budget": 4.0, "confidence": 0.95}
+    assert judge_entry(entry, obs, "baseline").status in ("pass", "fail", "inconclusive")
+    assert "| `e2e` |" in render_markdown([], ["e2e"])
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_the_target_recipe_is_loaded_accounted_for_supported_and_starts_a_real_server(
+        recipe_module: LoadModule, tmp_path: Path) -> None:
+    import shutil
+
+    import httpx
+    import yaml
+
+    from chaos.execution.dryrun import dry_run
+    from chaos.experiment.loader import experiment_from_dict, parse_experiment
+    from chaos.model.errors import ExperimentInvalid, SetupFailed
+    from chaos.output.support import fault_support, render_markdown
+    from chaos.targets.registry import kinds, start_target
+
+    page = blocks("target-kind.md")
+    module = recipe_module("command_target", page[("module", "command_target")])
+    cls = kinds()["command"]
+    assert cls is module.CommandTarget
+
+    text = page[("experiment", "command_target")]
+    written = parse_experiment(text, "llama.yaml")
+    assert written.target.kind == "command" and written.target.option("argv")[0] == "llama-server"
+    with pytest.raises(ExperimentInvalid, match=r"only a command target takes 'argv'"):
+        experiment_from_dict({"name": "x", "target": {"kind": "builtin", "argv": ["x"]},
+                              "phases": [{"name": "p", "duration": "1s"}]})
+    if shutil.which("llama-server") is None:  # the page's own command is not here: the dry run says so
+        account = asyncio.run(dry_run(written))
+        assert account.exit_code == 4 and any("NOT POSSIBLE HERE" in line for line in account.lines)
+
+    # the page's experiment, serving a real local server: Python's http.server answering GET /v1/models
+    (tmp_path / "site" / "v1").mkdir(parents=True)
+    (tmp_path / "site" / "v1" / "models").write_text('{"data": [{"id": "tiny"}]}', encoding="utf-8")
+    port = _free_port()
+    data = yaml.safe_load(text)
+    data["target"].update(argv=[sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                                "--directory", str(tmp_path / "site")],
+                          url=f"http://127.0.0.1:{port}/v1", startup_timeout="20s")
+    experiment = experiment_from_dict(data)
+
+    account = asyncio.run(dry_run(experiment))
+    said = "\n".join(account.lines)
+    assert f"target: {sys.executable} -m http.server {port}" in said and "start-up allowance 20s" in said, said
+    assert account.exit_code == 0 and "contacted: nothing" in said, said
+
+    support = fault_support("process.kill")
+    assert support["command"] == "yes" and fault_support("client.disconnect")["command"] == "yes"
+    assert fault_support("server.stall")["command"] == "no" and "command (started by the run" in render_markdown([], [])
+
+    # a URL does not stand in for it: target.url is where the server it starts listens
+    target = start_target(experiment.target, target_url=experiment.target.url, run_dir=tmp_path, seed=0)
+    assert isinstance(target, cls)
+    try:
+        info = asyncio.run(target.start())
+        assert info.pid == target.process.pid and info.base_url == f"http://127.0.0.1:{port}/v1"
+        assert httpx.get(info.base_url + "/models", timeout=5, trust_env=False).json()["data"][0]["id"] == "tiny"
+        asyncio.run(target.stop())
+        assert target.process.poll() is not None, "stop left the server running"
+        asyncio.run(target.stop())  # idempotent
+    finally:
+        if target.process is not None and target.process.poll() is None:
+            target.process.kill()
+            target.process.wait(timeout=10)
+
+    broken = dict(data, target={**data["target"], "argv": [sys.executable, "-c", "raise SystemExit(3)"]})
+    failing = start_target(experiment_from_dict(broken).target, target_url=None, run_dir=tmp_path, seed=0)
+    with pytest.raises(SetupFailed, match="it exited 3"):
+        asyncio.run(failing.start())
