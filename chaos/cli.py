@@ -1,5 +1,5 @@
-"""The `streamchaos` command line: run, capacity, validate, list, verify, rollback, report, budgets, manifests, stack,
-toxiproxy, shard.
+"""The `streamchaos` command line: run, capacity, survival, validate, list, verify, rollback, report, budgets,
+manifests, stack, toxiproxy, shard.
 
 Exit codes (docs/contracts.md): 0 every SLA as expected, 1 an SLA failed, 2 invalid experiment or usage,
 3 inconclusive, 4 the run could not be carried out. A user mistake never prints a traceback.
@@ -104,6 +104,44 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     print("\n".join([*summary_lines(result), f"probes: {body['probes']} ({body['runs']} runs) in {body['took_s']:.0f}s "
                      f"(budget {body['budget_s']:.0f}s); report: {out / 'capacity.html'}"]))
     return result.exit_code
+
+
+def _cmd_survival(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from chaos.execution.runner import default_out_dir
+    from chaos.experiment import load_experiment
+    from chaos.survival.run import SurvivalSettings, check_path, dimensions_of
+
+    experiment = load_experiment(args.experiment)
+    check_path(experiment)  # before anything starts: a path that cannot be measured is a usage error
+    settings = SurvivalSettings(dimensions=dimensions_of(args.dimensions), max_s=args.max,
+                                resolution_s=args.resolution, budget_s=args.budget, keepalive_s=args.keepalive)
+    problems = settings.problems()
+    if problems:
+        raise UsageError("; ".join(problems))
+    if not (args.target_url or experiment.target.url) and experiment.target.kind == "builtin":
+        from chaos.targets.base import require_engine
+
+        require_engine("the experiment's target (kind builtin)")
+    out = Path(args.out) if args.out else default_out_dir(f"{experiment.name}-survival")
+    say = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    body = asyncio.run(_survival(experiment, out, settings, args, say))
+    from chaos.survival.run import summary_text
+
+    print(summary_text(body, out))
+    return int(body["exit_code"])
+
+
+async def _survival(experiment: Any, out: Path, settings: Any, args: argparse.Namespace, say: Any) -> dict[str, Any]:
+    """The search and its report, written before an interrupt reaches the command line."""
+    from chaos.survival.run import as_dict, search_survival, write_survival_report
+
+    result = await search_survival(experiment, out_dir=out, settings=settings, target_url=args.target_url,
+                                   api_key_env=args.api_key_env, say=say)
+    body = as_dict(result)
+    write_survival_report(body, out)
+    return body
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -432,6 +470,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_run(sub)
     _add_capacity(sub)
+    _add_survival(sub)
     _add_validate(sub)
     _add_list(sub)
     _add_verify(sub)
@@ -479,6 +518,30 @@ def _add_capacity(sub: Commands) -> None:
     p.add_argument("--push-metrics", metavar="URL",
                    help="push each case's capacity to this Pushgateway after every probe")
     p.set_defaults(fn=_cmd_capacity)
+
+
+def _add_survival(sub: Commands) -> None:
+    p = sub.add_parser("survival", help="the stream-survival matrix of the experiment's path: the longest hold, "
+                       "silence and total duration that arrive whole, and the hop that cuts")
+    p.add_argument("experiment", help="experiment YAML file whose path: ends with a stream hop")
+    p.add_argument("--dimensions", default="all", metavar="LIST",
+                   help="comma-separated, of hold, hold_keepalive, silence, silence_keepalive, deadline (default: all)")
+    p.add_argument("--max", type=_duration, default=120.0, metavar="DURATION",
+                   help="the longest duration probed, e.g. 2m (default 120s): surviving it reads 'survives >= max'")
+    p.add_argument("--resolution", type=_duration, default=1.0, metavar="DURATION",
+                   help="how narrow each boundary is searched (default 1s)")
+    p.add_argument("--budget", type=_duration, default=600.0, metavar="DURATION",
+                   help="the whole search's wall time, start-up included (default 10m); what is known when it runs "
+                        "out is reported, with the dimensions not finished")
+    p.add_argument("--keepalive", type=_duration, default=2.0, metavar="DURATION",
+                   help="the interval of ': keep-alive' comments in the *_keepalive dimensions (default 2s)")
+    p.add_argument("--out", help="directory for survival.json, report.html and the journal "
+                   "(default: runs/<time>-<name>-survival-<pid>)")
+    p.add_argument("--target-url", help="probe through the path to this OpenAI-compatible server instead of the "
+                   "experiment's target")
+    p.add_argument("--api-key-env", metavar="NAME", help="the environment variable holding the target's API key")
+    p.add_argument("--quiet", action="store_true", help="no line per probe")
+    p.set_defaults(fn=_cmd_survival)
 
 
 def _add_validate(sub: Commands) -> None:

@@ -1,4 +1,5 @@
-"""Network faults: toxics on the Toxiproxy proxy between the load generator and the target.
+"""Network faults: toxics on the Toxiproxy proxy between the load generator and the target (a `toxiproxy` hop
+of the experiment's `path:`, or the old `proxy:` section).
 
 Each fault adds one toxic per direction it acts on (named ``<fault>-<stream>``) and removes it on
 revert; ``network.down`` disables the proxy instead. Evidence is the toxic as the server lists it.
@@ -35,21 +36,25 @@ def _ms(seconds: float) -> int:
     return int(round(seconds * 1000))
 
 
+# what a network fault's refusal tells the user to write (the old `proxy:` section still works, deprecated)
+ADD_TOXIPROXY = ("add a toxiproxy hop to the path, e.g. `path: [{kind: toxiproxy}]` (the old `proxy:` section "
+                 "still works)")
+
+
 @dataclass(frozen=True, kw_only=True)
 class NetworkFault(Fault):
     """A fault acting on the proxy in the run's context."""
 
     def problems(self, experiment: Experiment) -> list[tuple[str, str]]:
         if not experiment.proxy.enabled:
-            return [("kind", f"{self.kind} needs a proxy between load and target: add a `proxy:` section "
-                             "(e.g. `proxy: {server: auto}`)")]
+            return [("kind", f"{self.kind} needs Toxiproxy between load and target: {ADD_TOXIPROXY}")]
         return []
 
     def describe(self, scene: Scene) -> FaultAccount:
         account = self.describe_on(scene.proxy or ProxyInfo("(none)", "(none)", "", "", "none"))
         if scene.proxy is None:
             return FaultAccount(account.changes, account.undo,
-                                refused=f"{self.kind} needs the experiment's `proxy:` section")
+                                refused=f"{self.kind} needs a toxiproxy hop in the experiment's `path:`")
         return account
 
     def describe_on(self, proxy: ProxyInfo) -> FaultAccount:
@@ -57,7 +62,8 @@ class NetworkFault(Fault):
 
     def require_proxy(self, ctx: RunContext) -> ProxyInfo:
         if ctx.proxy is None:
-            raise FaultUnsupported(f"{self.kind} needs the experiment's `proxy:` section: no Toxiproxy is in the path")
+            raise FaultUnsupported(f"{self.kind} needs Toxiproxy between load and target, and none is in the path: "
+                                   f"{ADD_TOXIPROXY}")
         return ctx.proxy
 
 
@@ -265,14 +271,14 @@ class Buffer(ToxicFault):
         out = super().problems(experiment)
         if experiment.proxy.server not in ("auto", "embedded"):
             out.append(("kind", "network.buffer is a non-standard toxic only the embedded Toxiproxy has; "
-                                f"proxy.server is {experiment.proxy.server!r}: use server: embedded"))
+                                f"the toxiproxy hop's server is {experiment.proxy.server!r}: use server: embedded"))
         return out
 
     def activate(self, ctx: RunContext) -> Injection:
         proxy = self.require_proxy(ctx)
         if not proxy.supports_buffer:
             raise FaultUnsupported(f"network.buffer needs the embedded Toxiproxy; this run uses a {proxy.server} "
-                                   "server. Set proxy.server: embedded")
+                                   "server. Set server: embedded on the toxiproxy hop")
         return super().activate(ctx)
 
     def attributes(self) -> dict[str, int]:

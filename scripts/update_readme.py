@@ -1,8 +1,9 @@
 """Rewrite the generated sections of the documentation pages: the fault and SLA catalogues (the
 registries) in docs/faults.md and docs/slas.md, the engine profiles with the fault-support and
-SLA × metrics matrices (chaos.model.engines, chaos.output.support) in docs/support.md, and the
-rooms' "may import" table (pyproject.toml's import-linter contracts) in docs/architecture.md, and
-the command line reference (chaos/cli.py's parser) in docs/cli.md.
+SLA × metrics matrices (chaos.model.engines, chaos.output.support) in docs/support.md, the
+rooms' "may import" table (pyproject.toml's import-linter contracts) in docs/architecture.md,
+the command line reference (chaos/cli.py's parser) in docs/cli.md, and the hop kinds of `path:`
+(the gateway registry, chaos.hops.gateways) in docs/hops.md.
 
     python scripts/update_readme.py            rewrite every generated block in place
     python scripts/update_readme.py --check    exit 1, naming the pages, when a block is stale
@@ -43,6 +44,12 @@ def _support() -> str:
     from chaos.output.support import render_markdown
 
     return render_markdown([k.kind for k in fault_kinds()], [k.kind for k in sla_kinds()])
+
+
+def _hops() -> str:
+    from chaos.output.catalogue import hops_markdown
+
+    return hops_markdown()
 
 
 def _rooms() -> str:
@@ -114,6 +121,7 @@ BLOCKS: dict[str, list[tuple[str, Callable[[], str]]]] = {
     "docs/support.md": [("support", _support)],
     "docs/architecture.md": [("rooms", _rooms)],
     "docs/cli.md": [("cli", _cli)],
+    "docs/hops.md": [("hops", _hops)],
 }
 
 

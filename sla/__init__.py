@@ -16,6 +16,7 @@ from chaos.model.errors import ExperimentInvalid
 from chaos.model.observations import Observations
 from chaos.model.params import suggest
 from sla import (  # noqa: F401  (registers)
+    abort_path,
     abort_propagation,
     capacity,
     early_close,
@@ -25,6 +26,7 @@ from sla import (  # noqa: F401  (registers)
     itl,
     kv_cleanup,
     recovery,
+    relay,
     stream_errors,
     streaming,
     throughput,

@@ -6,6 +6,18 @@ error came, in band or otherwise (``StreamRecord.is_complete``; reference §2.7:
 not require ``[DONE]`` (``transformers serve`` never sends it): the rule the run recorded in its
 journal (``Observations.end_rule``) is the one applied, and the evidence says which it was. Streams a client fault hung
 up on purpose are not judged and are counted separately.
+
+Truncation is never success, whatever the status: each early close has one *cause* (``by_cause``
+counts them), as the client saw it: ``http_status`` (a status of 400 or more), ``error_event`` (an
+``{"error": ...}`` event), ``bare_eof`` (the connection closed cleanly in the middle of a framed body:
+a truncated 200), ``reset`` (a TCP reset), ``no_response`` (closed before a response head),
+``timeout``, ``protocol``, ``connect``, ``cancelled``, ``done_without_finish`` (``[DONE]`` with no
+finish reason: a clean-looking end of a cut stream) or ``eof_without_done`` (a body that ended cleanly
+without the terminal event). ``ErrorInfo.cause`` tells a bare EOF from a reset; in a journal written
+before it existed, the error's message does. Where stream hops tapped the request, the offender also
+says where the cut happened (``cut_at``: at a stream hop, naming the rules that acted on it, or
+between two hops, naming the gateways between from the run's path note), and a stream hop's deadline
+makes the cause ``deadline`` (the client's own view kept as ``seen_as``).
 """
 
 from __future__ import annotations
@@ -15,12 +27,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from chaos.model.context import HaltSpec
-from chaos.model.observations import STRICT_END, EndRule, Observations, StreamRecord
+from chaos.model.observations import STRICT_END, EndRule, Observations, StreamRecord, TapRecord
 from chaos.model.params import Param, Schema
 from sla.base import BudgetRule, SlaSpec, Status, Verdict, verifier
 from sla.common import MAX_IDS
+from sla.relay import PathHop, between, path_hops, stream_hop_names
 
-__all__ = ["EarlyClose", "why_incomplete"]
+__all__ = ["EarlyClose", "close_cause", "cut_at", "why_incomplete"]
 
 SCHEMA = Schema(
     (
@@ -44,6 +57,99 @@ def why_incomplete(stream: StreamRecord, rule: EndRule = STRICT_END) -> list[str
     if not stream.done_seen and rule.done:
         why.append("no_done")
     return why
+
+
+_ERROR_CAUSES = {"timeout": "timeout", "protocol": "protocol", "connect": "connect", "cancelled": "cancelled",
+                 "http": "http_status", "in_band": "error_event"}
+
+
+def _read_cause(message: str) -> str:
+    """A read failure's cause from its message, for journals written before ``ErrorInfo.cause``."""
+    text = message.lower()
+    if "reset" in text:
+        return "reset"
+    if "without sending a response" in text:
+        return "no_response"
+    if "without sending complete message body" in text or "incomplete" in text:
+        return "bare_eof"
+    return "read"
+
+
+def close_cause(stream: StreamRecord) -> str:
+    """The one cause of an early close, as the client saw it (see the module's docstring). Pure."""
+    if stream.status is not None and stream.status >= 400:
+        return "http_status"
+    if stream.in_band_error is not None:
+        return "error_event"  # the server said why; a reset or [DONE] after it is the aftermath
+    err = stream.error
+    if err is not None:
+        if err.kind == "read":
+            return err.cause or _read_cause(err.message)
+        return _ERROR_CAUSES.get(err.kind, err.kind)
+    if stream.done_seen:
+        return "done_without_finish"
+    return "eof_without_done"
+
+
+# how a tap says a side ended badly: from upstream (the cut came from behind the hop), or downstream
+_BROKEN_UP = frozenset({"bare_eof", "reset", "timeout"})
+_CUT_DOWN = frozenset({"bare_eof", "reset", "error_event", "deadline", "status"})
+
+
+def _broken_upstream(tap: TapRecord, rule: EndRule) -> bool:
+    """The tap received a broken stream from upstream: cut, reset, timed out, an error status, or (when
+    the rule wants ``[DONE]``) a body that ended without it."""
+    return (tap.up_end in _BROKEN_UP or (tap.up_end == "eof" and rule.done)
+            or (tap.status_up is not None and tap.status_up >= 400))
+
+
+def cut_at(taps: list[TapRecord], path: list[PathHop] | None, rule: EndRule) -> tuple[str, str | None] | None:
+    """Where one request's stream was cut, from its taps (load side first), walked from the engine out:
+    (where, the stream hop's own end when a hop cut it itself, e.g. ``deadline``); None without taps.
+    Every hop relayed it whole: the cut lies between the outermost stream hop and the load."""
+    inner: str | None = None
+    for tap in reversed(taps):
+        if _broken_upstream(tap, rule):
+            gateways = between(path, tap.hop, inner)
+            via = f" ({', '.join(gateways)})" if gateways else ""
+            return f"between {inner or 'the target'} and {tap.hop}{via}", None
+        if tap.up_end == "cut" or tap.down_end in _CUT_DOWN:
+            rules = f" (rules: {', '.join(tap.faults)})" if tap.faults else ""
+            return f"at stream hop {tap.hop}{rules}", tap.down_end
+        inner = tap.hop
+    if not taps:
+        return None
+    if taps[0].down_end == "client_gone":
+        return f"the load left first (seen at {taps[0].hop})", None
+    gateways = between(path, None, taps[0].hop)
+    via = f" ({', '.join(gateways)})" if gateways else ""
+    return f"between {taps[0].hop} and the load{via}", None
+
+
+def _taps_by_request(obs: Observations) -> dict[str, list[TapRecord]]:
+    """Each request's taps, load side first (path order when recorded, else the order they accepted it)."""
+    order = {name: i for i, name in enumerate(stream_hop_names(obs))}
+    out: dict[str, list[TapRecord]] = {}
+    for tap in sorted(obs.taps, key=lambda t: t.t_accept):
+        if tap.request_id is not None:
+            out.setdefault(tap.request_id, []).append(tap)
+    for taps in out.values():
+        taps.sort(key=lambda t: (order.get(t.hop, len(order)), t.t_accept))
+    return out
+
+
+def _offender(stream: StreamRecord, why: list[str], taps: list[TapRecord] | None, path: list[PathHop] | None,
+              rule: EndRule) -> dict[str, Any]:
+    cause = close_cause(stream)
+    entry: dict[str, Any] = {"id": stream.id, "why": why, "cause": cause}
+    if stream.error:
+        entry["error"] = stream.error.message
+    where = cut_at(taps, path, rule) if taps else None
+    if where is not None:
+        entry["cut_at"] = where[0]
+        if where[1] == "deadline":
+            entry["cause"], entry["seen_as"] = "deadline", cause
+    return entry
 
 
 @verifier
@@ -79,6 +185,9 @@ class EarlyClose(SlaSpec):
         rule = obs.end_rule
         offenders = [(st, why_incomplete(st, rule)) for st in judged if not st.is_complete(rule)]
 
+        taps = _taps_by_request(obs) if obs.taps else {}
+        path = path_hops(obs)
+        described = [_offender(st, why, taps.get(st.id), path, rule) for st, why in offenders]
         evidence: dict[str, Any] = {
             "streams": len(judged),
             "incomplete": len(offenders),
@@ -86,11 +195,12 @@ class EarlyClose(SlaSpec):
             "end_rule": (("finish_reason" if rule.finish_reason else "")
                          + (" and [DONE]" if rule.done else " ([DONE] not required)")),
             "by_reason": dict(Counter(reason for _, why in offenders for reason in why)),
-            "offenders": [
-                {"id": st.id, "why": why, **({"error": st.error.message} if st.error else {})}
-                for st, why in offenders[:MAX_IDS]
-            ],
+            "by_cause": dict(Counter(entry["cause"] for entry in described)),
+            "offenders": described[:MAX_IDS],
         }
+        cut = Counter(entry["cut_at"] for entry in described if "cut_at" in entry)
+        if cut:
+            evidence["by_cut_at"] = dict(cut)
         if len(judged) < min_samples:
             evidence["reason"] = f"{len(judged)} judged streams (hang-ups excluded), at least {min_samples} needed"
             return Verdict("early_close", phase, "inconclusive", None, budget, "fraction", len(judged), evidence)

@@ -18,6 +18,8 @@ SLOW_FOLDERS = tuple(HERE / name for name in (
     "k8s/runs",         # whole runs against the fake API server
     "stack/processes",  # a stack process per case, or killed ones
     "reports/runs",     # real runs the report pages are made from
+    "hops/runs",        # stream hop and gateway processes in front of a real stack
+    "survival/runs",    # the stream-survival matrix through real gateways
     "lint",             # mypy over the packages, the suite's worker grouping
     "install/light",    # a fresh virtualenv with the light install
 ))

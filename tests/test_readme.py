@@ -21,7 +21,7 @@ def _update_readme() -> ModuleType:
 def test_the_generated_blocks_match_the_registries() -> None:
     module = _update_readme()
     assert set(module.BLOCKS) == {"docs/faults.md", "docs/slas.md", "docs/support.md", "docs/architecture.md",
-                                  "docs/cli.md"}
+                                  "docs/cli.md", "docs/hops.md"}
     for page in module.BLOCKS:
         text = (ROOT / page).read_text(encoding="utf-8")
         assert module.render(text, page) == text, f"{page} is stale: run python scripts/update_readme.py"

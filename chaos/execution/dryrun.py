@@ -28,9 +28,9 @@ import httpx
 
 from chaos.host.capped import JSON_LIMIT, Capped, get_capped
 from chaos.host.tls import tls_context
-from chaos.model.allowlist import experiment_reach, refusals
-from chaos.model.context import ProxyInfo, Scene, TargetInfo
-from chaos.model.experiment import Experiment
+from chaos.model.allowlist import credentials_allowed, experiment_reach, refusals
+from chaos.model.context import HopInfo, ProxyInfo, Scene, TargetInfo
+from chaos.model.experiment import Experiment, HopSpec
 from chaos.model.units import format_duration
 
 __all__ = ["DryRun", "dry_run"]
@@ -120,11 +120,11 @@ async def dry_run(experiment: Experiment, *, target_url: str | None = None,
     out.say()
     target, spawned = await _target(exp, target_url, probe, out)
     out.say()
-    proxy = await _proxy(exp, target, probe, environ, out)
+    proxy, hops = await _path(exp, target, probe, environ, out)
     out.say()
-    _load(exp, proxy, target, out)
+    _load(exp, proxy, hops, target, out)
     out.say()
-    _phases(exp, Scene(target=target, proxy=proxy, safety=exp.safety, target_spawned=spawned), out)
+    _phases(exp, Scene(target=target, proxy=proxy, hops=hops, safety=exp.safety, target_spawned=spawned), out)
     out.say()
     _slas(exp, out)
     out.say()
@@ -149,29 +149,111 @@ async def _target(exp: Experiment, target_url: str | None, probe: bool, out: Dry
     return await target_class(exp.target, url).dry_run(exp, url, probe, out)
 
 
-async def _proxy(exp: Experiment, target: TargetInfo, probe: bool, environ: Mapping[str, str],
-                 out: DryRun) -> ProxyInfo | None:
+async def _path(exp: Experiment, target: TargetInfo, probe: bool, environ: Mapping[str, str],
+                out: DryRun) -> tuple[ProxyInfo | None, tuple[HopInfo, ...]]:
+    """The hops between load and target as the run would start them (target outward), none started:
+    the Toxiproxy proxy among them, and each hop as the faults would see it."""
+    if not exp.path:
+        out.say("proxy: none (no `proxy:` or `path:`): the load goes straight to the target")
+        return None, ()
+    if [h.kind for h in exp.path] == ["toxiproxy"]:  # the old `proxy:`: its account as it always was
+        only = await _proxy(exp, target.base_url, probe, environ, out)
+        return only, () if only is None else (_toxiproxy_hop(exp.path[0], only, target.base_url),)
+    from chaos.execution.path import start_allowance_s
+
+    route = " -> ".join(f"{h.name} ({h.kind})" for h in exp.path)
+    out.say(f"path: load -> {route} -> target; started from the target outward and stopped at the end (not "
+            f"started now); start allowance {format_duration(start_allowance_s(exp))} (the run's deadline grows by "
+            "it, as by the target's startup_timeout)")
+    proxy: ProxyInfo | None = None
+    hops: list[HopInfo] = []
+    upstream = target.base_url
+    for spec in reversed(exp.path):
+        hop, made = await _hop(exp, spec, upstream, probe, environ, out)
+        proxy = made or proxy
+        hops.append(hop)
+        upstream = hop.base_url
+    return proxy, tuple(reversed(hops))
+
+
+_PLACEHOLDER = "127.0.0.1:<port>"
+
+
+async def _hop(exp: Experiment, spec: HopSpec, upstream: str, probe: bool, environ: Mapping[str, str],
+               out: DryRun) -> tuple[HopInfo, ProxyInfo | None]:
+    """One hop's account (said before the hops nearer the load: the order they would start in)."""
+    root = f"http://{_PLACEHOLDER}{urlsplit(upstream).path}"
+    if spec.kind == "toxiproxy":
+        proxy = await _proxy(exp, upstream, probe, environ, out, hop=spec.name)
+        if proxy is None:
+            return HopInfo(spec.name, spec.kind, _PLACEHOLDER, upstream, root), None
+        return _toxiproxy_hop(spec, proxy, upstream), proxy
+    if spec.kind == "url":
+        out.say(f"hop {spec.name!r} (url): the gateway you run at {spec.url}: reached, never started or stopped; "
+                "what it forwards to is its own configuration's", 1)
+        if not credentials_allowed(spec.url or "", exp.safety.allowed_targets):
+            out.say("REFUSED: neither on this host's loopback nor allowed by safety.allowed_targets.hosts", 2)
+            out.worst(2)
+        return HopInfo(spec.name, spec.kind, _host_port(spec.url or ""), "", spec.url or ""), None
+    if spec.kind == "stream":
+        taps = "taps what it relays (journaled at the end)" if spec.tap else "taps nothing (tap: false)"
+        out.say(f"hop {spec.name!r} (stream): the embedded stream hop, a child process listening on {_PLACEHOLDER}, "
+                f"upstream {upstream}; {taps}; stream faults act through its control API", 1)
+        return HopInfo(spec.name, spec.kind, _PLACEHOLDER, upstream, root, control_url=f"http://{_PLACEHOLDER}",
+                       taps=spec.tap), None
+    _gateway(spec, upstream, out)
+    return HopInfo(spec.name, spec.kind, _PLACEHOLDER, upstream, root), None
+
+
+def _gateway(spec: HopSpec, upstream: str, out: DryRun) -> None:
+    """A gateway the run would start: its binary (found, not run), its configuration, its log."""
+    from chaos.hops.gateways.base import gateway_class
+    from chaos.model.errors import SetupFailed
+
+    gateway = gateway_class(spec.kind)()
+    try:
+        binary: str | None = gateway.find_binary()  # looked up, never run: a dry run starts no process
+    except SetupFailed as exc:
+        binary, missing = None, str(exc)
+    config = (f"your configuration {spec.config} (its placeholders filled in)" if spec.config
+              else f"its shipped streaming configuration ({gateway.options.format(dict(spec.options))})")
+    out.say(f"hop {spec.name!r} ({spec.kind}): {binary or spec.kind} from {config}, listening on {_PLACEHOLDER}, "
+            f"upstream {upstream}; its version and configuration in the report, its log in the run directory "
+            f"(hops/{spec.name}.log)", 1)
+    if binary is None:
+        out.say(f"NOT POSSIBLE HERE: {missing}", 2)
+        out.worst(4)
+
+
+def _toxiproxy_hop(spec: HopSpec, proxy: ProxyInfo, upstream: str) -> HopInfo:
+    listen = _PLACEHOLDER if proxy.listen.endswith(":0") else proxy.listen
+    return HopInfo(spec.name, "toxiproxy", listen, upstream, f"http://{listen}{urlsplit(upstream).path}")
+
+
+async def _proxy(exp: Experiment, upstream_url: str, probe: bool, environ: Mapping[str, str],
+                 out: DryRun, hop: str | None = None) -> ProxyInfo | None:
     """The Toxiproxy proxy as the run would create it (the server resolved as ``chaos.execution.proxy``
-    would, without starting one)."""
+    would, without starting one), in front of ``upstream_url`` (the target, or the next hop)."""
     spec = exp.proxy
-    if not spec.enabled:
-        out.say("proxy: none (no `proxy:` section): the load goes straight to the target")
-        return None
     url = spec.url or environ.get("TOXIPROXY_URL")
-    upstream = _host_port(target.base_url)
+    upstream = _host_port(upstream_url)
+    at = 0 if hop is None else 1  # the old `proxy:`'s account as it was; a hop's, under the path
+    if hop is not None:
+        out.say(f"hop {hop!r} (toxiproxy):", at)
+        at += 1
     if spec.server in ("auto", "external") and url:
         server, api = "external", url.rstrip("/")
-        out.say(f"proxy: the Toxiproxy at {api} (given: proxy.url or TOXIPROXY_URL)")
+        out.say(f"proxy: the Toxiproxy at {api} (given: proxy.url or TOXIPROXY_URL)", at)
         if probe:
             answer = await out.get(api + "/version", {})
             if isinstance(answer, str) or answer.status_code >= 400:
                 out.say(f"DOES NOT ANSWER: GET {api}/version: "
-                        f"{answer if isinstance(answer, str) else f'HTTP {answer.status_code}'}", 1)
+                        f"{answer if isinstance(answer, str) else f'HTTP {answer.status_code}'}", at + 1)
                 out.worst(4)
             else:
-                out.say(f"answers GET /version: {answer.text.strip()[:40]}", 1)
+                out.say(f"answers GET /version: {answer.text.strip()[:40]}", at + 1)
     elif spec.server == "external":
-        out.say("proxy: server external, but no proxy.url or TOXIPROXY_URL is set")
+        out.say("proxy: server external, but no proxy.url or TOXIPROXY_URL is set", at)
         out.worst(4)
         return None
     else:
@@ -191,9 +273,9 @@ async def _proxy(exp: Experiment, target: TargetInfo, probe: bool, environ: Mapp
         else:
             server, why = "embedded", "the embedded server as a child process"
         api = "http://127.0.0.1:<toxiproxy port>"
-        out.say(f"proxy: {why}; stopped at the end (not started now)")
+        out.say(f"proxy: {why}; stopped at the end (not started now)", at)
     out.say(f"proxy {spec.name!r} listening on {spec.listen}, upstream {upstream}: the load goes through it; "
-            "deleted at the end of the run", 1)
+            "deleted at the end of the run", at + 1)
     return ProxyInfo(api_url=api, proxy_name=spec.name, listen=spec.listen, upstream=upstream, server=server,
                      supports_buffer=server == "embedded")
 
@@ -207,14 +289,18 @@ def _host_port(url: str) -> str:
     return f"{parts.hostname}:{port}"
 
 
-def _load(exp: Experiment, proxy: ProxyInfo | None, target: TargetInfo, out: DryRun) -> None:
+def _load(exp: Experiment, proxy: ProxyInfo | None, hops: tuple[HopInfo, ...], target: TargetInfo,
+          out: DryRun) -> None:
     load = exp.load
     shape = f"closed loop, {load.concurrency} streams in flight" if load.rate is None else \
         f"open loop, {load.rate:g} requests/s (burstiness {load.burstiness:g})" + \
         (f", at most {load.concurrency} in flight" if load.concurrency else "")
     lo, hi = load.max_tokens
     tokens = f"{lo}" if lo == hi else f"{lo}-{hi}"
-    via = f"through proxy {proxy.proxy_name!r}" if proxy else f"to {target.base_url}"
+    if hops and hops[0].kind != "toxiproxy":
+        via = f"through the path, to hop {hops[0].name!r} first"
+    else:
+        via = f"through proxy {proxy.proxy_name!r}" if proxy else f"to {target.base_url}"
     out.say(f"load: {shape}; {load.endpoint}, {tokens} tokens each, {via}"
             + (f"; at most {load.max_requests} requests" if load.max_requests else ""))
     shards = getattr(load, "shards", 1)
@@ -233,8 +319,8 @@ def _phases(exp: Experiment, scene: Scene, out: DryRun) -> None:
     for phase in exp.phases:
         out.say(f"phase {phase.name!r}: +{format_duration(at)} for {format_duration(phase.duration)}"
                 + ("" if phase.faults else ", no faults"), 1)
-        here = Scene(target=scene.target, proxy=scene.proxy, safety=scene.safety, target_spawned=scene.target_spawned,
-                     phase=phase.name, phase_duration_s=phase.duration)
+        here = Scene(target=scene.target, proxy=scene.proxy, hops=scene.hops, safety=scene.safety,
+                     target_spawned=scene.target_spawned, phase=phase.name, phase_duration_s=phase.duration)
         for fault in phase.faults:
             account = fault.describe(here)
             out.say(f"fault {fault.name!r} ({fault.kind})", 2)

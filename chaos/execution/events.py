@@ -3,7 +3,8 @@
 The runner emits, in order: ``RunStarted``; ``Stage`` as it brings things up and down; every
 observation record as it is made (``StreamRecord`` when a stream finishes, ``MetricSample`` when a
 scrape lands, ``FaultEvent`` for each plan / inject / revert / error, ``PhaseWindow`` when a phase
-starts and ends, ``Note`` for facts worth keeping); ``VerdictsReady``; ``RunFinished``.
+starts and ends, ``Note`` for facts worth keeping, ``TapRecord`` for each request a stream hop of the
+path relayed, when the path comes down); ``VerdictsReady``; ``RunFinished``.
 
 Listeners subscribe to an ``EventBus``: the journal (every record, to disk), the console progress,
 the report writer (on ``RunFinished``), the pytest plugin. ``streamchaos verify`` replays a journal
@@ -16,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
-from chaos.model.observations import FaultEvent, MetricSample, Note, PhaseWindow, Record, StreamRecord
+from chaos.model.observations import FaultEvent, MetricSample, Note, PhaseWindow, Record, StreamRecord, TapRecord
 
 if TYPE_CHECKING:
     from chaos.execution.result import Result
@@ -69,9 +70,9 @@ class RunFinished:
 
 
 RunEvent = (RunStarted | Stage | VerdictsReady | RunFinished | StreamRecord | MetricSample | FaultEvent | PhaseWindow
-            | Note)
+            | Note | TapRecord)
 
-_RECORD_TYPES = (StreamRecord, MetricSample, FaultEvent, PhaseWindow, Note)
+_RECORD_TYPES = (StreamRecord, MetricSample, FaultEvent, PhaseWindow, Note, TapRecord)
 
 
 def is_record(event: object) -> TypeGuard[Record]:

@@ -31,6 +31,7 @@ from chaos.execution.credentials import resolve as resolve_credentials
 from chaos.execution.events import EventBus, RunFinished, RunListener, RunStarted, Stage, VerdictsReady
 from chaos.execution.halt import HaltWatcher
 from chaos.execution.journal import JOURNAL_NAME, Journal, prepare_run_dir
+from chaos.execution.path import start_allowance_s
 from chaos.execution.preflight import EngineFindings, learn_engine
 from chaos.execution.result import Result, exit_code_for  # re-exported: the run's result is a leaf
 from chaos.execution.telemetry import gpu_telemetry
@@ -42,7 +43,7 @@ from chaos.host.runfiles import open_append, write_new
 from chaos.load import LoadDriver, LoadTarget, running_load
 from chaos.model.allowlist import credentials_allowed, enforce_cluster
 from chaos.model.allowlist import enforce as enforce_allowed_targets
-from chaos.model.context import ClientPolicy, ProxyInfo, Reach, RunContext, TargetInfo
+from chaos.model.context import ClientPolicy, HopInfo, ProxyInfo, Reach, RunContext, TargetInfo
 from chaos.model.errors import ChaosError, FaultError, FaultRevertFailed
 from chaos.model.experiment import Experiment, PhaseSpec
 from chaos.model.observations import FaultEvent, Note, PhaseWindow
@@ -99,6 +100,7 @@ class Runner:
         self.events = EventBus()
         self.target: Target | None = None
         self.proxy: ProxyInfo | None = None
+        self.hops: tuple[HopInfo, ...] = ()  # the path as started, load side first
         self.load: LoadDriver | None = None
         self.journal: Journal | None = None
         self.injections: dict[str, Injection] = {}
@@ -250,9 +252,10 @@ class Runner:
         """How a run that raised ``exc`` ended: a timeout, one of ours (its exit code), or a bug (traceback kept)."""
         if isinstance(exc, TimeoutError):
             if self._deadline is not None and self._deadline.expired():
+                path = " and the path's start allowance" if self.experiment.path else ""
                 return _Outcome("failed", 4,
                                 f"the run exceeded safety.max_duration ({self.experiment.safety.max_duration:g}s)"
-                                " plus the target's startup_timeout")
+                                f" plus the target's startup_timeout{path}")
             return _Outcome("failed", 4, f"a step of the run timed out: {exc!r}")
         if isinstance(exc, ChaosError):
             self._note("run_error", {"error": str(exc), "type": type(exc).__name__})
@@ -269,7 +272,9 @@ class Runner:
         exp = self.experiment
         async with contextlib.AsyncExitStack() as resources:
             try:
-                async with asyncio.timeout(exp.safety.max_duration + exp.target.startup_timeout) as self._deadline:
+                # start-up time is the target's and the path's own: neither eats the phases
+                allowance = exp.target.startup_timeout + start_allowance_s(exp)
+                async with asyncio.timeout(exp.safety.max_duration + allowance) as self._deadline:
                     ctx = await self._bring_up(resources)
                     await self._drive(ctx)
             finally:
@@ -277,17 +282,18 @@ class Runner:
                 self._stage("teardown", "stopping load, proxy and target")
 
     async def _bring_up(self, resources: contextlib.AsyncExitStack) -> RunContext:
-        """Target, proxy, load, watchdog, scraper, telemetry; the faults activated (checked) against them.
+        """Target, path (its hops, Toxiproxy among them), load, watchdog, scraper, telemetry; the faults
+        activated (checked) against them.
 
         Each step enters its resource into ``resources`` in this order, so teardown undoes them
         newest first: telemetry, the scraper and the watchdog stop before the load, the load before
-        the proxy and the proxy before the target.
+        the path (and its taps are journaled) and the path before the target.
         """
         self._check_allowed()
         self._raise_open_files()
         target = await self._start_target(resources)
         found = await self._learn_engine(target)
-        load_url = await self._start_proxy(resources, target)
+        load_url = await self._start_path(resources, target)
         ctx = self._context(target)
         await self._start_load(resources, ctx, found, load_url)
         self._activate_faults(ctx)
@@ -349,33 +355,44 @@ class Runner:
         self._note("warmup", {"status": found.preflight.record.status, "seconds": round(time.monotonic() - started, 4)})
         return found
 
-    async def _start_proxy(self, resources: contextlib.AsyncExitStack, target: Target) -> str:
-        """Toxiproxy between load and target when the experiment has it; the base URL the load sends to."""
-        if not self.experiment.proxy.enabled:
+    async def _start_path(self, resources: contextlib.AsyncExitStack, target: Target) -> str:
+        """The hops between load and target (``path:``; the old ``proxy:`` is a path of one toxiproxy hop),
+        started from the target outward; the base URL the load sends to."""
+        exp = self.experiment
+        if not exp.path:
             return target.info.base_url
-        from chaos.execution.proxy import RunOwner, running_proxy  # network faults only; keeps plain runs light
+        from chaos.execution.path import running_path
+        from chaos.execution.proxy import RunOwner
 
-        self._stage("proxy", "starting Toxiproxy")
+        only_proxy = [h.kind for h in exp.path] == ["toxiproxy"]
+        self._stage("proxy" if only_proxy else "path", "starting Toxiproxy" if only_proxy else
+                    "starting the path: " + " -> ".join(f"{h.name} ({h.kind})" for h in exp.path) + " -> target")
         assert self.journal is not None
         # a container's labels and journal
         owner = RunOwner(run_id=self._run_id(), run_dir=self.out_dir, record=self.journal.resource)
-        if self.experiment.proxy.server == "docker" and not self.watchdogs:
-            # a container that outlives a killed runner: guarded before it exists (it is journaled
-            # before it is created), as a container target is; removing it removes its toxics
+        processes = any(h.kind not in ("toxiproxy", "url") for h in exp.path)
+        if (processes or (exp.proxy.enabled and exp.proxy.server == "docker")) and not self.watchdogs:
+            # guarded before they exist: a hop process (journaled as it starts) or a Toxiproxy container
+            # (journaled before it is created) that a killed runner leaves is ended by this watchdog
             await self._guard_run(resources, target)
-        handle = await resources.enter_async_context(running_proxy(self.experiment, target.info, self.out_dir, owner))
-        self.proxy = handle.info
-        if handle.info.server == "docker" and not self.watchdogs:
+        handle = await resources.enter_async_context(running_path(
+            exp, target.info, self.out_dir, self.journal.resource, owner=owner, emit=self.events.emit))
+        self.proxy, self.hops = handle.proxy, handle.hops
+        if handle.proxy is not None and handle.proxy.server == "docker" and not self.watchdogs:
             # `auto` found the image on a Docker daemon: guarded at once, not after the load starts
             await self._guard_run(resources, target)
-        self._note("proxy", handle.facts())
-        return handle.client_base_url
+        if handle.proxy_facts is not None:
+            self._note("proxy", handle.proxy_facts)
+        self._note("path", handle.facts)
+        return handle.load_base_url
+
+    _start_proxy = _start_path  # its name before `path:` (tests/test_proxy_container_guard.py)
 
     def _context(self, target: Target) -> RunContext:
         """What the faults act through: the target (restartable), the proxy, the client policy."""
         exp = self.experiment
         ctx = RunContext(seed=exp.seed, target=target.info, run_dir=self.out_dir, safety=exp.safety,
-                         clients=ClientPolicy(), proxy=self.proxy)
+                         clients=ClientPolicy(), proxy=self.proxy, hops=self.hops)
         ctx.restart_target = self._restarter(target, ctx)
         return ctx
 
@@ -595,6 +612,7 @@ class Runner:
         urls = [target.base_url, target.admin_url or ""]
         if self.proxy is not None:
             urls.append(self.proxy.api_url)
+        urls.extend(hop.control_url for hop in self.hops if hop.control_url)  # a stream fault's rules
         return [u for u in urls if u]
 
     def _run_id(self) -> str:
@@ -684,15 +702,21 @@ def save_experiment(exp: Experiment, out_dir: Path) -> None:
 
 
 def _prompts_absolute(text: str, exp: Experiment) -> str:
-    """The kept text with a prompt file named by its resolved path: the copy is read from the run
-    directory, where a path relative to the experiment's own file would name nothing."""
-    source = exp.load.prompts.source
-    if source == "synthetic":
+    """The kept text with a prompt file and each gateway's configuration file named by its resolved
+    path: the copy is read from the run directory, where a path relative to the experiment's own file
+    would name nothing."""
+    edits: dict[tuple[str | int, ...], str] = {}
+    if exp.load.prompts.source != "synthetic":
+        edits[("load", "prompts", "source")] = json.dumps(exp.load.prompts.source)
+    for i, hop in enumerate(exp.path):
+        if hop.config is not None:
+            edits[("path", i, "config")] = json.dumps(hop.config)
+    if not edits:
         return text
     from chaos.experiment.yamledit import apply_edits
     from chaos.model.errors import UsageError
 
     try:
-        return apply_edits(text, {("load", "prompts", "source"): json.dumps(source)})
-    except UsageError:  # a text whose prompts the loader found elsewhere (an alias): keep it as written
+        return apply_edits(text, edits)
+    except UsageError:  # a text whose values the loader found elsewhere (an alias): keep it as written
         return text

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,6 +24,7 @@ from chaos.model.experiment import (
     PROMPT_CLASSES,
     AllowedTargets,
     Experiment,
+    HopSpec,
     KubernetesSpec,
     LoadSpec,
     PhaseSpec,
@@ -41,6 +43,7 @@ from .yamlpos import DEFAULT_BUDGET, KeyPath, Mark, YamlSyntaxError, load_locate
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
+    from chaos.hops.gateways.base import Gateway
     from faults.base import Fault
 
 __all__ = ["experiment_from_dict", "load_experiment", "parse_experiment", "read_text_bounded", "validate_file"]
@@ -111,12 +114,25 @@ def _plain(value: object) -> object:
 
 
 def validate_file(path: str | os.PathLike[str]) -> list[Problem]:
-    """Every problem in one file, in file order; empty when it is valid."""
+    """Every problem in one file, in file order; empty when it is valid. A gateway hop's own
+    configuration is then put to the gateway's own check (``nginx -t``, ``haproxy -c``) where its
+    binary is here: ``streamchaos validate`` says so before a run would start anything."""
     try:
-        load_experiment(path)
+        experiment = load_experiment(path)
     except ExperimentInvalid as exc:
         return list(exc.problems)
-    return []
+    return _gateway_checks(experiment)
+
+
+def _gateway_checks(experiment: Experiment) -> list[Problem]:
+    from chaos.hops.gateways.base import validate_user_config
+
+    gateways = _gateway_kinds()
+    problems: list[Problem] = []
+    for i, hop in enumerate(experiment.path):
+        if hop.config is not None and hop.kind in gateways:
+            problems += validate_user_config(gateways[hop.kind](), Path(hop.config), key=f"path[{i}].config")
+    return problems
 
 
 def read_text_bounded(path: str) -> str:
@@ -516,6 +532,12 @@ def _proxy(ctx: _Context, raw: object, present: bool) -> ProxySpec:
     if data is None:
         return ProxySpec()
     values = _parse(ctx, data, path, sections.PROXY)
+    _proxy_values(ctx, values, path)
+    return ProxySpec(**_fields(values, ProxySpec))
+
+
+def _proxy_values(ctx: _Context, values: dict[str, Any], path: KeyPath) -> None:
+    """A Toxiproxy's url, listen and name, each well-formed (``proxy:`` and a toxiproxy hop of ``path:``)."""
     url = values.get("url")
     if isinstance(url, str) and not _is_url(url):
         _reject(ctx, values, path, "url", f"expected an http(s) URL such as http://127.0.0.1:8474, found {url!r}")
@@ -526,7 +548,208 @@ def _proxy(ctx: _Context, raw: object, present: bool) -> ProxySpec:
     name = values.get("name")
     if isinstance(name, str) and not _PROXY_NAME.fullmatch(name):
         _reject(ctx, values, path, "name", f"expected a name of letters, digits, '_', '.' or '-', found {name!r}")
-    return ProxySpec(**_fields(values, ProxySpec))
+
+
+_HOP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")  # it names the hop's log file: no '/', no leading '.'
+_DEPRECATION_NOTED: set[tuple[str, int]] = set()  # (file, line) of `proxy:` sections already noted
+
+
+@dataclass
+class _HopDraft:
+    path: KeyPath
+    kind: str
+    name: str | None  # explicit, or None for the default (the kind)
+    values: dict[str, Any]  # the hop's keys, parsed; a gateway's options under "options"
+
+
+def _gateway_kinds() -> dict[str, Any]:
+    """The gateway kinds (``chaos.hops.gateways.base``): every module of the package registers its own."""
+    from chaos.hops.gateways.base import gateway_kinds
+
+    return gateway_kinds()
+
+
+def _path(ctx: _Context, raw: object, present: bool) -> list[_HopDraft]:
+    """``path:``: a list of hops, load side first, each checked against its kind's keys."""
+    path: KeyPath = ("path",)
+    if not present or raw is None:
+        return []
+    gateways = _gateway_kinds()
+    known = {k: k for k in (*sections.PATH_KINDS, *gateways)}
+    if not isinstance(raw, list):
+        ctx.add(path, f"expected a list of hops ({{kind, name?, ...}}, load side first; kinds: "
+                f"{', '.join(sorted(known))}), found {_describe(raw)}")
+        return []
+    drafts: list[_HopDraft] = []
+    for i, entry in enumerate(raw):
+        hpath = path + (i,)
+        data = _mapping(ctx, entry, hpath, "a hop {kind, name?, ...}")
+        if data is None:
+            continue
+        kind = _kind(ctx, data, hpath, known, "hop", "docs/hops.md")
+        name = _hop_name(ctx, data, hpath)
+        if kind is None:
+            continue
+        n = len(ctx.found)
+        values = _hop_values(ctx, data, hpath, kind, gateways.get(kind))
+        if len(ctx.found) == n:
+            drafts.append(_HopDraft(hpath, kind, name, values))
+    _path_order(ctx, drafts)
+    return drafts
+
+
+def _hop_name(ctx: _Context, data: dict[str, Any], path: KeyPath) -> str | None:
+    """An explicit hop name, when it is one a file name can carry (its log is ``hops/<name>.log``)."""
+    name = _entry_name(ctx, data, path)
+    if name is not None and not _HOP_NAME.fullmatch(name):
+        ctx.add(path + ("name",), "expected a hop name of letters, digits, '_', '.' or '-' (not starting with '.' "
+                f"or '-', at most 63), found {name!r}")
+        return None
+    return name
+
+
+def _hop_values(ctx: _Context, data: dict[str, Any], path: KeyPath, kind: str, gateway: Any) -> dict[str, Any]:
+    """The hop's own keys, parsed and checked by its kind."""
+    if kind == "stream":
+        return _parse(ctx, data, path, sections.PATH_STREAM)
+    if kind == "url":
+        values = _parse(ctx, data, path, sections.PATH_URL)
+        url = values.get("url")
+        if isinstance(url, str) and not _is_url(url):
+            _reject(ctx, values, path, "url", f"expected the gateway's http(s) base URL such as "
+                    f"http://127.0.0.1:8080/v1, found {url!r}")
+        return values
+    if kind == "toxiproxy":
+        values = _parse(ctx, data, path, sections.PATH_TOXIPROXY)
+        _proxy_values(ctx, values, path)
+        return values
+    return _gateway_values(ctx, data, path, gateway())
+
+
+def _gateway_values(ctx: _Context, data: dict[str, Any], path: KeyPath, gateway: Gateway) -> dict[str, Any]:
+    """A gateway hop: ``config`` (a template file beside the experiment, ``_gateway_config``) or its
+    options for the shipped configuration, each one this gateway has."""
+    kind, options = gateway.kind, gateway.options
+    allowed = [*sections.GATEWAY_KEYS, *options.names()]
+    given: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in sections.GATEWAY_KEYS:
+            continue
+        if key not in options.names():
+            ctx.add(path + (key,), f"{kind} has no option {key!r}{suggest(key, allowed)}; its keys: "
+                    f"{', '.join(allowed)}", at="key")
+        else:
+            given[key] = value
+    values: dict[str, Any] = {"options": _parse(ctx, given, path, options)}
+    config = data.get("config")
+    if config is None:
+        return values
+    if given:
+        ctx.add(path + (next(iter(given)),), f"options ({', '.join(given)}) shape the shipped configuration; "
+                f"with config: {config} they would be ignored: set them in that file, or remove config", at="key")
+    resolved = _gateway_config(ctx, config, path + ("config",), gateway)
+    if resolved is not None:
+        values["config"] = resolved
+    return values
+
+
+def _gateway_config(ctx: _Context, config: object, path: KeyPath, gateway: Gateway) -> str | None:
+    """A user's configuration: a file (relative to the experiment) that exists and is a template the
+    run can fill (it says where to listen: ``{{listen}}`` or ``{{port}}``); its absolute path."""
+    from chaos.hops.gateways.base import template_problems
+
+    if not isinstance(config, str) or not config.strip():
+        ctx.add(path, f"expected the path of a {gateway.kind} configuration file, found {_describe(config)}")
+        return None
+    resolved = (ctx.base_dir / os.path.expanduser(config)).resolve()
+    try:
+        text = _read_small_text(resolved)
+    except OSError as exc:
+        ctx.add(path, f"{gateway.kind} configuration file {config!r} not found or unreadable (relative to the "
+                f"experiment file: {resolved}: {exc.strerror or exc})")
+        return None
+    for line, column, message in template_problems(text, needs_listen=gateway.listen_in_config):
+        where = f"{resolved}:{line}:{column}: " if line else f"{resolved}: "
+        ctx.add(path, where + message)
+    return str(resolved)
+
+
+def _read_small_text(path: Path) -> str:
+    """A small text file a hop names (its configuration): at most the YAML budget's size, UTF-8."""
+    with open(path, "rb") as f:
+        data = f.read(DEFAULT_BUDGET.max_bytes + 1)
+    if len(data) > DEFAULT_BUDGET.max_bytes:
+        raise OSError(f"larger than {DEFAULT_BUDGET.max_bytes} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise OSError(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def _path_order(ctx: _Context, drafts: list[_HopDraft]) -> None:
+    """One toxiproxy at most (the network faults act on the one proxy), and a url hop only last: what
+    a gateway you run forwards to is its own configuration's business, so no hop after it gets traffic."""
+    toxiproxies = [d for d in drafts if d.kind == "toxiproxy"]
+    for extra in toxiproxies[1:]:
+        ctx.add(extra.path + ("kind",), f"a second toxiproxy hop (the first is {render_path(toxiproxies[0].path)}); "
+                "the network faults act on one proxy: keep one")
+    for draft in drafts[:-1]:
+        if draft.kind == "url":
+            ctx.add(draft.path + ("kind",), "a url hop forwards where its own configuration says, so the hops "
+                    "after it would get no traffic: make it the last hop (nearest the target)")
+
+
+def _merge_path(ctx: _Context, drafts: list[_HopDraft], proxy: ProxySpec,
+                top: Mapping[str, Any]) -> tuple[tuple[HopSpec, ...], ProxySpec]:
+    """The path's hops, named, and the run's Toxiproxy: a toxiproxy hop's settings, or the old
+    ``proxy:`` section as a path of one toxiproxy hop (``Experiment.proxy`` set either way, which the
+    network faults read)."""
+    names = _unique_names(ctx, [(d.path, d.name, d.kind) for d in drafts], "hop")
+    hops = tuple(_hop_spec(d, name) for d, name in zip(drafts, names, strict=True))
+    if proxy.enabled and top.get("path"):
+        carried = next((d for d in drafts if d.kind == "toxiproxy"), None)
+        also = (f"path: carries one too ({render_path(carried.path)}): keep that hop and remove proxy:" if carried
+                else "write the toxiproxy as a hop of path: where it belongs ({kind: toxiproxy, ...}), and remove "
+                     "proxy:")
+        ctx.add(("proxy",), f"proxy: (the old form of a path of one toxiproxy hop) beside path: ; {also}", at="key")
+        return hops, proxy
+    if proxy.enabled:
+        return (HopSpec(kind="toxiproxy", name="toxiproxy", proxy=proxy),), proxy
+    spec = next((h.proxy for h in hops if h.proxy is not None), None)
+    return hops, proxy if spec is None else spec
+
+
+def _hop_spec(draft: _HopDraft, name: str) -> HopSpec:
+    values, kind = draft.values, draft.kind
+    if kind == "toxiproxy":
+        proxy_name = name if draft.name is not None else ProxySpec().name  # the old default, unnamed
+        spec = ProxySpec(enabled=True, server=values.get("server", "auto"), url=values.get("url"),
+                         name=proxy_name, listen=values.get("listen", "127.0.0.1:0"))
+        return HopSpec(kind=kind, name=name, proxy=spec)
+    if kind == "stream":
+        return HopSpec(kind=kind, name=name, tap=bool(values.get("tap", True)))
+    if kind == "url":
+        return HopSpec(kind=kind, name=name, url=str(values["url"]).rstrip("/"))
+    options = tuple(sorted((k, _frozen(v)) for k, v in values.get("options", {}).items()))
+    return HopSpec(kind=kind, name=name, config=values.get("config"), options=options)
+
+
+def _note_deprecated_proxy(ctx: _Context, experiment: Experiment) -> None:
+    """``proxy:`` still works (as a path of one toxiproxy hop); say once per file where it is and what to write."""
+    mark = ctx.keys.get(("proxy",))
+    where = f"{ctx.file}:{mark.line}" if mark is not None else ctx.file
+    if (ctx.file, mark.line if mark else 0) in _DEPRECATION_NOTED:
+        return
+    _DEPRECATION_NOTED.add((ctx.file, mark.line if mark else 0))
+    spec, default = experiment.proxy, ProxySpec()
+    if not spec.enabled:
+        form = "remove it (it turns nothing on)"
+    else:
+        keys = [f"{key}: {getattr(spec, key)}" for key in ("server", "url", "listen")
+                if getattr(spec, key) != getattr(default, key)]
+        named = [f"name: {spec.name}"] if spec.name != default.name else []
+        form = "write path: [{" + ", ".join(["kind: toxiproxy", *named, *keys]) + "}] instead"
+    print(f"{where}: note: `proxy:` is deprecated: {form}", file=sys.stderr, flush=True)
 
 
 BASELINE_S = 1.0  # the runner scrapes at least 0.5s of pre-load baseline; keep slack for warm-up
@@ -938,6 +1161,7 @@ def _assemble(ctx: _Context, data: object) -> Experiment:
     name, description, seed = _header(ctx, top)
     target = _target(ctx, top.get("target"))
     proxy = _proxy(ctx, top.get("proxy"), "proxy" in top)
+    hops, proxy = _merge_path(ctx, _path(ctx, top.get("path"), "path" in top), proxy, top)
     load = _load(ctx, top.get("load"), target)
     drafts = _phases(ctx, top.get("phases"), "phases" in top)
     entries = _fault_instances(ctx, drafts)
@@ -948,13 +1172,17 @@ def _assemble(ctx: _Context, data: object) -> Experiment:
         PhaseSpec(d.name, d.duration, tuple(f.instance for f in d.faults if f.instance is not None)) for d in drafts
     )
     experiment = Experiment(
-        name=name, description=description, seed=seed, target=target, proxy=proxy, load=load, phases=phases,
-        sla=tuple(sla), safety=safety, capacity=capacity, source=None if ctx.file.startswith("<") else ctx.file,
+        name=name, description=description, seed=seed, target=target, proxy=proxy, path=hops, load=load,
+        phases=phases, sla=tuple(sla), safety=safety, capacity=capacity,
+        source=None if ctx.file.startswith("<") else ctx.file,
     )
     _check_fits(ctx, experiment, top.get("safety"))
     _cross_checks(ctx, entries, experiment)
+    _tap_checks(ctx, top.get("sla"), experiment.path)
     if ctx.found:
         raise ExperimentInvalid(ctx.problems())
+    if "proxy" in top:
+        _note_deprecated_proxy(ctx, experiment)
     return experiment
 
 
@@ -1025,3 +1253,55 @@ def _cross_checks(ctx: _Context, entries: list[_FaultEntry], experiment: Experim
         for key, message in cross:
             parts = tuple(key.split(".", 1)) if key else ()  # "selector.app": a key inside a mapping field
             ctx.add(entry.path + parts if parts and parts[0] in entry.keys else entry.path, message)
+
+
+# the verifiers that read the stream hops' taps, and the hop kind that taps
+_TAP_READERS = ("relay", "abort_path")
+_STREAM_HOP = "stream"
+
+
+def _tap_checks(ctx: _Context, raw_sla: object, hops: tuple[HopSpec, ...]) -> None:
+    """Each ``relay`` and ``abort_path`` entry has taps to read: ``relay.over`` names a hop of the path
+    with a tapping stream hop on each side of it (or is one), and ``abort_path`` has a tapping stream
+    hop at all. Read off the raw entries, so each problem is located at the entry's own key."""
+    if not isinstance(raw_sla, list):
+        return
+    for i, entry in enumerate(raw_sla):
+        if not isinstance(entry, Mapping) or entry.get("kind") not in _TAP_READERS:
+            continue
+        if entry["kind"] == "abort_path":
+            if not any(h.kind == _STREAM_HOP and h.tap for h in hops):
+                ctx.add(("sla", i, "kind"), "a tap with no hop to tap: abort_path reads the stream hops' taps and "
+                        "the path has no stream hop that taps; put a {kind: stream} hop on each side of the "
+                        "gateways in path:")
+        elif isinstance(entry.get("over"), str):
+            message = _relay_over_problem(entry["over"], hops)
+            if message:
+                ctx.add(("sla", i, "over"), message)
+
+
+def _relay_over_problem(over: str, hops: tuple[HopSpec, ...]) -> str | None:
+    """Why ``relay`` cannot judge hop ``over`` of this path, or None: a name the path does not have, or a
+    side of it with no stream hop that taps (what it received against what it sent are those taps)."""
+    names = [h.name for h in hops]
+    if over not in names:
+        if not names:
+            return (f"relay over {over!r}: the experiment has no path: relay judges a hop of path:, between "
+                    "two stream hops, e.g. path: [{kind: stream}, {kind: nginx}, {kind: stream}]")
+        return f"relay over {over!r}: not a hop of the path{suggest(over, names)}; its hops: {', '.join(names)}"
+    at = names.index(over)
+    sides: list[tuple[str, HopSpec | None]]
+    if hops[at].kind == _STREAM_HOP:
+        sides = [("itself", hops[at])]
+    else:
+        outer = next((h for h in reversed(hops[:at]) if h.kind == _STREAM_HOP), None)
+        inner = next((h for h in hops[at + 1:] if h.kind == _STREAM_HOP), None)
+        sides = [("between it and the load", outer), ("between it and the target", inner)]
+    for where, hop in sides:
+        if hop is None:
+            return (f"a tap with no hop to tap: relay over {over!r} compares the stream hops on each side of it, "
+                    f"and there is none {where}; put a {{kind: stream}} hop there in path:")
+        if not hop.tap:
+            return (f"a tap with no hop to tap: relay over {over!r} reads stream hop {hop.name!r}, which has "
+                    "tap: false; remove tap: false")
+    return None

@@ -10,9 +10,15 @@ __all__ = [
     "ALLOWED_TARGETS",
     "CAPACITY",
     "FAULT_ENTRY_KEYS",
+    "GATEWAY_KEYS",
     "KUBERNETES",
     "KUBERNETES_ACCESS",
     "LOAD",
+    "PATH_HOP_KEYS",
+    "PATH_KINDS",
+    "PATH_STREAM",
+    "PATH_TOXIPROXY",
+    "PATH_URL",
     "PHASE",
     "PROMPTS",
     "PROXY",
@@ -26,7 +32,9 @@ TOP_LEVEL = Schema((
     Param("description", "str", "", doc="what the experiment shows"),
     Param("seed", "int", 0, doc="seeds prompts, client faults and sampling, so a run replays"),
     Param("target", "mapping", doc="the system under test"),
-    Param("proxy", "mapping", doc="Toxiproxy between load and target; the section's presence turns it on"),
+    Param("proxy", "mapping", doc="deprecated: Toxiproxy between load and target (a path of one toxiproxy hop); "
+                                  "the section's presence turns it on"),
+    Param("path", "mapping", doc="the hops between load and target, load side first: a list of {kind, name?, ...}"),
     Param("load", "mapping", doc="the streaming load"),
     Param("phases", "mapping", required=True, doc="the timeline: a list of {name, duration, faults}"),
     Param("sla", "mapping", doc="a list of verifier entries {kind, name?, phases?, expect?, ...budgets}"),
@@ -65,6 +73,35 @@ PROXY = Schema((
     Param("listen", "str", "127.0.0.1:0", doc="where the proxy listens; 0.0.0.0:PORT for a Toxiproxy in another pod "
                                               "(clients then use the API URL's host)"),
 ))
+
+# `path:`: a list of hops, load side first. The gateway kinds' own keys are their `options` schema
+# (chaos.hops.gateways.base.GATEWAY_KINDS); these are the other kinds' and the keys every hop takes.
+PATH_KINDS = ("stream", "toxiproxy", "url")  # besides the gateway kinds
+PATH_HOP_KEYS = ("kind", "name")
+
+PATH_STREAM = Schema((
+    Param("kind", "str", required=True),
+    Param("name", "str", None, doc="the hop's name in the path (faults and verifiers name it); default: stream"),
+    Param("tap", "bool", True, doc="record what it received and forwarded, per request (the relay verifier)"),
+))
+
+PATH_URL = Schema((
+    Param("kind", "str", required=True),
+    Param("name", "str", None, doc="the hop's name in the path; default: url"),
+    Param("url", "str", required=True, doc="the base URL of a gateway you run, e.g. http://127.0.0.1:8080/v1"),
+))
+
+PATH_TOXIPROXY = Schema((
+    Param("kind", "str", required=True),
+    Param("name", "str", None, doc="the hop's name, and the proxy's on the Toxiproxy server; default: toxiproxy "
+                                   "(the proxy: streamchaos)"),
+    Param("server", "choice", "auto", choices=PROXY_SERVERS, doc="which Toxiproxy server to use"),
+    Param("url", "str", None, doc="Toxiproxy API URL for server external (TOXIPROXY_URL also counts)"),
+    Param("listen", "str", "127.0.0.1:0", doc="where the proxy listens"),
+))
+
+# every gateway hop takes these besides its kind's options
+GATEWAY_KEYS = ("kind", "name", "config")
 
 PROMPTS = Schema((
     Param("source", "str", "synthetic",

@@ -59,11 +59,12 @@ class _Hangup(Exception):
 
 
 class _Failed(Exception):
-    """Internal: the stream failed (``kind`` as in ``ErrorInfo``)."""
+    """Internal: the stream failed (``kind`` and ``cause`` as in ``ErrorInfo``)."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, cause: str | None = None) -> None:
         self.kind = kind
         self.message = message
+        self.cause = cause
 
 
 class _HttpError(Exception):
@@ -330,8 +331,8 @@ class _Exchange:
                 rec.t_end = t
             self._resolve("done")
 
-    def on_failed(self, t: int, kind: str, message: str) -> None:
-        failure = _Failed(kind, message)
+    def on_failed(self, t: int, kind: str, message: str, cause: str | None = None) -> None:
+        failure = _Failed(kind, message, cause)
         if self.pull and self.ready.done():
             self.failure = failure  # delivered after the reads already queued, as a socket would
             self._wake()
@@ -513,7 +514,7 @@ def _failure(exc: Exception) -> ErrorInfo:
     """A stream's failure in words: a protocol or body failure, a request this client cannot send, a
     client closed before the request got a connection, a connect that failed."""
     if isinstance(exc, _Failed):
-        return ErrorInfo(exc.kind, exc.message[:500])
+        return ErrorInfo(exc.kind, exc.message[:500], cause=exc.cause)
     if isinstance(exc, ConnectionClosed):
         return ErrorInfo("connect", str(exc))
     if isinstance(exc, ValueError):  # a URL or header this client cannot send

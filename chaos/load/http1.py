@@ -54,7 +54,7 @@ class ResponseSink(Protocol):
     def on_headers(self, t: int, status: int, headers: dict[str, str]) -> None: ...
     def on_body(self, t: int, data: bytes) -> None: ...
     def on_complete(self, t: int) -> None: ...
-    def on_failed(self, t: int, kind: str, message: str) -> None: ...
+    def on_failed(self, t: int, kind: str, message: str, cause: str | None = None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -193,13 +193,8 @@ class Connection(asyncio.Protocol):
             self.complete = True
             sink.on_complete(t)
             return
-        if exc is None:
-            message = "peer closed connection without sending complete message body"
-            if not self.status:
-                message = "server disconnected without sending a response"
-        else:
-            message = f"{type(exc).__name__}: {exc}"
-        sink.on_failed(t, "read", message)
+        message, cause = _lost(exc, bool(self.status))
+        sink.on_failed(t, "read", message, cause)
 
     def _fail(self, kind: str, message: str) -> None:
         sink, self.sink = self.sink, None
@@ -235,6 +230,19 @@ class Connection(asyncio.Protocol):
         sink, self.sink = self.sink, None
         if sink is not None:
             sink.on_complete(self.t_read)
+
+
+def _lost(exc: Exception | None, responded: bool) -> tuple[str, str | None]:
+    """A connection lost under a response, in words, and its ``ErrorInfo.cause``: a clean close (FIN)
+    in the middle of a framed body is a bare EOF (a truncated 200 looks complete to a careless
+    client), a reset is a reset, and a close before any head is no response."""
+    if isinstance(exc, ConnectionResetError):
+        return f"{type(exc).__name__}: {exc}", "reset"
+    if exc is not None:
+        return f"{type(exc).__name__}: {exc}", None  # another socket error: say it, claim no cause
+    if not responded:
+        return "server disconnected without sending a response", "no_response"
+    return "peer closed connection without sending complete message body", "bare_eof"
 
 
 class H1Client:

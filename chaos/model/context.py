@@ -35,6 +35,7 @@ __all__ = [
     "ClientRule",
     "FaultAccount",
     "HaltSpec",
+    "HopInfo",
     "ProxyInfo",
     "Reach",
     "RunContext",
@@ -89,6 +90,22 @@ class ProxyInfo:
     upstream: str  # host:port of the target
     server: str  # embedded | binary | docker | external
     supports_buffer: bool = False  # the non-standard `buffer` toxic (embedded server only)
+
+
+@dataclass(frozen=True)
+class HopInfo:
+    """One hop of the run's path as the runner brought it up (``path:``, load side first)."""
+
+    name: str
+    kind: str  # toxiproxy | stream | nginx | haproxy | caddy | litellm | url
+    listen: str  # host:port the hop before it (or the load) connects to
+    upstream: str  # the base URL it forwards to (the next hop's, or the target's); "" for a url hop (unknown)
+    base_url: str = ""  # the OpenAI API root through this hop, e.g. http://127.0.0.1:P/v1
+    control_url: str | None = None  # a stream hop: its control API (rules, status)
+    control_token: str | None = field(default=None, repr=False)  # a secret: never printed
+    pid: int | None = None  # the hop's process, when the runner started it
+    version: str | None = None  # what the hop's binary says it is
+    taps: bool = False  # a stream hop that records what it relays
 
 
 @dataclass(frozen=True)
@@ -239,6 +256,7 @@ class RunContext:
     safety: SafetySpec = SafetySpec()
     clients: ClientPolicy = field(default_factory=ClientPolicy)
     proxy: ProxyInfo | None = None
+    hops: tuple[HopInfo, ...] = ()  # the path, load side first (the toxiproxy hop is ``proxy`` as well)
     background: BackgroundLoad | None = None
     phase: str = ""
     phase_duration_s: float | None = None  # of the current phase; None outside a timeline
@@ -259,6 +277,7 @@ class Scene:
 
     target: TargetInfo
     proxy: ProxyInfo | None = None
+    hops: tuple[HopInfo, ...] = ()  # the path as it would be started, load side first
     safety: SafetySpec = SafetySpec()
     target_spawned: bool = False  # the runner would start the serving process, so it would know its pid
     phase: str = ""

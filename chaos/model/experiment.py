@@ -71,6 +71,7 @@ __all__ = [
     "Experiment",
     "Fault",
     "FrozenMap",
+    "HopSpec",
     "KubernetesSpec",
     "LoadSpec",
     "PhaseSpec",
@@ -184,6 +185,30 @@ class ProxySpec:
 
 
 @dataclass(frozen=True)
+class HopSpec:
+    """One hop of ``path:``, between the load (before the first hop) and the target (after the last).
+
+    kinds: ``toxiproxy`` (the network faults' proxy; ``proxy`` holds its settings), ``stream`` (the
+    embedded SSE-aware proxy that stream faults act on and that taps what it relays), the gateways the
+    run starts itself (``nginx``, ``haproxy``, ``caddy``, ``litellm``), and ``url`` (a gateway the user
+    already runs, reached at ``url``; what it forwards to is the user's business).
+    """
+
+    kind: str
+    name: str  # unique in the path; the kind when not given (``stream-2`` for a second one)
+    config: str | None = None  # a gateway: the absolute path of the user's configuration (replaces the shipped one)
+    url: str | None = None  # kind url: the gateway's base URL (e.g. http://127.0.0.1:8080/v1)
+    tap: bool = True  # a stream hop: record what it received and forwarded, per request
+    # a gateway's knobs for the shipped configuration (read_timeout, gzip, buffering, ...): (name, value)
+    options: tuple[tuple[str, Any], ...] = ()
+    proxy: ProxySpec | None = None  # kind toxiproxy: its settings
+
+    def option(self, name: str, default: Any = None) -> Any:
+        """A gateway knob's value; ``default`` where the hop does not set it."""
+        return dict(self.options).get(name, default)
+
+
+@dataclass(frozen=True)
 class PromptSpec:
     """Where prompts come from: synthetic text of a character mix, or a JSONL file."""
 
@@ -264,6 +289,9 @@ class Experiment:
     seed: int = 0
     target: TargetSpec = TargetSpec()
     proxy: ProxySpec = ProxySpec()
+    # the hops between load and target, load side first; a toxiproxy hop's settings are ``proxy`` too
+    # (the old `proxy:` section is a path of one toxiproxy hop)
+    path: tuple[HopSpec, ...] = ()
     load: LoadSpec = LoadSpec()
     phases: tuple[PhaseSpec, ...] = ()
     sla: tuple[SlaEntry, ...] = ()
@@ -278,6 +306,10 @@ class Experiment:
     def duration(self) -> float:
         """Sum of the phase durations, seconds."""
         return sum(p.duration for p in self.phases)
+
+    def hop(self, name: str) -> HopSpec | None:
+        """The hop of ``path`` called ``name``; None when there is none."""
+        return next((h for h in self.path if h.name == name), None)
 
     def phase(self, name: str) -> PhaseSpec:
         """The phase called ``name`` (KeyError when there is none)."""

@@ -10,6 +10,8 @@ Records:
 - ``FaultEvent``: a fault being planned, injected, reverted, failing or rolled back, with evidence.
 - ``PhaseWindow``: when a phase of the timeline started and ended.
 - ``Note``: anything else worth keeping (the load generator's own event-loop lag, target facts).
+- ``TapRecord``: one request as a stream hop of the path relayed it: what it received from upstream
+  and what it forwarded downstream, event by event (the ``relay`` and ``abort_path`` verifiers).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ __all__ = [
     "Observations",
     "PhaseWindow",
     "StreamRecord",
+    "TAP_EVENT_KINDS",
+    "TapRecord",
     "from_json",
     "iter_journal",
     "read_jsonl",
@@ -77,11 +81,17 @@ END_RULE_TOPIC = "engine_profile"  # the note that carries the run's rule under 
 @dataclass(frozen=True)
 class ErrorInfo:
     """Why a stream failed: ``kind`` is one of http, connect, read, timeout, protocol, in_band,
-    cancelled (still running when the run ended and the drain timed out)."""
+    cancelled (still running when the run ended and the drain timed out).
+
+    ``cause`` tells a ``read`` failure's ways apart, as the socket showed them: ``bare_eof`` (the
+    peer closed the connection cleanly in the middle of a framed body: a truncated 200),
+    ``reset`` (a TCP reset), ``no_response`` (closed before any response head). None where the
+    client could not tell, and in journals written before it existed."""
 
     kind: str
     message: str
     status: int | None = None
+    cause: str | None = None
 
 
 @dataclass(frozen=True)
@@ -232,8 +242,60 @@ class Note:
     data: dict[str, Any] = field(default_factory=dict)
 
 
-Record = StreamRecord | MetricSample | FaultEvent | PhaseWindow | Note
-_TYPES: dict[str, type[Record]] = {cls.type: cls for cls in (StreamRecord, MetricSample, FaultEvent, PhaseWindow, Note)}
+# the kinds of SSE event a tap records: a ``data:`` payload (``usage`` when it carries a usage record,
+# ``finish`` when it carries a non-null finish_reason, ``error`` when it is an {"error": ...} object),
+# ``done`` (``data: [DONE]``), ``comment`` (``: ...``, a keep-alive)
+TAP_EVENT_KINDS = ("data", "usage", "finish", "error", "done", "comment")
+
+
+@dataclass(frozen=True)
+class TapRecord:
+    """One request through one stream hop: both sides of it, stamped on the host's monotonic clock.
+
+    ``up`` is what the hop received from its upstream (the next hop or the engine), ``down`` what it
+    wrote to its downstream (the previous hop or the load): each a list of ``[t_ns, kind, digest]``
+    per SSE event, ``digest`` the first 16 hex digits of the SHA-256 of the event's payload bytes
+    (after any Content-Encoding was undone), so two taps around a gateway compare event by event.
+    A hop keeps at most a bounded number of events per side (``dropped_*`` counts the rest).
+
+    Ends (``up_end``): ``done`` (the body ended after ``[DONE]``), ``eof`` (the body ended cleanly
+    without ``[DONE]``), ``bare_eof`` (the connection closed mid-body), ``reset`` (a TCP reset),
+    ``timeout``, ``cut`` (a fault at this hop ended it), ``closed`` (this hop closed it because its
+    client left), ``none`` (never opened). ``down_end``: ``done``, ``eof``, ``bare_eof``, ``reset``,
+    ``error_event``, ``deadline``, ``status`` (answered with a fault's status), ``client_gone``.
+    """
+
+    type: ClassVar[str] = "tap"
+
+    hop: str  # the stream hop's name in ``path``
+    seq: int  # the hop's own request counter (from 1)
+    request_id: str | None  # the request's X-Request-Id as it reached the hop (None: something dropped it)
+    target: str  # request target, e.g. /v1/completions
+    t_accept: int  # the downstream connection's request head parsed
+    t_upstream_open: int | None = None  # the upstream connection made
+    t_upstream_head: int | None = None  # the upstream response's head parsed
+    t_end: int | None = None  # the downstream response ended (or was abandoned)
+    t_client_gone: int | None = None  # the downstream client closed before the response ended
+    t_upstream_closed: int | None = None  # the hop closed (or lost) its upstream connection
+    status_up: int | None = None
+    status_down: int | None = None
+    headers_up: dict[str, str] = field(default_factory=dict)  # a fixed subset, lower-case names
+    headers_down: dict[str, str] = field(default_factory=dict)
+    up: list[list[Any]] = field(default_factory=list)  # [t_ns, kind, digest] per event received upstream
+    down: list[list[Any]] = field(default_factory=list)  # [t_ns, kind, digest] per event written downstream
+    dropped_up: int = 0
+    dropped_down: int = 0
+    bytes_up: int = 0  # body bytes as received (encoded)
+    bytes_down: int = 0  # body bytes as written
+    reads_up: int = 0  # socket reads that delivered body bytes from upstream
+    up_end: str = "none"
+    down_end: str = "none"
+    faults: list[str] = field(default_factory=list)  # the names of the rules that acted on this request
+
+
+Record = StreamRecord | MetricSample | FaultEvent | PhaseWindow | Note | TapRecord
+_TYPES: dict[str, type[Record]] = {
+    cls.type: cls for cls in (StreamRecord, MetricSample, FaultEvent, PhaseWindow, Note, TapRecord)}
 RECORD_TYPES = frozenset(_TYPES)  # the "type" values of journal lines that are observation records
 _NESTED: dict[str, type] = {"error": ErrorInfo, "hangup": Hangup}
 _STREAM_FIELDS = tuple(f.name for f in fields(StreamRecord))
@@ -355,6 +417,7 @@ class Observations:
     faults: list[FaultEvent] = field(default_factory=list)
     phases: list[PhaseWindow] = field(default_factory=list)
     notes: list[Note] = field(default_factory=list)
+    taps: list[TapRecord] = field(default_factory=list)
 
     def add(self, record: Record) -> None:
         if isinstance(record, StreamRecord):
@@ -368,6 +431,8 @@ class Observations:
             self.phases = [p for p in self.phases if p.name != record.name] + [record]
         elif isinstance(record, Note):
             self.notes.append(record)
+        elif isinstance(record, TapRecord):
+            self.taps.append(record)
 
     def records(self) -> Iterator[Record]:
         yield from self.phases
@@ -375,6 +440,11 @@ class Observations:
         yield from self.metrics
         yield from self.faults
         yield from self.notes
+        yield from self.taps
+
+    def taps_at(self, hop: str) -> list[TapRecord]:
+        """The requests one stream hop relayed, in its own order."""
+        return sorted((t for t in self.taps if t.hop == hop), key=lambda t: t.seq)
 
     @property
     def end_rule(self) -> EndRule:

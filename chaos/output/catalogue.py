@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from chaos.model.errors import ExperimentInvalid
 from chaos.model.params import Param, Schema
 from chaos.model.units import format_duration
 
-__all__ = ["catalogue_markdown", "fault_kinds", "render_catalogue", "sla_kinds", "target_kinds"]
+__all__ = ["catalogue_markdown", "fault_kinds", "hop_kinds", "hops_markdown", "render_catalogue", "sla_kinds",
+           "target_kinds"]
 
 _WHATS = ("faults", "slas", "targets", "all")
 
@@ -202,3 +204,44 @@ def catalogue_markdown() -> str:
     faults_md = _md_section("Fault catalogue", fault_kinds(), _FAULT_COMMON)
     slas_md = _md_section("SLA catalogue", sla_kinds(), _SLA_COMMON, _definitions_md())
     return (faults_md + "\n" + slas_md).rstrip() + "\n"
+
+
+# what each hop kind that is not a gateway is, in the catalogue (a gateway says it itself)
+_HOP_SUMMARIES = {
+    "stream": ("the embedded SSE-aware proxy (`chaos/hops/streamhop/`): the `stream.*` faults act on it, and it "
+               "taps what it received and what it forwarded, per request (`relay`, `abort_path`, early_close's "
+               "`cut_at`)"),
+    "toxiproxy": ("Toxiproxy (embedded, a binary, a container or one you run): the `network.*` faults act on it; "
+                  "the old `proxy:` section is a path of this one hop"),
+    "url": ("a gateway you already run, reached at `url`; what it forwards to is its own configuration's "
+            "business, so it is the last hop of the path"),
+}
+_HOP_COMMON = "every hop takes kind and an optional name: the kind by default, `stream-2` for a second one"
+
+
+def hop_kinds() -> list[_Kind]:
+    """Every hop kind of ``path:``: stream, toxiproxy and url, then the gateways the run starts, each with
+    the keys it takes besides kind and name (a gateway: its shipped configuration's options and ``config``)."""
+    from chaos.experiment import sections
+    from chaos.hops.gateways.base import gateway_kinds
+
+    own = {"stream": sections.PATH_STREAM, "toxiproxy": sections.PATH_TOXIPROXY, "url": sections.PATH_URL}
+    out = [_Kind(kind, _HOP_SUMMARIES[kind], _without(schema, sections.PATH_HOP_KEYS))
+           for kind, schema in own.items()]
+    config = Param("config", "str", None, doc="a configuration file of yours instead of the shipped one (relative to "
+                                               "the experiment; a template: see Testing your own gateway)")
+    for kind, cls in gateway_kinds().items():
+        first = (cls.__doc__ or "").strip().splitlines()[0].replace("``", "`")
+        binary = Path(cls.binaries[0]).name
+        summary = f"{first} Needs `{binary}`; where it is missing: {cls.install_hint}."
+        out.append(_Kind(kind, summary, Schema((*cls.options.params, config))))
+    return out
+
+
+def _without(schema: Schema, names: tuple[str, ...]) -> Schema:
+    return Schema(tuple(p for p in schema.params if p.name not in names))
+
+
+def hops_markdown() -> str:
+    """The "Hop kinds" section of docs/hops.md, exactly."""
+    return _md_section("Hop kinds", hop_kinds(), _HOP_COMMON).rstrip() + "\n"

@@ -26,8 +26,8 @@ from chaos.output.render import verdict_label, verdict_line, verdict_table
 if TYPE_CHECKING:
     from chaos.execution.result import Result
 
-__all__ = ["ENVIRONMENT_NOTES", "ReportWriter", "environment", "fault_timeline", "render_summary", "report_dict",
-           "write_reports"]
+__all__ = ["ENVIRONMENT_NOTES", "ReportWriter", "environment", "fault_timeline", "path_report", "render_summary",
+           "report_dict", "write_reports"]
 
 # Notes that describe the environment rather than what happened (shown in the report's environment section).
 ENVIRONMENT_NOTES = ("target", "proxy", "engine_profile", "profile", "preflight", "warmup", "client_lag",
@@ -156,6 +156,7 @@ def report_dict(result: Result) -> dict[str, Any]:
             "server": result.proxy.server, "api_url": result.proxy.api_url, "listen": result.proxy.listen,
             "upstream": result.proxy.upstream,
         },
+        "path": path_report(obs),
         "phases": phase_report(obs, planned),
         "faults": fault_report(obs, planned),
         "environment": environment(obs),
@@ -174,6 +175,16 @@ def report_dict(result: Result) -> dict[str, Any]:
         "sla": [{"name": e.name, "kind": e.kind, "params": e.spec.params} for e in result.experiment.sla],
         "verdicts": [v.to_dict() for v in result.verdicts],
     })
+
+
+def path_report(obs: Observations) -> list[dict[str, Any]] | None:
+    """The hops between load and target, load side first, as the run started them (the ``path`` note):
+    each one's kind, name, listen, upstream, version, effective configuration and log; None without a path."""
+    notes = obs.notes_on("path")
+    if not notes:
+        return None
+    hops = notes[-1].data.get("hops")
+    return [dict(h) for h in hops if isinstance(h, dict)] if isinstance(hops, list) else None
 
 
 def stream_errors(population: list[Any]) -> list[str]:

@@ -36,7 +36,8 @@ def target_columns() -> tuple[SupportColumn, ...]:
 
 NEEDS_WORDS = {
     "client": "the load generator only",
-    "proxy": "Toxiproxy between load and target (`proxy:`)",
+    "proxy": "Toxiproxy between load and target (`path: [{kind: toxiproxy}]`)",
+    "stream-hop": "a stream hop in the experiment's `path:` (it stands wherever Toxiproxy can)",
     "admin": "the admin API of the builtin stack or of the middleware a vllm target loads into vLLM",
     "engine-hooks": "the builtin stack's own hook points (engine thread, detokenizer, sockets)",
     "pid": "a serving process the run started",
@@ -49,6 +50,7 @@ NEEDS_WORDS = {
 NEEDS: dict[str, tuple[tuple[str, str], ...]] = {
     "client.": (("", "client"),),
     "network.": (("", "proxy"),),
+    "stream.": (("", "stream-hop"),),
     "server.timeout": (("where first_byte, mid_stream, request_body", "admin"),
                        ("where engine_step, detokenize, send", "engine-hooks")),
     "server.stall": (("where event_loop", "admin"), ("where engine", "engine-hooks")),
@@ -61,6 +63,11 @@ NEEDS: dict[str, tuple[tuple[str, str], ...]] = {
     "docker.": (("", "container"),),
     "k8s.": (("", "cluster"),),
 }
+
+
+# a need a target column may leave unnamed, and the need whose answer it shares: the stream hop is a
+# proxy on the runner's host in front of the target, so it works wherever Toxiproxy does
+_SAME_AS = {"stream-hop": "proxy"}
 
 
 def _needs(kind: str) -> tuple[tuple[str, str], ...] | None:
@@ -81,7 +88,7 @@ def fault_support(kind: str) -> dict[str, str]:
         target = column.key
         cells = []
         for how, need in ways:
-            works = column.works.get(need, "no")
+            works = column.works.get(need, column.works.get(_SAME_AS.get(need, need), "no"))
             if works != "no":
                 cells.append(f"{works} ({how})" if how and len(ways) > 1 else works)
         if cells and all(c.startswith("yes") for c in cells):

@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 PACKAGES = ("chaos", "sla", "faults")
 # The floor of chaos/: the rooms a fault family or a verifier may import (docs/architecture.md).
-FLOOR = {"chaos.model", "chaos.host", "chaos.admin", "chaos.docker", "chaos.gpu", "chaos.k8s", "chaos.toxiproxy"}
+FLOOR = {"chaos.model", "chaos.host", "chaos.admin", "chaos.docker", "chaos.gpu", "chaos.hops", "chaos.k8s",
+         "chaos.toxiproxy"}
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -37,7 +38,7 @@ def _lint(root: Path) -> tuple[int, str]:
 def test_the_contracts_are_kept() -> None:
     code, report = _lint(ROOT)
     assert code == 0, report
-    assert "5 kept, 0 broken" in report, report
+    assert "6 kept, 0 broken" in report, report
 
 
 @pytest.fixture
@@ -96,6 +97,12 @@ def test_the_toxiproxy_contract_forbids_everything_else_of_ours() -> None:
     rooms = _members("chaos") - {"chaos.toxiproxy"}
     siblings = _members("chaos.toxiproxy") - {"chaos.toxiproxy.server"}
     assert _forbidden("toxiproxy") == {"faults", "sla"} | rooms | siblings
+
+
+def test_the_stream_hop_contract_forbids_everything_else_of_ours() -> None:
+    rooms = _members("chaos") - {"chaos.hops"}
+    siblings = _members("chaos.hops") - {"chaos.hops.streamhop"}
+    assert _forbidden("streamhop") == {"faults", "sla"} | rooms | siblings
 
 
 @pytest.mark.parametrize("package, other", [("faults", "sla"), ("sla", "faults")])

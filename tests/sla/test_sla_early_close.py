@@ -29,7 +29,7 @@ def test_done_after_an_in_band_error_is_not_complete(synth: Any) -> None:
     streams = [synth.stream("ok"), synth.stream("err", finish="stop", done=True, in_band="Internal server error")]
     verdict = sla.judge(synth.obs(streams), "early_close", {})
     assert verdict.status == "fail"
-    assert verdict.evidence["offenders"] == [{"id": "err", "why": ["error_event"]}]
+    assert verdict.evidence["offenders"] == [{"id": "err", "why": ["error_event"], "cause": "error_event"}]
 
 
 def test_finish_reason_without_done_is_incomplete(synth: Any) -> None:

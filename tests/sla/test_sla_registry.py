@@ -17,7 +17,7 @@ from chaos.model.observations import Observations
 pytestmark = pytest.mark.timeout(60)
 
 KINDS = {"ttft", "itl", "early_close", "kv_cleanup", "abort_propagation", "errors", "integrity", "throughput",
-         "recovery", "goodput", "fluidity", "streaming", "capacity"}
+         "recovery", "goodput", "fluidity", "streaming", "capacity", "relay", "abort_path"}
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -1,5 +1,6 @@
-"""The environment a run ran in: versions, host, seed, the target and its engine profile, the proxy
-and why that one was chosen, the warm-up and the load generator's own lag. Pure: report dict → HTML."""
+"""The environment a run ran in: versions, host, seed, the target and its engine profile, the path's
+hops (each with its effective configuration), the proxy and why that one was chosen, the warm-up and
+the load generator's own lag. Pure: report dict → HTML."""
 
 from __future__ import annotations
 
@@ -34,12 +35,24 @@ def render_environment(report: Mapping[str, Any]) -> str:
         if key in env and title not in shown:
             rows.append((title, kv_table(env[key])))
             shown.add(title)
+    hops = report.get("path") or ()
+    rows += [(f"hop {hop.get('name')} ({hop.get('kind')})", _hop_cell(hop)) for hop in hops]  # load side first
     if "proxy" not in env and report.get("proxy"):
         rows.append(("proxy", kv_table(report["proxy"])))
     if "target" not in env and report.get("target"):
         rows.append(("target", kv_table(report["target"])))
-    if "proxy" not in env and not report.get("proxy"):
+    if "proxy" not in env and not report.get("proxy") and not hops:
         rows.append(("proxy",
                      '<span class="muted">none: no network fault, the load went straight to the target</span>'))
     return ('<table class="environment">' + "".join(f"<tr><th>{esc(t)}</th><td>{body}</td></tr>" for t, body in rows)
             + "</table>")
+
+
+def _hop_cell(hop: Mapping[str, Any]) -> str:
+    """One hop of the path: its facts, and the configuration it ran with (a started gateway's, secrets
+    redacted by the run) as written, folded: the report's answer to "what exactly was in front"."""
+    facts = kv_table(hop, skip=("name", "kind", "config"))
+    config = hop.get("config")
+    if not isinstance(config, str) or not config:
+        return facts
+    return facts + f"<details><summary>effective configuration</summary><pre>{esc(config)}</pre></details>"

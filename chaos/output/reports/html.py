@@ -17,6 +17,10 @@ from typing import Any
 from chaos.output.render import format_value
 
 _FIGURE_KEY = re.compile(r"lower|upper|figure|p\d+(\.\d+)?")
+# The summary figures of a mapping whose own key names a time unit (``added_latency_ms: {p50, max, ...}``):
+# they are in that unit whatever the verdict's is. ``kv_table`` hands the unit down as ``_KEY_UNITS``' key.
+_STAT_KEY = re.compile(r"min|max|mean|median|p\d+(\.\d+)?")
+_KEY_UNITS = {"_ms": 1e-3, "_s": 1.0}  # a key's suffix → seconds per one of its unit
 
 __all__ = ["CSS", "esc", "evidence_value", "kv_table", "page", "plot_figure", "section"]
 
@@ -57,10 +61,18 @@ def evidence_value(key: str, value: Any, unit: str = "") -> str:
             return format_value(float(value) / 1000.0, "s")
         if key.endswith("_bytes"):
             return f"{value:,.0f} B"
-        if unit and _FIGURE_KEY.fullmatch(key):
+        if unit in _KEY_UNITS:  # under a key that named the unit: its summary figures are in it
+            if _STAT_KEY.fullmatch(key):
+                return format_value(float(value) * _KEY_UNITS[unit], "s")
+        elif unit and _FIGURE_KEY.fullmatch(key):
             return format_value(float(value), unit)
         return f"{value:,}" if isinstance(value, int) else f"{value:.6g}"
     return str(value)
+
+
+def _key_unit(key: str) -> str | None:
+    """The time unit a key names for the figures of the mapping under it (``added_latency_ms``: ``_ms``)."""
+    return next((suffix for suffix in _KEY_UNITS if key.endswith(suffix)), None)
 
 
 def kv_table(data: Mapping[str, Any], *, unit: str = "", depth: int = 0, skip: Iterable[str] = ()) -> str:
@@ -71,7 +83,7 @@ def kv_table(data: Mapping[str, Any], *, unit: str = "", depth: int = 0, skip: I
         if key in skipped:
             continue
         if isinstance(value, Mapping) and value and depth < 2:
-            cell = kv_table(value, unit=unit, depth=depth + 1)
+            cell = kv_table(value, unit=_key_unit(str(key)) or unit, depth=depth + 1)
         elif isinstance(value, (list, tuple, Mapping)):
             text = json.dumps(value, default=str, ensure_ascii=False)
             cell = f"<code>{esc(text if len(text) <= 400 else text[:400] + ' …')}</code>"
