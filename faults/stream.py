@@ -24,6 +24,7 @@ float seconds (``seconds``, ``keepalive_s``, ``retry_after_s``), which ``rule_pa
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 import re
 import socket
@@ -167,9 +168,12 @@ class StreamFault(Fault):
 
     @classmethod
     def rollback(cls, undo: Mapping[str, Any]) -> dict[str, Any]:
-        url, rule, hop = undo.get("control_url"), undo.get("rule"), undo.get("hop")
+        url, rule, hop = undo.get("hop_control"), undo.get("rule"), undo.get("hop")
         if not url or not rule:
             return {"skipped": "no stream hop recorded"}
+        if not _loopback(str(url)):
+            return {"skipped": f"the journal names {url} for stream hop {hop!r}: a stream hop listens on "
+                               "loopback only, so this journal is not one a run wrote; nothing contacted"}
         if _hop_gone(undo.get("pid"), undo.get("start_time"), str(url)):
             return {"skipped": f"stream hop {hop!r} is gone (it ends with the run): rule {rule!r} died with it"}
         token = os.environ.get(HOP_TOKEN_ENV)
@@ -185,6 +189,15 @@ def _hop_gone(pid: object, started: object, url: str) -> bool:
     """The hop's process has exited (its pid no longer has the recorded start time) or its control port
     refuses connections: either way its rules went with it."""
     return (isinstance(pid, int) and started is not None and start_time(pid) != started) or not _listening(url)
+
+
+def _loopback(url: str) -> bool:
+    """Whether ``url`` is an http URL of this host's loopback (where every stream hop listens)."""
+    parts = urlsplit(url)
+    try:
+        return parts.scheme == "http" and ipaddress.ip_address(parts.hostname or "").is_loopback
+    except ValueError:
+        return False
 
 
 def _listening(url: str) -> bool:
@@ -210,7 +223,9 @@ class _Rule(Injection):
         self.started = start_time(hop.pid) if hop.pid is not None else None  # with the pid, the hop's identity
 
     def plan(self) -> dict[str, Any]:
-        return {"control_url": self.control_url, "hop": self.hop.name, "rule": self.name,
+        # not a ``*_url`` key: rollback contacts only a loopback address (a stream hop listens nowhere
+        # else), so it needs no allow-list entry, which a watchdog started before the hops cannot have
+        return {"hop_control": self.control_url, "hop": self.hop.name, "rule": self.name,
                 "rule_kind": self.spec.rule_kind, "pid": self.hop.pid, "start_time": self.started,
                 "seed": self.seed, "share": self.spec.share,
                 "outlives": "no: the hop is the run's child and the rule dies with it"}

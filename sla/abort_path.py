@@ -237,6 +237,9 @@ def _per_hop(holds: Sequence[Hold], budget_ns: int,
             "until_end": sum(1 for h in mine if h.until_end),
             "over_budget": len(over), "request_ids": [h.request_id for h in over[:MAX_IDS]],
         }
+        if mine[0].kind == "stream" and all(h.held_ns == 0 for h in mine):  # our own hop behind a gateway
+            out[hop]["note"] = ("a stream hop closes its upstream on the read that sees its client leave, so "
+                                "its hold is 0 by construction; what it shows is that the hang-up reached it")
     for hop, (kind, ids) in unmeasured.items():
         entry = out.setdefault(hop, {"hop": hop, "kind": kind, "streams": 0, "n": 0})
         entry.update(unmeasured=len(ids), unmeasured_ids=ids[:MAX_IDS])

@@ -470,7 +470,7 @@ def _evidence(sides: _Sides, judged: _Judged) -> dict[str, Any]:
         "by_kind": by_kind,
         "added_latency_ms": _latency_ms(diffs),
         "bunched_events": sum(d.bunched for d in diffs),
-        "bunching_gaps": sum(d.gaps for d in diffs),
+        "gaps_examined": sum(d.gaps for d in diffs),  # upstream gaps of 2 ms or more, checked for bunching
         "comments": {"sent": sum(d.comments[0] for d in diffs), "received": sum(d.comments[1] for d in diffs)},
         **{k: v for k, v in sorted(judged.counts.items()) if v},
     }

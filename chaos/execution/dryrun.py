@@ -190,7 +190,7 @@ async def _hop(exp: Experiment, spec: HopSpec, upstream: str, probe: bool, envir
         return _toxiproxy_hop(spec, proxy, upstream), proxy
     if spec.kind == "url":
         out.say(f"hop {spec.name!r} (url): the gateway you run at {spec.url}: reached, never started or stopped; "
-                "what it forwards to is its own configuration's", 1)
+                "what it forwards to is its own configuration's business, not this run's", 1)
         if not credentials_allowed(spec.url or "", exp.safety.allowed_targets):
             out.say("REFUSED: neither on this host's loopback nor allowed by safety.allowed_targets.hosts", 2)
             out.worst(2)

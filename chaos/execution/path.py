@@ -43,6 +43,11 @@ __all__ = ["MAX_TAP_RECORDS", "PathHandle", "read_taps", "running_path", "start_
 START_ALLOWANCE_S: dict[str, float] = {"stream": 15.0, "toxiproxy": 20.0, "url": 0.0}
 GATEWAY_TOOLS_S = 10.0
 MAX_TAP_RECORDS = 50_000  # per stream hop: what a run journals of its taps; the rest is counted in a note
+# per stream hop: the events (``up`` + ``down`` entries) the runner keeps, about 300 bytes each in memory:
+# above it, requests are sampled by their sequence number (every 2nd, 4th, ... keeps its events; the
+# others keep their stamps, ends and counts, and count as capped for `relay`), so a long game-day's
+# 1,000-token streams cost tens of MB, not GB, and the sample stays spread over the whole run
+MAX_TAP_EVENTS = 250_000
 MAX_TAP_LINE = 4 * 1024 * 1024  # one tap record's line; a longer one is counted, not parsed
 MAX_CONFIG_CHARS = 64 * 1024  # of a hop's effective configuration kept in the report
 
@@ -203,10 +208,32 @@ class TapsRead:
     over_cap: int = 0  # records past MAX_TAP_RECORDS: counted, not read
     unreadable: int = 0  # lines that were not a tap record (a killed hop's half line, say)
     error: str | None = None
+    stride: int = 1  # requests whose seq is a multiple of it kept their events (MAX_TAP_EVENTS)
+    events: int = 0  # events kept
+    events_sampled_out: int = 0  # events of the requests the sampling stripped
+
+    def add(self, tap: TapRecord, event_cap: int) -> None:
+        """Keep ``tap``; above ``event_cap`` events, double the stride and strip the requests off it."""
+        if tap.seq % self.stride:
+            tap = self._stripped(tap)
+        self.records.append(tap)
+        self.events += len(tap.up) + len(tap.down)
+        while self.events > event_cap and self.stride < 1 << 30:
+            self.stride *= 2
+            self.records = [r if r.seq % self.stride == 0 else self._stripped(r) for r in self.records]
+            self.events = sum(len(r.up) + len(r.down) for r in self.records)
+
+    def _stripped(self, tap: TapRecord) -> TapRecord:
+        if not tap.up and not tap.down:
+            return tap
+        self.events_sampled_out += len(tap.up) + len(tap.down)
+        return replace(tap, up=[], down=[], dropped_up=tap.dropped_up + len(tap.up),
+                       dropped_down=tap.dropped_down + len(tap.down))
 
 
-def read_taps(path: Path, hop: str, cap: int = MAX_TAP_RECORDS) -> TapsRead:
-    """A stream hop's taps file: at most ``cap`` records, the rest counted; never through a link."""
+def read_taps(path: Path, hop: str, cap: int = MAX_TAP_RECORDS, event_cap: int = MAX_TAP_EVENTS) -> TapsRead:
+    """A stream hop's taps file: at most ``cap`` records (the rest counted) and ``event_cap`` events
+    (requests sampled above it); never through a link."""
     out = TapsRead()
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -222,7 +249,7 @@ def read_taps(path: Path, hop: str, cap: int = MAX_TAP_RECORDS) -> TapsRead:
             if tap is None:
                 out.unreadable += 1 if line.strip() else 0
             else:
-                out.records.append(tap)
+                out.add(tap, event_cap)
     return out
 
 
@@ -247,7 +274,9 @@ def _emit_taps(hop: str, path: Path, emit: Callable[[Any], None]) -> None:
     for record in found.records:
         emit(record)
     data: dict[str, Any] = {"hop": hop, "records": len(found.records), "over_cap": found.over_cap,
-                            "unreadable": found.unreadable, "cap": MAX_TAP_RECORDS}
+                            "unreadable": found.unreadable, "cap": MAX_TAP_RECORDS, "events": found.events,
+                            "event_cap": MAX_TAP_EVENTS, "sampling_stride": found.stride,
+                            "events_sampled_out": found.events_sampled_out}
     if found.error is not None:
         data["error"] = found.error
     emit(Note(topic="taps", t=time.monotonic_ns(), data=data))

@@ -352,6 +352,9 @@ def experiment_reach(experiment: Experiment, target_url: str | None = None,
         proxy_url = proxy.url or environ.get("TOXIPROXY_URL")
         if proxy_url:
             out.append(Reach("Toxiproxy API", url=proxy_url))
+    for hop in experiment.path:  # a gateway the user runs: acted on like a remote target, before anything starts
+        if hop.kind == "url" and hop.url:
+            out.append(Reach(f"path hop {hop.name} (url)", url=hop.url))
     for _, fault in experiment.faults():
         out.extend(fault.reach(experiment))
     return out

@@ -145,11 +145,13 @@ def _wait(predicate: Any, timeout: float, what: str) -> None:
 
 def test_a_sigkilled_runner_leaves_no_hop_running(tmp_path: Path, stack: str) -> None:
     run_dir = tmp_path / "run"
-    exp = _experiment(tmp_path, stack, {"path": [{"kind": "stream"}, {"kind": "nginx"}]}, seconds="60s")
+    held = [{"name": "steady", "duration": "60s", "faults": [{"kind": "stream.hold", "seconds": "1s"}]}]
+    exp = _experiment(tmp_path, stack, {"path": [{"kind": "stream"}, {"kind": "nginx"}], "phases": held})
     runner = subprocess.Popen([sys.executable, "-m", "chaos", "run", str(exp), "--out", str(run_dir), "--quiet"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait(lambda: any(line.get("type") == "phase" for line in _journal(run_dir)), 60, "the phase to start")
+        _wait(lambda: any(line.get("type") == "fault" and line.get("action") == "inject"
+                          for line in _journal(run_dir)), 60, "the stream fault to be in force")
         plans = [r for r in _journal(run_dir) if r.get("type") == "resource" and r["action"] == "plan"]
         pgids = {r["name"]: r["undo"]["pgid"] for r in plans}
         assert set(pgids) == {"hop:stream", "hop:nginx"} and not any(_gone(p) for p in pgids.values())
@@ -163,6 +165,11 @@ def test_a_sigkilled_runner_leaves_no_hop_running(tmp_path: Path, stack: str) ->
     assert rollback.returncode == 0, rollback.stderr
     ends = {r["name"]: r["action"] for r in _journal(run_dir) if r.get("type") == "resource"}
     assert ends == {"hop:stream": "rollback", "hop:nginx": "rollback"}  # none outstanding
+    # the stream fault's rule died with its hop, and rolling it back says so: no URL refused, no error
+    undone = [r for r in _journal(run_dir) if r.get("type") == "fault" and r.get("action") in ("rollback", "error")
+              and r.get("fault") == "stream.hold"]
+    assert undone and all(r["action"] == "rollback" for r in undone), undone
+    assert "does not allow" not in rollback.stdout + rollback.stderr
 
 
 def test_rollback_ends_a_hop_group_that_outlived_its_runner(tmp_path: Path, stack: str) -> None:

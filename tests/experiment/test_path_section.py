@@ -212,6 +212,22 @@ def test_a_taps_file_is_read_bounded_and_never_through_a_link(tmp_path: Path) ->
     assert json.loads(_tap(1))["type"] == "tap"
 
 
+def test_taps_above_the_event_budget_are_sampled_across_the_whole_run(tmp_path: Path) -> None:
+    """Memory is bounded by events, not records: 64 requests of 2 events each against a budget of 40
+    keep the events of every 4th request (spread over the run, not its first minutes) and the stamps,
+    ends and counts of all of them; the stripped ones count as capped."""
+    taps = tmp_path / "edge.taps.jsonl"
+    taps.write_text("\n".join(_tap(seq) for seq in range(1, 65)) + "\n", encoding="utf-8")
+    found = read_taps(taps, "edge", event_cap=40)
+    assert len(found.records) == 64 and found.stride == 4 and found.events <= 40
+    kept = [t.seq for t in found.records if t.up]
+    assert kept == list(range(4, 65, 4))  # early and late requests alike
+    stripped = [t for t in found.records if not t.up]
+    assert all(t.dropped_up == 1 and t.dropped_down == 1 and t.up_end == "done" for t in stripped)
+    assert found.events_sampled_out == 2 * len(stripped)
+    assert read_taps(taps, "edge").stride == 1  # under the default budget nothing is sampled
+
+
 def test_a_url_hop_elsewhere_is_refused_unless_allowed(tmp_path: Path) -> None:
     from chaos.execution.path import running_path
     from chaos.execution.proxy import RunOwner
@@ -232,3 +248,16 @@ def test_a_url_hop_elsewhere_is_refused_unless_allowed(tmp_path: Path) -> None:
 
     with pytest.raises(TargetNotAllowed, match="gateway.example.invalid"):
         asyncio.run(enter())
+
+
+def test_a_url_hop_elsewhere_is_checked_before_anything_starts() -> None:
+    """The blast-radius check covers a url hop like the target: refused before the target is started
+    (minutes on vLLM), and the dry run names it as checked."""
+    from chaos.model.allowlist import enforce as enforce_allowed_targets
+    from chaos.model.errors import TargetNotAllowed
+
+    text = HEAD + "path: [{kind: url, url: 'http://gateway.example.invalid:8080/v1'}]\n"
+    with pytest.raises(TargetNotAllowed, match="path hop url"):
+        enforce_allowed_targets(parse_experiment(text))
+    allowed = parse_experiment(text + "safety: {allowed_targets: {hosts: [gateway.example.invalid]}}\n")
+    assert [r.what for r in enforce_allowed_targets(allowed)] == ["path hop url (url)"]

@@ -201,8 +201,8 @@ def test_the_plan_is_seeded_from_the_run_and_the_fault_name(tmp_path: Path) -> N
     first = plan(1, "drop")
     assert first == plan(1, "drop")
     assert first["seed"] != plan(2, "drop")["seed"] and first["seed"] != plan(1, "drop-2")["seed"]
-    assert {k: first[k] for k in ("control_url", "hop", "rule", "rule_kind", "share")} == {
-        "control_url": "http://127.0.0.1:9/", "hop": "stream", "rule": "drop", "rule_kind": "drop", "share": 0.5}
+    assert {k: first[k] for k in ("hop_control", "hop", "rule", "rule_kind", "share")} == {
+        "hop_control": "http://127.0.0.1:9/", "hop": "stream", "rule": "drop", "rule_kind": "drop", "share": 0.5}
     assert TOKEN not in json.dumps(first)
 
 
@@ -229,15 +229,22 @@ def test_rollback_says_the_rule_died_with_a_hop_that_is_gone(monkeypatch: pytest
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{s.getsockname()[1]}"
-    done = cls.rollback({"control_url": url, "rule": "hold", "hop": "stream"})
+    done = cls.rollback({"hop_control": url, "rule": "hold", "hop": "stream"})
     assert "died with it" in done["skipped"]
     with socket.create_server(("127.0.0.1", 0)) as listening:  # a port that answers, whatever holds it
         url = f"http://127.0.0.1:{listening.getsockname()[1]}"
         proc = subprocess.Popen([sys.executable, "-c", "pass"])
         proc.wait()  # a hop process that has exited: its pid no longer has the recorded start time
-        done = cls.rollback({"control_url": url, "rule": "hold", "hop": "stream", "pid": proc.pid, "start_time": 1})
+        done = cls.rollback({"hop_control": url, "rule": "hold", "hop": "stream", "pid": proc.pid, "start_time": 1})
         assert "died with it" in done["skipped"]
-        me = {"control_url": url, "rule": "hold", "hop": "stream", "pid": os.getpid(),
+        me = {"hop_control": url, "rule": "hold", "hop": "stream", "pid": os.getpid(),
               "start_time": start_time(os.getpid())}  # a live process: only the token is missing
         monkeypatch.delenv("STREAMCHAOS_HOP_TOKEN", raising=False)
         assert "STREAMCHAOS_HOP_TOKEN is not set" in cls.rollback(me)["skipped"]
+
+
+def test_rollback_contacts_no_address_but_loopback() -> None:
+    """A journal is data: a stream fault's plan naming another host is refused without a connection."""
+    cls = REGISTRY["stream.hold"]
+    done = cls.rollback({"hop_control": "http://192.0.2.7:8474/", "rule": "hold", "hop": "stream"})
+    assert "loopback only" in done["skipped"], done

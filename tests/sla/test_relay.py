@@ -88,7 +88,7 @@ def test_gzip_with_buffering_is_an_encoding_introduced_and_a_buffered_stream() -
     verdict = sla.judge(run(taps), "relay", {"over": "gw"})
     assert verdict.status == "fail", verdict.evidence
     assert set(verdict.evidence["by_kind"]) == {"encoding", "buffered"}
-    assert verdict.evidence["bunched_events"] == verdict.evidence["bunching_gaps"] == 7
+    assert verdict.evidence["bunched_events"] == verdict.evidence["gaps_examined"] == 7
 
 
 def at_ms(sent: list[list[Any]], received_ms: Sequence[float]) -> list[list[Any]]:
