@@ -36,7 +36,7 @@ from chaos.stack.process import StackProcess
 
 pytestmark = pytest.mark.timeout(300)
 
-GATEWAYS = ("nginx", "haproxy", "caddy", "litellm")
+SPAWNED_QUICKLY = ("nginx", "haproxy", "caddy")  # in well under a second; LiteLLM takes 6-8 s
 REQUEST = {"model": "tiny", "messages": [{"role": "user", "content": "Tell me about streams."}],
            "stream": True, "max_tokens": 48}
 
@@ -135,7 +135,8 @@ async def _stop_and_check(hop: StartedHop, journal: Journal) -> dict[str, Any]:
     return evidence
 
 
-@pytest.mark.parametrize("kind", GATEWAYS)
+# LiteLLM (6-8 s to start) streams through a whole run in tests/hops/runs/test_gateway_verdicts.py
+@pytest.mark.parametrize("kind", SPAWNED_QUICKLY)
 def test_each_gateway_streams_event_by_event_from_its_shipped_config(kind: str, stack: StackProcess,
                                                                      tmp_path: Path) -> None:
     _installed(kind)
@@ -200,8 +201,9 @@ async def _clear_stall(stack: StackProcess) -> None:
         await client.delete(stack.admin_url + "/faults/silence")
 
 
-@pytest.mark.parametrize(("kind", "knob"), [("nginx", "read_timeout"), ("haproxy", "server_timeout"),
-                                            ("caddy", "read_timeout")])
+# nginx's read_timeout and HAProxy's server_timeout cut a held first token in whole runs
+# (tests/hops/runs/test_gateway_verdicts.py); Caddy's knob is shown here
+@pytest.mark.parametrize(("kind", "knob"), [("caddy", "read_timeout")])
 @pytest.mark.parametrize("armed", [True, False], ids=["1s-cuts", "default-passes"])
 def test_the_idle_timeout_knob_cuts_a_longer_silence(kind: str, knob: str, armed: bool, stack: StackProcess,
                                                      tmp_path: Path) -> None:
@@ -458,7 +460,7 @@ def _assert_started_and_journaled_stream(info: HopInfo, hop: StartedHop, journal
     assert info.control_token not in str(hop.process.args)  # never on argv
 
 
-@pytest.mark.parametrize("kind", GATEWAYS)
+@pytest.mark.parametrize("kind", SPAWNED_QUICKLY)  # LiteLLM's stop: in every run of test_gateway_verdicts.py
 def test_stop_ends_a_gateway_with_a_stream_in_flight(kind: str, stack: StackProcess, tmp_path: Path) -> None:
     """A hop stopped mid-stream (the run ending during a silence) leaves nothing of its group, within
     its grace or by SIGKILL after it (measured here: nginx and HAProxy 0.01 s, Caddy 2.0 s, LiteLLM 3.3 s,
@@ -483,5 +485,5 @@ def test_stop_ends_a_gateway_with_a_stream_in_flight(kind: str, stack: StackProc
     assert not group_members(journal.records[0]["undo"]["pgid"])
     assert evidence["stop_s"] < gateway_class(kind).stop_grace_s + 3.0
     # nginx and HAProxy cut at once, Caddy after its 2 s grace_period (the silence lasts 3 s more);
-    # LiteLLM's uvicorn lets a stream finish on SIGTERM: this one ended within the 5 s grace
-    assert stream.done == (kind == "litellm"), stream.body[-120:]
+    # LiteLLM's uvicorn lets a stream finish on SIGTERM (3.3 s measured, within its 5 s grace)
+    assert not stream.done, stream.body[-120:]
