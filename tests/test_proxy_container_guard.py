@@ -55,7 +55,7 @@ def test_the_watchdog_is_there_before_the_load_when_a_toxiproxy_container_is(
 
     async def bring_up() -> None:
         async with contextlib.AsyncExitStack() as resources:
-            await runner._start_proxy(resources, target)  # type: ignore[arg-type]
+            await runner._start_path(resources, target)  # type: ignore[arg-type]
 
     asyncio.run(bring_up())
     expected = {"docker": ["guard", "proxy"], "auto": ["proxy", "guard"] if made == "docker" else ["proxy"]}[server]

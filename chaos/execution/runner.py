@@ -386,8 +386,6 @@ class Runner:
         self._note("path", handle.facts)
         return handle.load_base_url
 
-    _start_proxy = _start_path  # its name before `path:` (tests/test_proxy_container_guard.py)
-
     def _context(self, target: Target) -> RunContext:
         """What the faults act through: the target (restartable), the proxy, the client policy."""
         exp = self.experiment
