@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["first_line", "spawn"]
+__all__ = ["first_line", "script_interpreter", "spawn"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -59,3 +59,17 @@ def first_line(proc: subprocess.Popen[Any], timeout: float) -> str:
             elif proc.poll() is not None:
                 break
     return buffer.split(b"\n", 1)[0].decode(errors="replace").strip()
+
+
+def script_interpreter(script: str) -> str | None:
+    """The interpreter a console script (``vllm``, ``litellm``) names on its ``#!`` line: the
+    environment it was installed into, whose Python can then be asked what that environment holds."""
+    try:
+        with open(script, "rb") as f:
+            line = f.readline(512)
+    except OSError:
+        return None
+    if not line.startswith(b"#!"):
+        return None
+    words = line[2:].decode(errors="replace").split()
+    return words[0] if words else None

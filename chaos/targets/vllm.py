@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from chaos.host.capped import JSON_LIMIT, get_capped
-from chaos.host.children import first_line, spawn
+from chaos.host.children import first_line, script_interpreter, spawn
 from chaos.host.cpuset import allowed_cpus, format_cpu_list, server_cpus
 from chaos.host.procguard import group_members, group_undo
 from chaos.host.redact import register_secret
@@ -111,16 +111,9 @@ def _has_vllm(python: str) -> str | None:
 
 
 def _script_interpreter(command: str) -> str | None:
-    """The interpreter a console script names on its ``#!`` line."""
-    try:
-        with open(command, "rb") as f:
-            line = f.readline(512)
-    except OSError:
-        return None
-    if not line.startswith(b"#!"):
-        return None
-    parts = line[2:].decode(errors="replace").split()
-    return parts[0] if parts and "python" in Path(parts[0]).name else None
+    """The Python a ``vllm`` console script runs on (its ``#!`` line), when it is a Python."""
+    python = script_interpreter(command)
+    return python if python is not None and "python" in Path(python).name else None
 
 
 def find_vllm_python(spec: TargetSpec, environ: Mapping[str, str] = os.environ) -> tuple[str, str]:

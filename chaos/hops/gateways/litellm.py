@@ -37,6 +37,7 @@ from typing import Any
 import yaml
 
 from chaos.hops.gateways.base import Gateway, Upstream, gateway_kind, run_tool
+from chaos.host.children import script_interpreter
 from chaos.model.errors import SetupFailed
 from chaos.model.params import Param, Schema
 
@@ -45,19 +46,6 @@ __all__ = ["Litellm"]
 PROXY_MODULES = ("litellm", "fastapi", "uvicorn", "apscheduler", "orjson")  # what `litellm[proxy]` serves with
 _ENV_REF = re.compile(r"os\.environ/([A-Za-z_][A-Za-z0-9_]*)")
 _VERSION_PROBE = "import importlib.metadata as m; print(m.version('litellm'))"
-
-
-def _script_interpreter(script: str) -> str | None:
-    """The interpreter a console script names on its ``#!`` line."""
-    try:
-        with open(script, "rb") as f:
-            line = f.readline(512)
-    except OSError:
-        return None
-    if not line.startswith(b"#!"):
-        return None
-    words = line[2:].decode(errors="replace").split()
-    return words[0] if words else None
 
 
 @gateway_kind
@@ -87,7 +75,7 @@ class Litellm(Gateway):
         return binary
 
     def version(self, binary: str) -> str:
-        python = _script_interpreter(binary)
+        python = script_interpreter(binary)
         if python is not None:
             status, text = run_tool([python, "-c", _VERSION_PROBE])
             if status == 0 and text:
