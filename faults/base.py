@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
 
 from chaos.model.context import ClusterRef, FaultAccount, Reach, RunContext, Scene
 from chaos.model.errors import ExperimentInvalid
+from chaos.model.observations import IN_FLIGHT
 from chaos.model.params import Schema
 
 if TYPE_CHECKING:
@@ -44,6 +45,10 @@ class Fault(ABC):
     summary: ClassVar[str]
     schema: ClassVar[Schema] = Schema()
     rbac_rules: ClassVar[tuple[Rule, ...]] = ()  # what it calls on the Kubernetes API (`streamchaos manifests rbac`)
+    # whom it can touch: every stream alive while it is in force (IN_FLIGHT), or only the streams sent in
+    # its own phase (PHASE_SCOPE); the runner writes it on the plan event, and a stream is judged in the
+    # phase of the fault that touched it (``Observations.population``)
+    scope: ClassVar[str] = IN_FLIGHT
 
     name: str
 

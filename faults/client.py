@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from chaos.model.client_rules import DisconnectRule, SlowReaderRule, TimeoutRule
 from chaos.model.context import ClientRule, FaultAccount, RunContext, Scene
+from chaos.model.observations import PHASE_SCOPE
 from chaos.model.params import Param, Schema
 from faults.base import Fault, Injection, register
 
@@ -42,6 +43,11 @@ class _RuleInjection(Injection):
 
 @dataclass(frozen=True, kw_only=True)
 class _ClientFault(Fault):
+    # A rule acts only on the requests sent while it is installed (the generator draws each request's
+    # plan when it sends it: a hang-up point, a read pace, a read timeout), and it is installed after its
+    # phase starts and removed before it ends: a stream of another phase never meets it.
+    scope = PHASE_SCOPE
+
     fraction: float
 
     def rule(self) -> ClientRule:
@@ -67,9 +73,11 @@ class ClientDisconnect(_ClientFault):
         params=(
             _FRACTION,
             Param("after_tokens", "int_or_range", min=0,
-                  doc="hang up after this many content events (or a seeded draw from [lo, hi])"),
+                  doc="hang up after this many content events (or a seeded draw from [lo, hi]); at least 1"),
             Param("after", "duration", doc="hang up this long after the request was sent"),
-            Param("while_queued", "bool", doc="hang up before the first byte of the response body"),
+            Param("while_queued", "bool",
+                  doc="hang up before the first token: as the response headers arrive (or 50ms without them), "
+                      "before any byte of the body: a client that leaves while its request is queued or in prefill"),
         ),
         one_of=(("after_tokens", "after", "while_queued"),),
     )
@@ -83,6 +91,12 @@ class ClientDisconnect(_ClientFault):
             return [("while_queued", "while_queued: false alone disconnects nobody; use true, or after_tokens / after")]
         if self.after == 0:
             return [("after", "must be longer than 0s; use while_queued: true to hang up before the first byte")]
+        if self.after_tokens is not None and self.after_tokens[0] == 0:
+            # the client counts content events in the reads it gets: a 0 hangs up after the first read,
+            # which may already carry the first token, so it cannot promise a hang-up before it
+            return [("after_tokens", "must be at least 1: a count of 0 would hang up after the first read, which "
+                     "may carry the first token; to hang up before the first token (while queued or in prefill) "
+                     "add a second client.disconnect with while_queued: true")]
         return []
 
     def rule(self) -> ClientRule:

@@ -15,7 +15,7 @@ from typing import Any
 __all__ = ["INJECT_WAIT_S", "REVERT_WAIT_S", "KillSchedule"]
 
 INJECT_WAIT_S = 5.0  # inject with at: 0 waits this long for the exit
-REVERT_WAIT_S = 15.0  # a pending restart at revert (the runner allows a revert 20s)
+REVERT_WAIT_S = 15.0  # a pending restart at revert, by default (the runner allows a revert 20s)
 
 
 class KillSchedule:
@@ -58,9 +58,11 @@ class KillSchedule:
         self.reverted = True
         return None
 
-    async def settle(self, sent: bool) -> dict[str, Any]:
+    async def settle(self, sent: bool, wait_s: float = REVERT_WAIT_S) -> dict[str, Any]:
         """At revert: a kill not sent yet is cancelled (``{"killed": False, "cancelled": True}``); one sent
-        is waited for, its restart included, at most ``REVERT_WAIT_S`` (``{"kill_task_error": ...}`` if it failed)."""
+        is waited for, its restart included (a restart already under way is the revert's to wait for,
+        however long the target takes to start: the fault is in force until it serves again), at most
+        ``wait_s`` (``{"kill_task_error": ...}`` if it failed or still runs: ``running`` says which)."""
         task = self.task
         assert task is not None
         if not task.done() and not sent:
@@ -69,7 +71,9 @@ class KillSchedule:
                 await task
             return {"killed": False, "cancelled": True}
         try:
-            await asyncio.wait_for(asyncio.shield(task), REVERT_WAIT_S)
+            await asyncio.wait_for(asyncio.shield(task), wait_s)
+        except TimeoutError:
+            return {"kill_task_error": f"still running {wait_s:g}s into the revert", "running": True}
         except Exception as exc:  # noqa: BLE001 - reported in the evidence; the caller retries the restart
             return {"kill_task_error": repr(exc)}
         return {}

@@ -9,8 +9,12 @@ have no pid here and are refused at ``check`` (use ``k8s.*`` faults).
 
 The kill is scheduled with asyncio inside ``inject`` (``at`` after the phase start); ``revert`` cancels
 a kill still pending. With ``restart`` the runner's ``env.restart_target()`` is awaited once the
-process has exited, and at the latest on ``revert``. A kill cannot be undone, so ``rollback`` has
-nothing to do; a restart after a crashed run is the runner's next start.
+process has exited, and at the latest on ``revert``; the revert returns only once the restarted
+target serves again (a restart already under way in the scheduled task included, however long it
+takes: vLLM's is minutes), so the fault's time in force and its phase are as long as the outage
+really was, and the evidence says how long that was (``outage_s``: the kill sent to the target
+answering again). A kill cannot be undone, so ``rollback`` has nothing to do; a restart after a
+crashed run is the runner's next start.
 """
 
 from __future__ import annotations
@@ -27,13 +31,14 @@ from chaos.model.context import FaultAccount, RunContext, Scene
 from chaos.model.errors import FaultError, FaultUnsupported
 from chaos.model.params import Param, Schema
 from faults.base import Fault, Injection, register
-from faults.kill_schedule import KillSchedule
+from faults.kill_schedule import REVERT_WAIT_S, KillSchedule
 
 __all__ = ["ProcessKill", "describe_status"]
 
 EXIT_WAIT_S = 30.0  # a SIGTERM'd server may drain its streams first
 SERVER_WATCH_S = 10.0  # how long the API server is watched after its engine was killed
 RESTART_BUDGET_S = 330.0  # a revert that restarts the target waits for its start-up (vLLM: up to 5 min)
+REVERT_MARGIN_S = 5.0  # of a restarting revert's budget, left to end it cleanly when the restart overruns
 
 
 def describe_status(status: int | None) -> str | None:
@@ -60,7 +65,8 @@ class ProcessKill(Fault):
                   doc="which process; the same pid for the builtin stack; vLLM's EngineCore or its API server"),
             Param("signal", "choice", "SIGKILL", choices=("SIGKILL", "SIGTERM", "SIGINT")),
             Param("at", "duration", 0.0, doc="delay after the phase start"),
-            Param("restart", "bool", False, doc="restart the target once it has exited"),
+            Param("restart", "bool", False, doc="restart the target once it has exited; the fault (and its phase) "
+                  "lasts until it serves again, the outage in its evidence (outage_s)"),
         ),
     )
 
@@ -164,17 +170,28 @@ class _Kill(Injection):
         if self.ctx.restart_target is None:
             raise FaultError("process.kill: restart requested but the runner gave no restart_target")
         start = time.monotonic()
-        await self.ctx.restart_target()
+        await self.ctx.restart_target()  # returns once the target answers its health check again
+        served = time.monotonic_ns()
         self._restarted = True
-        self._outcome.update(restarted=True, new_pid=self.ctx.target.pid, restart_s=round(time.monotonic() - start, 3))
+        self._outcome.update(restarted=True, new_pid=self.ctx.target.pid, restart_s=round(time.monotonic() - start, 3),
+                             served_again_at_monotonic_ns=served)
+        sent = self._outcome.get("sent_at_monotonic_ns")
+        if isinstance(sent, int):  # the outage as a client saw it: the kill sent to the target serving again
+            self._outcome["outage_s"] = round((served - sent) / 1e9, 3)
 
     async def revert(self) -> dict[str, Any]:
         if (skipped := self._schedule.skip_revert()) is not None:
             return skipped
-        settled = await self._schedule.settle(sent="sent_at_monotonic_ns" in self._outcome)
-        if not settled.get("cancelled") and self.spec.restart and self._outcome.get("killed") and not self._restarted:
-            self._schedule.stop()
-            await self._restart()  # a failure here is the revert's failure: the runner journals it
+        # a restart under way is waited for to its end (the step's whole budget, less a margin to end cleanly)
+        wait = self.step_timeout_s - REVERT_MARGIN_S if self.spec.restart else REVERT_WAIT_S
+        settled = await self._schedule.settle(sent="sent_at_monotonic_ns" in self._outcome, wait_s=wait)
+        if settled.get("cancelled") or not self.spec.restart or not self._outcome.get("killed") or self._restarted:
+            return dict(self._outcome, **settled)
+        self._schedule.stop()
+        if settled.get("running"):  # a restart that outlasted its budget: the fault's failure, not a retry
+            raise FaultError(f"process.kill: the target did not serve again within {wait:g}s of the revert "
+                             f"({settled['kill_task_error']})")
+        await self._restart()  # the kill task failed before its restart; a failure here is the revert's failure
         return dict(self._outcome, **settled)
 
 

@@ -47,6 +47,7 @@ from chaos.hops.streamhop.rules import (
 from chaos.host.procs import start_time
 from chaos.model.context import FaultAccount, HopInfo, RunContext, Scene
 from chaos.model.errors import FaultError, FaultUnsupported
+from chaos.model.observations import PHASE_SCOPE
 from chaos.model.params import Param, Schema, suggest
 from chaos.model.units import format_duration
 from faults.base import Fault, Injection, register
@@ -119,6 +120,9 @@ class StreamFault(Fault):
 
     rule_kind: ClassVar[str]
     stops_at_once: ClassVar[bool] = False  # deleting the rule also ends its effect on running requests
+    # the hop takes a request's rules when the request arrives (``RequestRules``): a rule installed later
+    # never acts on a stream already running, so it touches only the streams sent in its own phase
+    scope: ClassVar[str] = PHASE_SCOPE
 
     hop: str | None
     share: float

@@ -5,7 +5,9 @@
 
 Each experiment is rewritten for ``target.kind: vllm`` on the device (its load, phases and SLAs as
 shipped; ``kv.pressure`` with ``method: reserve`` becomes ``method: hog``, which fills vLLM's real
-cache; TTFT and ITL budgets, set for the builtin engine, are scaled by ``--latency-scale``; faults
+cache; TTFT and ITL budgets, set for the builtin engine, are scaled by ``--latency-scale``; on CPU a TTFT
+check of the tail (p99 and above) is dropped: ~3 TTFTs a second cannot decide one in any phase the
+check can afford; faults
 inside the builtin engine have no vLLM counterpart and such experiments are listed as not
 applicable), then run with ``streamchaos run``. ``--dry-run`` validates the rewritten files and
 runs ``streamchaos run --dry-run`` on each: nothing is started. NVML is read only (name, clocks,
@@ -54,6 +56,8 @@ def for_vllm(experiment: dict[str, Any], device: str, latency_scale: float = 1.0
             if why is not None:
                 return None, why
             _reserve_as_hog(phase, fault, device)
+    if device == "cpu":
+        _without_tail_checks(out)
     safety = dict(out.get("safety") or {})
     safety["max_duration"] = "6m"
     out["safety"] = safety
@@ -81,7 +85,25 @@ def _reserve_as_hog(phase: dict[str, Any], fault: dict[str, Any], device: str) -
     if device == "cpu":
         # under the hog, vLLM on one CPU core answered in 2.2 s (TTFT p50): a 6 s phase gave 16
         # TTFTs worth 4, too few to bound a p50; 15 s gives ~40 (kv-pressure's own is 14 s now)
-        phase["duration"] = format_duration(max(parse_duration(phase["duration"]), HOG_PHASE_MIN_CPU_S))
+        duration = phase["duration"]
+        if isinstance(duration, dict):  # {min, max}: a phase that runs until decided
+            duration["min"] = format_duration(max(parse_duration(duration["min"]), HOG_PHASE_MIN_CPU_S))
+            duration["max"] = format_duration(max(parse_duration(duration["max"]), parse_duration(duration["min"])))
+        else:
+            phase["duration"] = format_duration(max(parse_duration(duration), HOG_PHASE_MIN_CPU_S))
+
+
+def _without_tail_checks(experiment: dict[str, Any]) -> list[str]:
+    """Drop the TTFT entries at p99 and above, in place; their names. vLLM on one CPU core gives ~3 TTFTs a
+    second, and a p99 needs ~600 to pass (docs/slas.md): no phase the check can afford decides one."""
+    entries = experiment.get("sla") or []
+    tail = [e for e in entries if e.get("kind") == "ttft" and _quantile(e.get("quantile", 0.99)) >= 0.99]
+    experiment["sla"] = [e for e in entries if e not in tail]
+    return [str(e.get("name") or e["kind"]) for e in tail]
+
+
+def _quantile(raw: Any) -> float:
+    return float(str(raw)[1:]) / 100 if str(raw).startswith("p") else float(raw)
 
 
 def _scale_latency_budgets(experiment: dict[str, Any], latency_scale: float) -> None:

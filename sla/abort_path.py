@@ -291,6 +291,7 @@ class AbortPath(SlaSpec):
     capacity_fit = True
     needs = ()  # the stream hops' taps; the engine's gauges are evidence only
     sample_label = None  # holds exist only where a client hung up: nothing to draw for every run
+    decides_in_phase = False  # a hop closes its upstream after the hang-up, possibly after the phase
 
     budget: float  # seconds
     min_samples: int

@@ -1,10 +1,14 @@
-"""`abort_propagation`: while clients hang up, the engine runs no more requests than the clients hold open.
+"""`abort_propagation`: while clients leave, the engine runs no more requests than the clients hold open.
 
 A server that keeps generating for a departed client shows it while the fault is in force: its
 running-requests gauge climbs above the streams the load generator still has open. ``kv_cleanup``
 cannot see that under a closed-loop storm that never goes quiet (it looks once load ends, when the
-orphans have finished anyway); this verifier judges every scrape taken while a ``client.disconnect``
-fault was in force (from its inject to its revert, in the judged phase when one is given).
+orphans have finished anyway); this verifier judges every scrape taken while clients were leaving:
+while a client fault (``client.disconnect``, ``client.timeout``) was in force, and while any other
+fault was in force during which a judged client left a stream the server was still serving (a read
+timeout, the request timeout, a reset it saw: ``sla.engine_series.client_left``), from its inject to
+its revert, in the judged phase when one is given. Every way a client goes away counts: a server
+that aborts on a hang-up but generates on after a timeout or a reset fails as well.
 
 Per scrape at time t, the *orphan excess* is ``running(t) - allowed(t)``, clamped at 0, where
 ``running`` is the engine's running-requests series (``vllm:num_requests_running``,
@@ -22,7 +26,7 @@ correct engine one request over for a few milliseconds; ``max_excess`` (1) and `
 A scrape is *in excess* when its excess exceeds ``max_excess``. The verdict fails when consecutive
 scrapes in excess span at least ``sustain`` (the figure: the longest such run, in seconds); passes
 otherwise. Inconclusive, with the reason, when no running-requests series was scraped (a missing
-series is unknown, never zero), when no ``client.disconnect`` fault was in force, or when the
+series is unknown, never zero), when no such fault was in force, or when the
 scrapes inside its windows are too few or span less than ``sustain``.
 KV usage, where the engine exports it, is evidence only (its level in scrapes with and without excess):
 how much cache one request holds depends on its length, so it cannot be compared with stream counts.
@@ -31,6 +35,7 @@ how much cache one request holds depends on its length, so it cannot be compared
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,11 +45,12 @@ from chaos.model.observations import NS, MetricSample, Observations
 from chaos.model.params import Param, Schema
 from sla.base import BudgetRule, SlaSpec, Status, Verdict, verifier
 from sla.common import rel_s, stream_end
-from sla.engine_series import metrics_off, pick, profile_series, unjudged_reason
+from sla.engine_series import LEFT_HOW, client_left, metrics_off, pick, profile_series, totals, unjudged_reason
 
 __all__ = ["ExcessSummary", "AbortPropagation", "excess_series", "most_open", "scrape_interval_ns", "summarise"]
 
 HANGUP_FAULT = "client.disconnect"
+CLIENT_FAULTS = (HANGUP_FAULT, "client.timeout")  # faults that make clients leave by design
 MIN_SCRAPES = 3  # fewer scrapes in the fault's windows cannot show a sustained excess
 
 SCHEMA = Schema(
@@ -75,34 +81,28 @@ class ExcessSummary:
     longest_run_from: int | None  # the monotonic stamp of its first scrape
 
 
-def _windows(obs: Observations, phase: str | None) -> list[tuple[int, int]]:
-    """[inject, revert] of every hang-up fault (in ``phase`` if given); an unreverted one ends at its phase's end
-    or the last scrape."""
+def _departures(obs: Observations, phase: str | None) -> list[tuple[int, str]]:
+    """(when, how) every judged client left a stream the server was still serving (``client_left``)."""
+    return sorted(left for st in obs.population(phase) if not st.background and (left := client_left(st)) is not None)
+
+
+def _windows(obs: Observations, phase: str | None,
+             departures: Sequence[tuple[int, str]]) -> list[tuple[int, int, str]]:
+    """[inject, revert, fault] of every fault (in ``phase`` if given) that makes clients leave: a client fault,
+    or any fault while it was in force a client left (a read timeout, a reset); an unreverted one ends at
+    its phase's end or the last scrape."""
     last = max((m.t for m in obs.target_metrics()), default=0)
-    out: list[tuple[int, int]] = []
+    out: list[tuple[int, int, str]] = []
     events = sorted(obs.faults, key=lambda e: e.t)
-    for inject in (e for e in events if e.kind == HANGUP_FAULT and e.action == "inject"):
+    for inject in (e for e in events if e.action == "inject"):
         if phase is not None and inject.phase != phase:
             continue
         revert = next((e for e in events if e.fault == inject.fault and e.action in ("revert", "rollback", "error")
                        and e.t >= inject.t), None)
         window = obs.phase(inject.phase)
         end = revert.t if revert is not None else (window.t_end if window is not None and window.t_end else last)
-        out.append((inject.t, end))
-    return out
-
-
-def _totals(samples: Sequence[MetricSample], stale_ns: int) -> list[tuple[int, float]]:
-    """(t, sum over label sets) at each scrape time: each label set's latest value no older than ``stale_ns``."""
-    by_t: dict[int, list[MetricSample]] = {}
-    for m in samples:
-        by_t.setdefault(m.t, []).append(m)
-    latest: dict[tuple[tuple[str, str], ...], tuple[int, float]] = {}
-    out: list[tuple[int, float]] = []
-    for t in sorted(by_t):
-        for m in by_t[t]:
-            latest[tuple(sorted(m.labels.items()))] = (m.t, m.value)
-        out.append((t, sum(v for st, v in latest.values() if t - st <= stale_ns)))
+        if inject.kind in CLIENT_FAULTS or any(inject.t <= t <= end for t, _ in departures):
+            out.append((inject.t, end, inject.fault))
     return out
 
 
@@ -180,7 +180,7 @@ def _kv_evidence(obs: Observations, usage_names: Sequence[str], series: Sequence
     name = pick(obs, usage_names)
     if name is None:
         return None
-    usage = dict(_totals(obs.series(name), stale_ns))
+    usage = dict(totals(obs.series(name), stale_ns))
     inside = [usage[t] for t, e, _ in series if e > max_excess and t in usage]
     outside = [usage[t] for t, e, _ in series if e <= max_excess and t in usage]
     return {
@@ -195,13 +195,15 @@ def _kv_evidence(obs: Observations, usage_names: Sequence[str], series: Sequence
 @dataclass(frozen=True, kw_only=True)
 class AbortPropagation(SlaSpec):
     kind = "abort_propagation"
-    summary = "while clients hang up, the engine runs no more requests than the clients hold open"
+    summary = ("while clients leave (hang-ups, read timeouts, resets), the engine runs no more requests than the "
+               "clients hold open")
     schema = SCHEMA
     timing = False
     better = "lower"
     capacity_fit = True
     needs = ("running",)
     sample_label = None
+    decides_in_phase = False  # the running gauge after each hang-up, scraped after the phase too
 
     sustain: float
     max_excess: int
@@ -236,20 +238,26 @@ class AbortPropagation(SlaSpec):
         if not samples:
             return verdict("inconclusive", None, 0,
                            _no_running_series(obs, evidence, name, running_names, engine, hint))
-        windows = _windows(obs, phase)
-        if not windows:
+        departures = _departures(obs, phase)
+        evidence["clients_left"] = dict(Counter(how for _, how in departures))
+        faulted = _windows(obs, phase, departures)
+        if not faulted:
             where = f" in phase {phase!r}" if phase else ""
-            return verdict("inconclusive", None, 0, f"no {HANGUP_FAULT} fault was in force{where}: no client hung up")
+            return verdict("inconclusive", None, 0,
+                           f"no client fault was in force{where} and no client left a stream during a fault "
+                           f"({', '.join(LEFT_HOW)}): nothing to judge")
+        windows = [(a, b) for a, b, _ in faulted]
         interval = scrape_interval_ns(samples) or 0
         grace_ns = int(self.grace * NS) if self.grace is not None else interval
         evidence.update(scrape_interval_s=interval / NS, grace_s=grace_ns / NS,
-                        fault_windows=[[rel_s(obs, a), rel_s(obs, b)] for a, b in windows])
-        series = excess_series(obs, _totals(samples, 2 * interval), windows, grace_ns)
+                        fault_windows=[[rel_s(obs, a), rel_s(obs, b)] for a, b in windows],
+                        faults=sorted({f for _, _, f in faulted}))
+        series = excess_series(obs, totals(samples, 2 * interval), windows, grace_ns)
         summary = summarise(series, max_excess, windows)
         evidence.update(_summary_evidence(obs, summary))
         worst = max(series, key=lambda x: x[1], default=None)
         if worst is not None and worst[1] > 0:
-            running_at = dict(_totals(samples, 2 * interval))[worst[0]]
+            running_at = dict(totals(samples, 2 * interval))[worst[0]]
             evidence["worst_scrape"] = {"t_s": rel_s(obs, worst[0]), "running": running_at, "allowed": worst[2]}
         kv = _kv_evidence(obs, usage_names, series, max_excess, 2 * interval)
         if kv is not None:
@@ -259,7 +267,7 @@ class AbortPropagation(SlaSpec):
         span_ns = series[-1][0] - series[0][0] if series else 0
         if summary.scrapes < MIN_SCRAPES or span_ns < sustain * NS:
             return verdict("inconclusive", summary.longest_run_s if series else None, summary.scrapes,
-                           f"{summary.scrapes} scrape(s) spanning {span_ns / NS:g}s while {HANGUP_FAULT} was in force: "
+                           f"{summary.scrapes} scrape(s) spanning {span_ns / NS:g}s while clients left: "
                            f"too few to show an excess sustained for {sustain:g}s (need {MIN_SCRAPES} spanning it)")
         return verdict("pass", summary.longest_run_s, summary.scrapes)
 

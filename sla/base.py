@@ -88,6 +88,12 @@ class SlaSpec(ABC):
     # What one value of ``samples()`` is, as the report's CDF axis says it ("time to first content",
     # in seconds); None: no distribution to draw (outcomes, counts or a point figure).
     sample_label: ClassVar[str | None]
+    # Whether its verdict can be decided on the streams of its phase as they end, before the phase is
+    # over: a phase that runs until decided (``duration: {min, max}``) judges such entries at each look
+    # and stops once all are decided. False for kinds that need what comes after the phase (KV and
+    # running requests back down after hang-ups, a hop closing its upstream, pods coming back, a rate
+    # over the whole window): they are judged once, after the run, and never hold a phase open.
+    decides_in_phase: ClassVar[bool] = True
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> Self:

@@ -206,6 +206,7 @@ class Capacity(SlaSpec):
     capacity_fit = True
     needs = ()
     sample_label = None
+    decides_in_phase = False  # pods come back within its budget, often after the phase
 
     within: float
     hold: float

@@ -18,6 +18,15 @@ before it existed, the error's message does. Where stream hops tapped the reques
 says where the cut happened (``cut_at``: at a stream hop, naming the rules that acted on it, or
 between two hops, naming the gateways between from the run's path note), and a stream hop's deadline
 makes the cause ``deadline`` (the client's own view kept as ``seen_as``).
+
+A stream that looks complete can still have been cut: one that ends with ``finish_reason: length``
+before ``max_tokens`` while the load asked for ``ignore_eos`` (the run's ``preflight`` note says which
+convenience fields every request carried) is an early close with cause ``short_length``: with
+``ignore_eos`` the only way to end on ``length`` is to reach ``max_tokens``. The count is the
+server's own ``usage.completion_tokens`` where the stream carried it, else its content events (an
+engine that puts several tokens in one event would look short by events: the load asks for usage
+unless the engine refused it). A context window shorter than prompt + ``max_tokens`` ends a stream
+on ``length`` early too; the evidence says which count was used.
 """
 
 from __future__ import annotations
@@ -31,9 +40,12 @@ from chaos.model.observations import STRICT_END, EndRule, Observations, StreamRe
 from chaos.model.params import Param, Schema
 from sla.base import BudgetRule, SlaSpec, Status, Verdict, verifier
 from sla.common import MAX_IDS
+from sla.integrity import usage_tokens
 from sla.relay import PathHop, between, path_hops, stream_hop_names
 
-__all__ = ["EarlyClose", "close_cause", "cut_at", "why_incomplete"]
+__all__ = ["EarlyClose", "close_cause", "cut_at", "ignore_eos_sent", "short_length", "why_incomplete"]
+
+PREFLIGHT_TOPIC = "preflight"  # the runner's note of the preflight: its "sent" lists the load's convenience fields
 
 SCHEMA = Schema(
     (
@@ -57,6 +69,28 @@ def why_incomplete(stream: StreamRecord, rule: EndRule = STRICT_END) -> list[str
     if not stream.done_seen and rule.done:
         why.append("no_done")
     return why
+
+
+def ignore_eos_sent(obs: Observations) -> bool:
+    """Whether the load's requests carried ``ignore_eos`` (the preflight's note; False in a journal
+    from before it said)."""
+    notes = obs.notes_on(PREFLIGHT_TOPIC)
+    sent = notes[-1].data.get("sent") if notes else None
+    return isinstance(sent, list) and "ignore_eos" in sent
+
+
+def short_length(stream: StreamRecord, ignore_eos: bool) -> str | None:
+    """Why a stream that ended on ``length`` stopped short of its ``max_tokens`` although ``ignore_eos``
+    was sent; None when it did not. Pure."""
+    if not ignore_eos or stream.finish_reason != "length" or stream.max_tokens <= 0:
+        return None
+    tokens, counted = usage_tokens(stream), "usage.completion_tokens"
+    if tokens is None:
+        tokens, counted = len(stream.t_content), "content events"
+    if tokens >= stream.max_tokens:
+        return None
+    return (f"finish_reason length after {tokens} of max_tokens {stream.max_tokens} ({counted}) although the "
+            "request asked for ignore_eos")
 
 
 _ERROR_CAUSES = {"timeout": "timeout", "protocol": "protocol", "connect": "connect", "cancelled": "cancelled",
@@ -184,10 +218,15 @@ class EarlyClose(SlaSpec):
         hung_up = len(population) - len(judged)
         rule = obs.end_rule
         offenders = [(st, why_incomplete(st, rule)) for st in judged if not st.is_complete(rule)]
+        ignore_eos = ignore_eos_sent(obs)
+        short = [(st, why) for st in judged if st.is_complete(rule) and (why := short_length(st, ignore_eos))]
+        offenders += [(st, ["short_length"]) for st, _ in short]
 
         taps = _taps_by_request(obs) if obs.taps else {}
         path = path_hops(obs)
         described = [_offender(st, why, taps.get(st.id), path, rule) for st, why in offenders]
+        for entry, (_, why_short) in zip(described[len(offenders) - len(short):], short, strict=True):
+            entry.update(cause="short_length", detail=why_short)
         evidence: dict[str, Any] = {
             "streams": len(judged),
             "incomplete": len(offenders),
@@ -196,6 +235,7 @@ class EarlyClose(SlaSpec):
                          + (" and [DONE]" if rule.done else " ([DONE] not required)")),
             "by_reason": dict(Counter(reason for _, why in offenders for reason in why)),
             "by_cause": dict(Counter(entry["cause"] for entry in described)),
+            "ignore_eos_sent": ignore_eos,
             "offenders": described[:MAX_IDS],
         }
         cut = Counter(entry["cut_at"] for entry in described if "cut_at" in entry)

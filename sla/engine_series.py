@@ -13,9 +13,55 @@ from collections.abc import Sequence
 from typing import Any
 
 from chaos.model.engines import RUNNING_SERIES, USAGE_SERIES
-from chaos.model.observations import END_RULE_TOPIC, Observations
+from chaos.model.observations import END_RULE_TOPIC, ErrorInfo, MetricSample, Observations, StreamRecord
 
-__all__ = ["metrics_off", "no_metrics", "pick", "profile_series", "scrape_failures", "unjudged_reason"]
+__all__ = ["client_left", "metrics_off", "no_metrics", "pick", "profile_series", "scrape_failures", "totals",
+           "unjudged_reason"]
+
+# how a client can leave a stream the server still serves: every one should make the server abort it
+LEFT_HOW = ("hang-up", "read timeout", "request timeout", "connection reset")
+
+
+def client_left(stream: StreamRecord) -> tuple[int, str] | None:
+    """When and how the client went away from a stream the server was still serving, or None: a
+    hang-up (``client.disconnect``), a read timeout (``client.timeout``), the request timeout, or a
+    reset the client saw (a network fault cut the connection). Background load that ended is not one,
+    nor a ``stale_connection`` read error: the server closed a kept connection after its last response,
+    and the request that found it closed never reached the server."""
+    if stream.hangup is not None and stream.hangup.reason != "stopped":
+        return stream.hangup.t, "read timeout" if stream.hangup.reason == "read_timeout" else "hang-up"
+    error, end = stream.error, stream.t_end
+    if error is None or end is None:
+        return None
+    if error.kind == "timeout" and _request_timeout(error):
+        return end, "request timeout"  # (a connect that timed out never reached the server)
+    if error.kind == "read" and error.cause == "stale_connection":
+        return None  # its message names the ConnectionResetError, but the server left, not the client
+    if error.kind == "read" and (error.cause == "reset" or "reset" in error.message.lower()):
+        return end, "connection reset"  # a read failed: the request was sent, the server may still serve it
+    return None
+
+
+def _request_timeout(error: ErrorInfo) -> bool:
+    """A timeout after the request was sent, with no complete response: by its cause, or by its
+    wording in a journal written before timeouts had one. Pure."""
+    if error.cause is not None:
+        return error.cause == "request_timeout"
+    return "no complete response" in error.message
+
+
+def totals(samples: Sequence[MetricSample], stale_ns: int) -> list[tuple[int, float]]:
+    """(t, sum over label sets) at each scrape time: each label set's latest value no older than ``stale_ns``."""
+    by_t: dict[int, list[MetricSample]] = {}
+    for m in samples:
+        by_t.setdefault(m.t, []).append(m)
+    latest: dict[tuple[tuple[str, str], ...], tuple[int, float]] = {}
+    out: list[tuple[int, float]] = []
+    for t in sorted(by_t):
+        for m in by_t[t]:
+            latest[tuple(sorted(m.labels.items()))] = (m.t, m.value)
+        out.append((t, sum(v for st, v in latest.values() if t - st <= stale_ns)))
+    return out
 
 
 def profile_series(obs: Observations) -> tuple[list[str], list[str], str, str]:

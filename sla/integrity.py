@@ -7,20 +7,33 @@ stream's text must equal it and an incomplete one's (hung up, failed, cut) must 
 a cut stream proves nothing about the missing tail, but what did arrive must still be right.
 ``split_chars`` (multibyte characters that arrived split across reads) is reported so a slicer
 experiment can show the splits it provoked really happened.
+
+Two more checks use what the server itself says. A 2xx response that came with a ``Content-Type`` other
+than ``text/event-stream`` is a ``content_type`` problem, and the evidence names the types seen (the
+load client also fails such a stream as a ``protocol`` error, so ``errors`` and ``early_close`` name it
+in experiments that do not list integrity); one with none is judged as SSE. Where the stream carried
+``usage.completion_tokens`` (the load asks for ``stream_options.include_usage``), more content events
+than that count is ``events_over_usage``: every content event carries at least one token, so the
+surplus was sent twice (or made up). Repeated events (a content event whose whole payload, JSON and SSE
+``id``, equals the one before) are counted and shown beside it, but are no problem on their own: an
+engine may generate the same token twice in a row, and most engines send the same ``id`` and
+``created`` in every chunk of a stream, so the payload alone cannot tell a repeated token from a
+repeated event; the server's own token count can.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from chaos.model.context import HaltSpec
-from chaos.model.observations import STRICT_END, EndRule, Observations, StreamRecord
+from chaos.model.observations import STRICT_END, EndRule, Observations, StreamRecord, foreign_content_type
 from chaos.model.params import Param, Schema
 from sla.base import BudgetRule, SlaSpec, Status, Verdict, verifier
 from sla.common import MAX_IDS
 
-__all__ = ["diff_snippet", "Integrity"]
+__all__ = ["diff_snippet", "framing_problem", "usage_tokens", "Integrity"]
 
 SCHEMA = Schema(
     (
@@ -50,8 +63,30 @@ def diff_snippet(expected: str, got: str) -> dict[str, Any]:
     }
 
 
+def framing_problem(stream: StreamRecord) -> bool:
+    """A 2xx response that came with a Content-Type other than text/event-stream (none at all is no
+    problem here: the body is judged as SSE, by the other checks). Pure."""
+    ok = stream.status is None or 200 <= stream.status < 300
+    return ok and foreign_content_type(stream.content_type)
+
+
+def usage_tokens(stream: StreamRecord) -> int | None:
+    """The server's own count of the tokens it generated for the stream (``usage.completion_tokens``)."""
+    value = (stream.usage or {}).get("completion_tokens")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _over_usage(stream: StreamRecord) -> bool:
+    tokens = usage_tokens(stream)
+    return tokens is not None and len(stream.t_content) > tokens
+
+
 def _problems(stream: StreamRecord, rule: EndRule = STRICT_END) -> list[str]:
     found = []
+    if framing_problem(stream):
+        found.append("content_type")
+    if _over_usage(stream):
+        found.append("events_over_usage")
     if stream.utf8_errors:
         found.append("utf8_errors")
     if REPLACEMENT in stream.text:
@@ -95,6 +130,8 @@ class Integrity(SlaSpec):
         require_reference: bool = self.require_reference
         population = obs.population(phase)
         counts: dict[str, int] = {
+            "content_type": 0,
+            "events_over_usage": 0,
             "utf8_errors": 0,
             "replacement_char": 0,
             "json_errors": 0,
@@ -112,7 +149,7 @@ class Integrity(SlaSpec):
             for problem in found:
                 counts[problem] += 1
             if found and len(offenders) < MAX_IDS:
-                offenders.append({"id": stream.id, "problems": found})
+                offenders.append(_offender(stream, found))
             if (
                 first_diff is None
                 and stream.expected_text is not None
@@ -130,10 +167,12 @@ class Integrity(SlaSpec):
             "complete_without_reference": len(without_reference),
             "split_chars": sum(st.split_chars for st in population),
             "utf8_error_bytes": sum(st.utf8_errors for st in population),
+            **_server_said(population),
         }
         status: Status
         if bad:
             status = "fail"
+            evidence["reason"] = _reason(counts, evidence, len(population))
         elif not population:
             status = "inconclusive"
             evidence["reason"] = "no streams to judge"
@@ -146,3 +185,42 @@ class Integrity(SlaSpec):
         else:
             status = "pass"
         return Verdict("integrity", phase, status, float(bad), 0.0, "count", len(population), evidence)
+
+
+def _offender(stream: StreamRecord, found: list[str]) -> dict[str, Any]:
+    entry: dict[str, Any] = {"id": stream.id, "problems": found}
+    if "content_type" in found:
+        entry["content_type"] = stream.content_type
+    if "events_over_usage" in found:
+        entry.update(content_events=len(stream.t_content), usage_completion_tokens=usage_tokens(stream),
+                     repeated_events=stream.repeated_events)
+    return entry
+
+
+def _server_said(population: list[StreamRecord]) -> dict[str, Any]:
+    """What the streams' own headers and usage say: the Content-Types that were not an event stream,
+    how many streams could be counted against usage, and the repeated events seen."""
+    types = Counter(st.content_type for st in population if framing_problem(st))
+    return {
+        "content_types": {str(t): n for t, n in types.items()},  # never "" nor None: framing_problem's
+        "compared_with_usage": sum(1 for st in population if usage_tokens(st) is not None),
+        "repeated_events": sum(st.repeated_events for st in population),
+        "streams_with_repeated_events": sum(1 for st in population if st.repeated_events),
+    }
+
+
+def _reason(counts: dict[str, int], evidence: dict[str, Any], streams: int) -> str:
+    """The failure in words, the server's own facts first (what it labelled the stream, what it counted)."""
+    said = []
+    if counts["content_type"]:
+        shown = ", ".join(f"{t!r} ({n})" for t, n in evidence["content_types"].items())
+        said.append(f"{counts['content_type']} of {streams} streams came as Content-Type {shown}, "
+                    "not text/event-stream")
+    if counts["events_over_usage"]:
+        said.append(f"{counts['events_over_usage']} streams carried more content events than the server's own "
+                    f"usage.completion_tokens ({evidence['repeated_events']} content events repeated the one before "
+                    "whole): events sent twice")
+    others = {k: n for k, n in counts.items() if n and k not in ("content_type", "events_over_usage")}
+    if others:
+        said.append(", ".join(f"{k}: {n}" for k, n in others.items()))
+    return "; ".join(said)

@@ -18,10 +18,21 @@ Check points: the end of the busy period (some stream in flight) that holds the 
 last end — the end of load — and the end of every busy period in which a judged stream was hung
 up on by a client fault (an abort burst followed by quiet). From a check point T the series must
 be back at baseline by T + ``within``. It is a fail when samples taken after that deadline, while
-still quiet, show it had not (a late return is a fail too, with the time it took); a check point
-whose quiet ended, or whose samples stop, before the deadline is unobserved, and so is one whose
-first sample past the deadline is already back (scrapes too sparse to tell). The verdict passes
-when the end-of-load check point returned and none failed.
+still quiet, show it had not (a late return is a fail too, with the time it took), and when the last
+sample, past the deadline, is still above baseline (a dip to baseline and back up is no return). A
+check point whose quiet ended, or whose samples stop, before the deadline is unobserved (the reason
+says so in words: the value at the last sample and how long after T it came), and so is one whose
+first sample past the deadline is already back (scrapes too sparse to tell).
+Hang-ups under load that never goes quiet (a closed-loop storm) are judged from the last hang-up H of
+each busy period whose load goes on for longer than ``within`` after it: by H + ``within`` each series
+(summed over label sets) must be back to the level the same load held before any client hung up (its
+highest scrape from the first stream sent to the first hang-up, plus the usage slack; at least 5
+scrapes, else unobserved). A server that frees a departed request's blocks late holds them through
+the load that follows: a fail, with the time from H until the level came back.
+The verdict passes when the end-of-load check point returned and none failed.
+Scraping stops when ``safety.cleanup_window`` ends after the drain: the window must exceed ``within``
+by at least two scrape intervals (``cleanup_window_needed``); the loader refuses a shorter window
+written in the file and raises the default one to fit.
 A ``Note(topic="kv_leak")`` from the builtin stack naming leaked request ids after a deadline is
 a fail by itself; ``Note(topic="target", data={"metrics": false})`` makes the verdict inconclusive.
 """
@@ -38,13 +49,24 @@ from chaos.model.observations import NS, MetricSample, Observations, StreamRecor
 from chaos.model.params import Param, Schema
 from sla.base import BudgetRule, SlaSpec, Status, Verdict, verifier
 from sla.common import MAX_IDS, rel_s, stream_end
-from sla.engine_series import metrics_off, pick, profile_series, unjudged_reason
+from sla.engine_series import metrics_off, pick, profile_series, totals, unjudged_reason
 
-__all__ = ["RUNNING_SERIES", "USAGE_SERIES", "KvCleanup"]
+__all__ = ["RUNNING_SERIES", "USAGE_SERIES", "KvCleanup", "cleanup_window_needed"]
+
+SCRAPES_PAST_DEADLINE = 2  # scrape intervals the cleanup window must reach past ``within``: one sample lands there
+
+
+def cleanup_window_needed(within: float, scrape_interval: float) -> float:
+    """The shortest ``safety.cleanup_window`` (s) that can decide the end-of-load check point: scraping
+    goes on after the last stream ends for ``within`` and then long enough that a sample lands past the
+    deadline. A shorter window stops scraping first, and a series still leaking is judged unobserved."""
+    return within + SCRAPES_PAST_DEADLINE * scrape_interval
 
 SCHEMA = Schema(
     (
-        Param("within", "duration", default=2.0, doc="how soon after a check point the series must be back"),
+        Param("within", "duration", default=2.0,
+              doc="how soon after a check point (the end of load, an abort burst, the last hang-up) the series must "
+                  "be back; safety.cleanup_window must exceed it by two scrape intervals"),
         Param("tolerance", "fraction", default=0.0, doc="KV usage allowed above baseline, as a share of the cache"),
         Param("series", "str", doc="the KV usage series to read instead of the built-in fallbacks"),
         Param("running_series", "str", doc="the running-requests series to read instead of the built-in fallbacks"),
@@ -64,6 +86,13 @@ class _Check:
     value_at_deadline: float | None  # the first sample at or after the deadline, while quiet
     baseline: float
     labels: dict[str, str]
+    last: tuple[float, float] | None = None  # (seconds after the check point, value) of the last quiet sample
+    limit: float = 0.0
+
+    @property
+    def up_before_deadline(self) -> bool:
+        """Unobserved because the samples stop before the deadline while the series is still up."""
+        return self.outcome == "unobserved" and self.last is not None and self.last[1] > self.limit
 
     def as_evidence(self) -> dict[str, Any]:
         return {
@@ -71,6 +100,7 @@ class _Check:
             "took_s": self.took_s,
             "value_at_deadline": self.value_at_deadline,
             "baseline": self.baseline,
+            **({"last_sample": {"after_s": round(self.last[0], 6), "value": self.last[1]}} if self.last else {}),
             **({"labels": self.labels} if self.labels else {}),
         }
 
@@ -91,14 +121,19 @@ def _check_one(
     baseline: float,
     labels: Labels,
 ) -> _Check:
-    """Did one label set's series get back to ``limit`` after ``t``, and by ``deadline``?"""
+    """Did one label set's series get back to ``limit`` after ``t``, by ``deadline``, and stay there?"""
     quiet = [m for m in samples if m.t >= t and (quiet_until is None or m.t < quiet_until)]
     back = next((m for m in quiet if m.value <= limit), None)
     after = next((m for m in quiet if m.t >= deadline), None)
+    last = quiet[-1] if quiet else None
     took = (back.t - t) / NS if back is not None else None
     at_deadline = after.value if after is not None else None
     outcome: Outcome
-    if back is not None and back.t <= deadline:
+    if last is not None and last.t >= deadline and last.value > limit:
+        # Still up at its last sample, past the deadline, with nothing running: a leak, whatever
+        # the series did before (a dip to baseline and back up is no return).
+        outcome = "leaked"
+    elif back is not None and back.t <= deadline:
         outcome = "returned"
     elif after is None or after.value <= limit:
         # No sample past the deadline, or the first one is already back: the scrapes cannot say
@@ -108,7 +143,9 @@ def _check_one(
         outcome = "late"  # still up at the deadline, back later
     else:
         outcome = "leaked"  # still up at the deadline and never back while nothing else ran
-    return _Check(outcome, took, at_deadline, baseline, dict(labels))
+    seen = ((last.t - t) / NS, last.value) if last is not None else None
+    took = None if outcome == "leaked" else took
+    return _Check(outcome, took, at_deadline, baseline, dict(labels), seen, limit)
 
 
 def _worst(checks: list[_Check]) -> _Check:
@@ -146,6 +183,71 @@ def _check_points(obs: Observations, population: list[StreamRecord]) -> list[tup
     return points
 
 
+MIN_REFERENCE = 5  # scrapes of load before the first hang-up: fewer cannot tell the load's own level
+
+
+def _after_hangups(obs: Observations, population: list[StreamRecord],
+                   per_series: Mapping[str, tuple[list[MetricSample], float]], within: float) -> list[dict[str, Any]]:
+    """A check point at the last hang-up of every busy period whose load goes on for longer than ``within``
+    after it (a closed-loop storm never goes quiet): by then the series must be back to the level the same
+    load held before any client hung up (its highest scrape then, plus the usage slack). A server that frees
+    a departed request's blocks late holds them through the load that follows, above that level."""
+    hangups = sorted(st.hangup.t for st in population if st.hangup is not None and st.hangup.reason != "stopped")
+    sent = [st.t_sent for st in obs.streams if st.t_sent is not None]
+    if not hangups or not sent:
+        return []
+    out = []
+    for start, end in _busy_periods(obs.streams):
+        inside = [h for h in hangups if start <= h <= end]
+        if inside and end - inside[-1] > within * NS:
+            out.append(_level_point(obs, inside[-1], end, within, per_series, (min(sent), hangups[0])))
+    return out
+
+
+def _level_point(obs: Observations, h: int, until: int, within: float,
+                 per_series: Mapping[str, tuple[list[MetricSample], float]],
+                 reference: tuple[int, int]) -> dict[str, Any]:
+    """One after-hang-ups check point: each series (summed over label sets) against the level of the load
+    scraped in ``reference`` (from the first stream sent to the first hang-up), from ``h`` to ``until``."""
+    from sla.abort_propagation import scrape_interval_ns
+
+    deadline = h + int(within * NS)
+    entry: dict[str, Any] = {"kind": "after_hangups", "t_s": rel_s(obs, h), "load_until_s": rel_s(obs, until)}
+    outcomes: list[tuple[str, float | None]] = []
+    for name, (samples, slack) in per_series.items():
+        series = totals(samples, 2 * (scrape_interval_ns(samples) or 0))
+        before = [v for t, v in series if reference[0] <= t < reference[1]]
+        if len(before) < MIN_REFERENCE:
+            entry[name] = {"outcome": "unobserved", "reference_scrapes": len(before)}
+            outcomes.append(("unobserved", None))
+            continue
+        level = max(before) + slack
+        watched = [(t, v) for t, v in series if h <= t < until]
+        back = next(((t, v) for t, v in watched if v <= level), None)
+        after = next(((t, v) for t, v in watched if t >= deadline), None)
+        outcome, took = _level_outcome(back, after, level, h, deadline, watched)
+        entry[name] = {"outcome": outcome, "took_s": took, "load_level": level,
+                       "value_at_deadline": after[1] if after else None}
+        outcomes.append((outcome, took))
+    order = {"late": 0, "unobserved": 1, "returned": 2}
+    entry["outcome"] = min((o for o, _ in outcomes), key=lambda o: order[o], default="unobserved")
+    figures = [took for _, took in outcomes if took is not None]
+    entry["figure_s"] = max(figures) if figures else None
+    return entry
+
+
+def _level_outcome(back: tuple[int, float] | None, after: tuple[int, float] | None, level: float, h: int,
+                   deadline: int, watched: Sequence[tuple[int, float]]) -> tuple[str, float | None]:
+    """(outcome, seconds from the hang-up to the return, or watched without one) of one series."""
+    if back is not None and back[0] <= deadline:
+        return "returned", (back[0] - h) / NS
+    if after is None or after[1] <= level:
+        return "unobserved", None  # no scrape past the deadline, or too sparse to say when it came back
+    if back is not None:
+        return "late", (back[0] - h) / NS
+    return "late", (watched[-1][0] - h) / NS  # above the load's level as long as the load went on
+
+
 def _leak_notes(obs: Observations) -> list[tuple[int, list[str]]]:
     out = []
     for note in obs.notes_on("kv_leak"):
@@ -158,13 +260,14 @@ def _leak_notes(obs: Observations) -> list[tuple[int, list[str]]]:
 @dataclass(frozen=True, kw_only=True)
 class KvCleanup(SlaSpec):
     kind = "kv_cleanup"
-    summary = "KV usage and running requests return to baseline after aborts and end of load"
+    summary = "KV usage and running requests return to baseline after aborts, the last hang-up and end of load"
     schema = SCHEMA
     timing = False
     better = "lower"
     capacity_fit = True
     needs = ("kv_usage", "running")
     sample_label = None
+    decides_in_phase = False  # KV and running requests come back down after the phase's streams end
 
     within: float
     tolerance: float
@@ -229,6 +332,7 @@ class KvCleanup(SlaSpec):
         leak_notes = _leak_notes(obs)
         results = [_judge_point(obs, kind, t, next_start, self.within, read.per_series, read.baselines, leak_notes)
                    for kind, t, next_start in points]
+        results += _after_hangups(obs, population, read.per_series, self.within)
         used = _samples_used(points, read.per_series)
         figures = [r["figure_s"] for r in results if r["figure_s"] is not None]
         worst_took = max(figures) if figures else None
@@ -240,7 +344,8 @@ class KvCleanup(SlaSpec):
             return "pass", worst_took, used, ""
         if not points:
             return "inconclusive", None, used, "no check point: the judged streams have no end stamps"
-        return "inconclusive", worst_took, used, UNDECIDED_END
+        early = next((r["stopped_early"] for r in results if r["kind"] == "end_of_load" and "stopped_early" in r), None)
+        return "inconclusive", worst_took, used, early or UNDECIDED_END
 
 
 @dataclass(frozen=True)
@@ -345,20 +450,40 @@ def _judge_point(
         if outcome in ("returned", "unobserved"):
             outcome = "leaked"  # the stack itself says requests still hold blocks
     entry["outcome"] = outcome
-    if all(c.took_s is not None for c in checks):
-        entry["figure_s"] = max(c.took_s or 0.0 for c in checks)
-    elif outcome == "leaked":
-        # never back: the figure is how long it was watched without returning (a lower bound)
+    entry["figure_s"] = _figure(outcome, checks, per_series, t, next_start)
+    stopped = [(name, c) for name, c in zip(per_series, checks, strict=True) if c.up_before_deadline]
+    if outcome == "unobserved" and stopped:
+        entry["stopped_early"] = _stopped_early(kind, within, *stopped[0])
+    return entry
+
+
+def _figure(outcome: str, checks: Sequence[_Check], per_series: Mapping[str, tuple[list[MetricSample], float]],
+            t: int, next_start: int | None) -> float | None:
+    """The check point's figure in seconds: the slowest return, or for a leak how long it was watched."""
+    if outcome == "leaked":
+        # never back to stay: the figure is how long it was watched without returning (a lower bound)
         watched = [
             m.t
             for samples, _ in per_series.values()
             for m in samples
             if m.t >= t and (next_start is None or m.t < next_start)
         ]
-        entry["figure_s"] = (max(watched, default=t) - t) / NS
-    else:
-        entry["figure_s"] = None
-    return entry
+        return (max(watched, default=t) - t) / NS
+    if all(c.took_s is not None for c in checks):
+        return max(c.took_s or 0.0 for c in checks)
+    return None
+
+
+def _stopped_early(kind: str, within: float, name: str, check: _Check) -> str:
+    """In words: the series was still up at its last sample, which came before the deadline."""
+    assert check.last is not None
+    after, value = check.last
+    since = "the end of load" if kind == "end_of_load" else "the abort burst's end"
+    why = ("the scrapes stopped" if kind == "end_of_load" else "new load began")
+    fix = (f"; safety.cleanup_window must exceed within ({within:g}s) by at least two scrape intervals"
+           if kind == "end_of_load" else "")
+    return (f"{name} was still above baseline ({value:g} against {check.baseline:g}) at its last sample, "
+            f"{after:.2f}s after {since}, before the deadline of {within:g}s: {why} too soon to judge it{fix}")
 
 
 def _slack(obs: Observations, rule: str, tolerance: float) -> float:

@@ -15,6 +15,16 @@ With a two-sided interval at confidence c (α = (1 - c) / 2 on each side), a dec
 is wrong with probability at most α whatever the truth, and at most 1 - c even when the budget
 sits exactly on the true quantile.
 
+Looking more than once. A phase that runs until its verdicts decide (``duration: {min, max}``) judges
+them at several looks and stops at the first where all are decided. Re-checking a fixed-n interval
+so is not valid: each look has its own chance 1 - c of a wrong decision, and stopping at the first
+decisive one collects those chances, so the verdict a run stops on is wrong more often than 1 - c
+(``tests/sla/test_sequential.py`` measures it). Look k (1-based) therefore spends only
+α_k = α / (k (k + 1)) of α = 1 - c (``spent_alpha``): the shares sum to α (1 - 1 / (K + 1)) < α over
+any number of looks K, so by the union bound the chance that the verdict judged at any look, the one
+the run stopped on included, is wrong is at most α, whatever rule chose when to stop.
+``sequential_confidence`` is the confidence one look's interval is computed at.
+
 Correlated samples. Samples taken one after another under load are not independent, and n of
 them carry the information of fewer, n_eff (``sla.correlation``). Every interval here takes an
 ``n_eff``: the binomial is computed for n_eff trials and its ranks are scaled back to the n
@@ -51,7 +61,9 @@ __all__ = [
     "samples_needed",
     "samples_to_decide",
     "scaled_ranks",
+    "sequential_confidence",
     "share_samples_to_decide",
+    "spent_alpha",
 ]
 
 Status = Literal["pass", "fail", "inconclusive"]
@@ -132,6 +144,20 @@ def samples_needed(q: float, confidence: float = 0.95, side: Side = "upper", *, 
     while p**n > alpha:
         n += 1
     return n
+
+
+def spent_alpha(alpha: float, look: int) -> float:
+    """The part of ``alpha`` look ``look`` (1-based) may spend: α / (k (k + 1)). Summed over looks 1..K it
+    is α (1 - 1 / (K + 1)), below α for any K: a verdict judged at any look is wrong with chance at most α."""
+    if look < 1:
+        raise ValueError(f"looks are counted from 1, found {look!r}")
+    return alpha / (look * (look + 1))
+
+
+def sequential_confidence(confidence: float, look: int) -> float:
+    """The confidence look ``look`` judges at, for a verdict at ``confidence`` when judged once."""
+    _alpha(confidence, False)  # checks the range
+    return 1.0 - spent_alpha(1.0 - confidence, look)
 
 
 @dataclass(frozen=True)
@@ -317,12 +343,12 @@ def _undecided(values: np.ndarray[Any, Any], q: float, budget: float, confidence
         evidence["reason"] = "no samples"
     elif _effective_trials(n, size.n_eff) < bound_needs_eff:
         evidence["reason"] = (
-            f"{n} samples{worth} cannot bound the p{_pct(q)} from the {side} side at {confidence:.0%} confidence; "
+            f"{n} samples{worth} cannot bound the p{_pct(q)} from the {side} side at {_conf(confidence)} confidence; "
             f"at least {bound_needs} are needed"
         )
     else:
         evidence["reason"] = (
-            f"the {confidence:.0%} interval [{_fmt(bounds.lower)}, {_fmt(bounds.upper)}] from {n} samples{worth} "
+            f"the {_conf(confidence)} interval [{_fmt(bounds.lower)}, {_fmt(bounds.upper)}] from {n} samples{worth} "
             f"contains the budget {_fmt(budget)}; "
             + (f"about {needed} samples would decide it" if needed else "the budget sits on the estimate")
         )
@@ -429,10 +455,15 @@ def judge_share(
     else:
         why = f"about {needed} samples would decide it"
     evidence["reason"] = (
-        f"the {confidence:.0%} interval [{_fmt(bounds.lower)}, {_fmt(bounds.upper)}] from {n} samples{worth} "
+        f"the {_conf(confidence)} interval [{_fmt(bounds.lower)}, {_fmt(bounds.upper)}] from {n} samples{worth} "
         f"contains the floor {_fmt(floor)}; {why}"
     )
     return "inconclusive", share, bounds.lower, bounds.upper, evidence
+
+
+def _conf(confidence: float) -> str:
+    """``95%``, ``97.5%``, ``99.98%``: a confidence a look raised is never shown as 100%."""
+    return f"{confidence * 100:.4g}%"
 
 
 def _pct(q: float) -> str:

@@ -4,7 +4,11 @@ A buffering hop (nginx with ``proxy_buffering`` and HTTP/1.0 to the upstream, a 
 collects the response) holds each response and forwards it whole, or in a few buffer-sized
 pieces: the client's first content arrives late with much of the stream, many content events
 come in each network read, and the inter-token gaps collapse to ~0. A stream is judged
-**buffered** when its content events came at ``min_events_per_read`` (8) or more per read.
+**buffered** when its content events came at ``min_events_per_read`` (8) or more per read, or
+**held in batches** when nearly every read (80% of its reads but the last, at least 3 reads) carried
+``min_batch_events`` (4) or more: a hop or server that writes a steady 4 events at a time while the
+tokens were generated apart. Jitter bunches events irregularly (1 to 10 a read around a mean of ~3.7),
+not 4 in every read.
 
 Measured here (median and 10th-90th percentile of events per read, per stream): behind nginx
 1.22 buffering, 32-token streams 14 (12-25) and 64-token streams 18 (16-25), the first read at
@@ -37,7 +41,8 @@ from chaos.model.observations import NS, Observations, StreamRecord
 from chaos.model.params import Param, Schema
 from sla.base import BudgetRule, SlaSpec, Status, Verdict, verifier
 from sla.common import MAX_IDS
-from sla.proxy_fix import buffering_fix
+from sla.proxy_fix import PathFacts, buffering_fix
+from sla.relay import PATH_TOPIC
 
 __all__ = ["buffered", "stream_signs", "Streaming"]
 
@@ -46,6 +51,9 @@ SCHEMA = Schema(
         Param("budget", "fraction", default=0.10, doc="the largest share of judged streams that may arrive buffered"),
         Param("min_events_per_read", "float", default=8.0, min=2.0,
               doc="a stream whose content events came this many per network read or more was buffered"),
+        Param("min_batch_events", "int", default=4, min=2,
+              doc="a stream whose reads (80% of them, the last left out) each carried this many content events "
+                  "or more was held and forwarded in batches"),
         Param("min_events", "int", default=8, min=2, doc="streams with fewer content events are not judged"),
         Param("min_samples", "int", default=5, min=1, doc="fewer judged streams than this: inconclusive"),
     )
@@ -61,15 +69,25 @@ def stream_signs(stream: StreamRecord) -> dict[str, float] | None:
     e2e = stamps[-1] - stream.t_sent
     if e2e <= 0:
         return None
-    reads = len(set(stamps))  # every event of one read carries that read's stamp
-    first_read = sum(1 for t in stamps if t == stamps[0])
-    return {"first_read_share": first_read / len(stamps), "first_share": (stamps[0] - stream.t_sent) / e2e,
-            "content_reads": float(reads), "events_per_read": len(stamps) / reads}
+    per_read = list(Counter(stamps).values())  # every event of one read carries that read's stamp
+    reads = len(per_read)
+    return {"first_read_share": per_read[0] / len(stamps), "first_share": (stamps[0] - stream.t_sent) / e2e,
+            "content_reads": float(reads), "events_per_read": len(stamps) / reads,
+            # the smallest batch of the reads but the last, at the 20th percentile: 4 for a steady 4-a-write
+            "batch_p20": float(np.percentile(per_read[:-1], 20)) if reads > 1 else float(per_read[0]),
+            # how long the events of one read took to generate, were they generated evenly from the request
+            # on (what a late client could have gathered into one read); held streams arrive bunched, so the
+            # time between their first and last event says nothing of it
+            "read_span_s": (len(stamps) / reads - 1) * e2e / len(stamps) / NS}
 
 
-def buffered(signs: Mapping[str, float], min_events_per_read: float) -> bool:
-    """Whether a stream's signs say it was held and forwarded whole (or in a few big pieces). Pure."""
-    return bool(signs["events_per_read"] >= min_events_per_read)
+def buffered(signs: Mapping[str, float], min_events_per_read: float, min_batch_events: int = 0) -> bool:
+    """Whether a stream's signs say it was held and forwarded whole (or in a few big pieces), or in
+    steady batches of ``min_batch_events`` or more (0: not judged). Pure."""
+    if signs["events_per_read"] >= min_events_per_read:
+        return True
+    return bool(min_batch_events and signs["content_reads"] >= STEADY_READS
+                and signs["batch_p20"] >= min_batch_events)
 
 
 def _median(values: list[float]) -> float | None:
@@ -77,6 +95,7 @@ def _median(values: list[float]) -> float | None:
 
 
 WHOLE_RESPONSE_SHARE = 0.5  # a buffer that holds responses whole puts most of a stream in its first read
+STEADY_READS = 3  # batches are judged steady over at least this many reads
 
 
 @verifier
@@ -93,6 +112,7 @@ class Streaming(SlaSpec):
 
     budget: float
     min_events_per_read: float
+    min_batch_events: int
     min_events: int
     min_samples: int
 
@@ -101,8 +121,14 @@ class Streaming(SlaSpec):
 
     def lateness_explains(self, verdict: Verdict, lag_s: float) -> bool:
         """A late client bunches events (vLLM on a starved CPU: 2 per read at the median, 8+ in a burst);
-        it never makes the first read carry most of a stream, as nginx's buffering or gzip does."""
-        return float(verdict.evidence.get("first_read_share_p50") or 0.0) < WHOLE_RESPONSE_SHARE
+        it never makes the first read carry most of a stream, as nginx's buffering or gzip does. And a
+        client late by ``lag_s`` finds in one read only the events that arrived within ``lag_s`` of each
+        other: a held stream whose reads each stand for more generation time than that (``held_read_span_p50_s``:
+        events per read less one, times the stream's mean time per event) is not its doing."""
+        if float(verdict.evidence.get("first_read_share_p50") or 0.0) >= WHOLE_RESPONSE_SHARE:
+            return False
+        span = verdict.evidence.get("held_read_span_p50_s")
+        return span is None or float(span) <= lag_s
 
     def budget_rule(self) -> BudgetRule:
         return BudgetRule.policy("a buffered share is a policy: responses stream or they do not")
@@ -119,7 +145,7 @@ class Streaming(SlaSpec):
             signs = stream_signs(stream)
             if signs is not None:
                 judged.append((stream, signs))
-        held = [(st, sg) for st, sg in judged if buffered(sg, self.min_events_per_read)]
+        held = [(st, sg) for st, sg in judged if buffered(sg, self.min_events_per_read, self.min_batch_events)]
         gaps = [g / NS for st, _ in judged for g in st.gaps_ns]
         ttfts = [st.ttft_ns / NS for st, _ in judged if st.ttft_ns is not None]
         evidence: dict[str, Any] = {
@@ -131,8 +157,10 @@ class Streaming(SlaSpec):
             "content_reads_p50": _median([sg["content_reads"] for _, sg in judged]),
             "ttft_p50_s": _median(ttfts),
             "itl_p50_s": _median(gaps),
+            "held_read_span_p50_s": _median([sg["read_span_s"] for _, sg in held]),
             "buffered_ids": [st.id for st, _ in held[:MAX_IDS]],
-            "rule": f"buffered: {self.min_events_per_read:g} or more content events per network read",
+            "rule": (f"buffered: {self.min_events_per_read:g} or more content events per network read, or "
+                     f"{self.min_batch_events} or more in 80% of its reads"),
         }
         if len(judged) < self.min_samples:
             evidence["reason"] = (f"{len(judged)} streams with at least {self.min_events} content events, "
@@ -142,13 +170,61 @@ class Streaming(SlaSpec):
         status: Status = "pass" if share <= budget else "fail"
         if status == "fail":
             # the hop that holds the streams names itself (or not) in the headers most of them came with
-            (server, via, encoding), _ = Counter((st.server, st.via, st.content_encoding)
-                                                 for st, _ in held).most_common(1)[0]
-            evidence.update(server=server, via=via, content_encoding=encoding)
-            evidence["reason"] = (
-                f"your responses are being buffered by something in the path: {len(held)} of {len(judged)} "
-                f"streams got their first token together with {evidence['first_read_share_p50']:.0%} "
-                f"of their content (median), after {evidence['first_share_p50']:.0%} of the stream's time, "
-                f"{evidence['events_per_read_p50']:.1f} content events per read; "
-                f"{buffering_fix(server, via, encoding)}")
+            evidence["reason"] = _reason(obs, held, judged, evidence)
         return Verdict("streaming", phase, status, share, budget, "fraction", len(judged), evidence)
+
+
+def _reason(obs: Observations, held: list[tuple[StreamRecord, dict[str, float]]],
+            judged: list[tuple[StreamRecord, dict[str, float]]], evidence: dict[str, Any]) -> str:
+    """What was seen, then the hop that holds the streams as it names itself (or not) in the headers most
+    of them came with, and what the run knows of its path (``path_facts``); sets the header evidence."""
+    (server, via, encoding), _ = Counter((st.server, st.via, st.content_encoding) for st, _ in held).most_common(1)[0]
+    evidence.update(server=server, via=via, content_encoding=encoding)
+    held_epr = _median([sg["events_per_read"] for _, sg in held]) or 0.0
+    return (f"your responses are being buffered by something in the path: {len(held)} of {len(judged)} streams came "
+            f"{held_epr:.1f} content events per read (median of the held ones; "
+            f"{evidence['events_per_read_p50']:.1f} over all), their first token together with "
+            f"{evidence['first_read_share_p50']:.0%} of their content (median), after "
+            f"{evidence['first_share_p50']:.0%} of the stream's time; "
+            f"{buffering_fix(server, via, encoding, path_facts(obs, [st for st, _ in held]))}")
+
+
+_NON_COMPRESSING = frozenset({"stream", "toxiproxy"})  # hop kinds that relay the bytes as they come
+
+
+def path_facts(obs: Observations, held: list[StreamRecord]) -> PathFacts:
+    """What the run knows of its path beyond the headers: its own nginx hop's configuration, the held
+    responses' X-Accel-Buffering, who compressed them as a stream hop's taps saw it, and whether any hop
+    of its path could have compressed at all (the run's ``path`` note; a journal without one: unknown)."""
+    hops = _hops(obs)
+    nginx = next((h.get("config") for h in hops or () if h.get("kind") == "nginx"), None)
+    accel = [st.x_accel_buffering for st in held if st.x_accel_buffering is not None]
+    return PathFacts(
+        nginx_config=nginx if isinstance(nginx, str) else None,
+        accel_off=bool(accel) and all(a.strip().lower() == "no" for a in accel),
+        compressed_behind=_compressed_behind(obs, {st.id for st in held}, hops),
+        no_compressing_hop=hops is not None and all(h.get("kind") in _NON_COMPRESSING for h in hops))
+
+
+def _hops(obs: Observations) -> list[dict[str, Any]] | None:
+    """The run's path hops (its ``path`` note); ``[]`` for a run that recorded its target but no path (the
+    runner notes a path only when there is one; before paths, Toxiproxy was the only hop, and it does not
+    compress); None when the journal cannot tell (synthetic observations)."""
+    notes = obs.notes_on(PATH_TOPIC)
+    if not notes:
+        return [] if obs.notes_on("target") else None
+    raw = notes[-1].data.get("hops")
+    return [h for h in raw if isinstance(h, dict)] if isinstance(raw, list) else None
+
+
+def _compressed_behind(obs: Observations, ids: set[str], hops: list[dict[str, Any]] | None) -> str | None:
+    """Who compressed the held streams, from the innermost stream hop that received them compressed."""
+    order = [str(h.get("name")) for h in hops or ()]
+    seen = {t.hop for t in obs.taps if t.request_id in ids
+            and (t.headers_up.get("content-encoding") or "identity").strip().lower() != "identity"}
+    if not seen:
+        return None
+    inner = max(seen, key=lambda name: order.index(name) if name in order else -1)
+    if order and order[-1] == inner:
+        return f"the origin server (its response reached stream hop {inner}, the innermost, already compressed)"
+    return f"a hop behind stream hop {inner} or the origin server (the response reached {inner} already compressed)"

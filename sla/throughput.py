@@ -63,6 +63,7 @@ class Throughput(SlaSpec):
     capacity_fit = True
     needs = ()
     sample_label = None
+    decides_in_phase = False  # a rate over the whole window: the window is not over at a look
 
     min_tokens_per_s: float | None
     min_requests_per_s: float | None

@@ -49,6 +49,28 @@ ONE_WORKER: tuple[tuple[str, str], ...] = (
     ("tests/engine/test_export.py", "engine-export"),
     ("tests/faults/test_server_faults.py", "server-faults"),
     ("tests/faults/test_kv.py", "faults-kv"),
+    # a module-scoped process, library or run, used by several tests of one module: each worker that ran
+    # one of them built it again (report probes' three runs: 31 s of setup on each of three workers in CI).
+    # lint/test_suite_groups.py fails on a module with such a fixture that is missing here
+    ("tests/test_capped.py", "capped"),
+    ("tests/faults/test_gpu.py", "faults-gpu"),
+    ("tests/nvml/", "nvml"),
+    ("tests/reports/test_report_page.py", "report-page"),
+    ("tests/test_failed_runs.py", "failed-runs"),
+    # the slow tier's: queued first among the slow tests (_QueueOrder), not beside vLLM
+    ("tests/reports/runs/test_probe_runs.py", "probe-runs"),
+    ("tests/thirdparty/test_nginx.py", "thirdparty-stack"),  # tests/thirdparty/conftest.py's builtin stack
+    ("tests/thirdparty/test_haproxy.py", "thirdparty-stack"),
+    ("tests/thirdparty/test_litellm.py", "thirdparty-stack"),
+    ("tests/thirdparty/test_transformers_serve.py", "thirdparty-transformers"),
+    ("tests/hops/runs/test_gateway_verdicts.py", "gateway-verdicts"),
+    ("tests/hops/runs/test_gateway_processes.py", "gateway-processes"),
+    ("tests/hops/runs/test_stream_fault_kinds.py", "stream-fault-kinds"),
+    ("tests/hops/runs/test_streamhop.py", "streamhop"),
+    ("tests/e2e/test_path_runs.py", "path-runs"),
+    ("tests/e2e/test_kill_matrix.py", "kill-matrix"),
+    ("tests/stack/processes/test_malformed_http.py", "malformed-http"),
+    ("tests/stack/processes/test_leases.py", "stack-leases"),  # tests/stack/conftest.py's session stack
 )
 
 
@@ -80,15 +102,19 @@ class _QueueOrder:
     the end: 4 min of one idle worker). Then the other groups: each is one unit no worker can share,
     so none may be the suite's tail. Then the quick tier, so what runs beside vLLM's busy cores is
     mostly pure and in-process tests, not whole runs whose phase comparisons a neighbour starting or
-    stopping can shift (a CI run: recovery at 1.77x). The slow rest last."""
+    stopping can shift (a CI run: recovery at 1.77x). The slow rest last, its groups first (a group
+    queued last would be the suite's tail). A group is queued where its first test is: k8s's quick
+    tests put its whole runs beside vLLM, as before."""
 
     @pytest.hookimpl(trylast=True)  # after every folder's hook has marked its slow tests, and after deselection
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         def rank(item: pytest.Item) -> int:
-            group = worker_group(item.nodeid)
+            group, slow = worker_group(item.nodeid), item.get_closest_marker("slow") is not None
+            if group == "vllm":
+                return 0
             if group is not None:
-                return 0 if group == "vllm" else 1
-            return 2 if item.get_closest_marker("slow") is None else 3
+                return 3 if slow else 1
+            return 4 if slow else 2
 
         items.sort(key=rank)  # stable: collection order within each rank
 

@@ -42,7 +42,7 @@ metrics = st.builds(MetricSample, name=text, labels=st.dictionaries(text, text, 
 faults = st.builds(
     FaultEvent, fault=text, kind=text, action=st.sampled_from(["plan", "inject", "revert", "error", "rollback"]), t=ns,
     phase=text, evidence=st.dictionaries(text, st.integers() | text, max_size=3),
-    undo=st.dictionaries(text, text, max_size=2), message=text,
+    undo=st.dictionaries(text, text, max_size=2), message=text, scope=st.sampled_from(["in_flight", "phase"]),
 )
 records = st.one_of(streams, metrics, faults, st.builds(PhaseWindow, name=text, t_start=ns, t_end=st.none() | ns),
                     st.builds(Note, topic=text, t=ns, data=st.dictionaries(text, text, max_size=3)))

@@ -90,6 +90,8 @@ class DryRun:
         dropped = ", ".join(found.dropped) or "nothing"
         self.say(f"takes the load's request at POST {url} (HTTP {found.record.status}, {found.attempts} attempt(s)); "
                  f"dropped from requests: {dropped}", 1)
+        if found.warning:  # taken, but a person should know (an answer with no Content-Type)
+            self.say(f"warning: {found.warning}", 2)
 
 
 async def dry_run(experiment: Experiment, *, target_url: str | None = None,
@@ -98,7 +100,8 @@ async def dry_run(experiment: Experiment, *, target_url: str | None = None,
     out = DryRun()
     exp = experiment
     out.say(f"dry run of {exp.name!r}" + (f" ({exp.source})" if exp.source else "") + f": seed {exp.seed}, "
-            f"{len(exp.phases)} phase(s), {format_duration(exp.duration)} of load; nothing will be started or changed")
+            f"{len(exp.phases)} phase(s), {_span(exp.duration, exp.longest)} of load; "
+            "nothing will be started or changed")
 
     reaches = experiment_reach(exp, target_url, environ)
     refused = refusals(reaches, exp.safety.allowed_targets)
@@ -132,6 +135,7 @@ async def dry_run(experiment: Experiment, *, target_url: str | None = None,
     out.say(f"safety: max_duration {format_duration(s.max_duration)}, drain_timeout "
             f"{format_duration(s.drain_timeout)}, cleanup_window {format_duration(s.cleanup_window)}, GPU clock "
             f"changes {'allowed' if s.allow_gpu_clock_changes else 'refused'}")
+    _deadline(exp, target_url or exp.target.url, out)
     out.say()
     out.say("contacted: " + ("; ".join(out.contacted) if out.contacted else "nothing")
             + ". Nothing was started, changed or written.")
@@ -315,9 +319,9 @@ def _load(exp: Experiment, proxy: ProxyInfo | None, hops: tuple[HopInfo, ...], t
 
 def _phases(exp: Experiment, scene: Scene, out: DryRun) -> None:
     out.say("timeline (each phase's faults are injected at its start and reverted at its end, however it ends):")
-    at = 0.0
+    at, at_most = 0.0, 0.0  # when the phase starts: earliest, and latest after phases that run until decided
     for phase in exp.phases:
-        out.say(f"phase {phase.name!r}: +{format_duration(at)} for {format_duration(phase.duration)}"
+        out.say(f"phase {phase.name!r}: +{_span(at, at_most)} for {phase.length_text()}"
                 + ("" if phase.faults else ", no faults"), 1)
         here = Scene(target=scene.target, proxy=scene.proxy, hops=scene.hops, safety=scene.safety,
                      target_spawned=scene.target_spawned, phase=phase.name, phase_duration_s=phase.duration)
@@ -329,7 +333,42 @@ def _phases(exp: Experiment, scene: Scene, out: DryRun) -> None:
             if account.refused:
                 out.say(f"WOULD BE REFUSED: {account.refused}", 3)
                 out.worst(4)
-        at += phase.duration
+        at, at_most = at + phase.duration, at_most + phase.longest
+
+
+def _span(low: float, high: float) -> str:
+    """``8s``, or ``8s–60s`` where phases that run until decided make the length a range."""
+    return format_duration(low) if high <= low else f"{format_duration(low)}–{format_duration(high)}"
+
+
+def _deadline(exp: Experiment, url: str | None, out: DryRun) -> None:
+    """The run's deadline as ``chaos.execution.deadline`` will set it: the start-up allowance it grants
+    the target (its kind's own, as the run asks it) and the path, then the phases against max_duration."""
+    from chaos.execution.deadline import START_GRACE_S
+    from chaos.execution.path import start_allowance_s
+    from chaos.experiment.loader import BASELINE_S
+    from chaos.targets.registry import target_class
+
+    allowance = target_class(exp.target, url).startup_allowance_s(exp.target)
+    if allowance is None:
+        start = f"the target is already running: it has {format_duration(START_GRACE_S)} to answer"
+    else:
+        start = (f"the target has {format_duration(allowance + START_GRACE_S)} to be ready (its start-up allowance "
+                 f"{format_duration(allowance)} + {format_duration(START_GRACE_S)} to launch and check it)")
+    if exp.path:
+        start += f", the path {format_duration(start_allowance_s(exp))} to start"
+    s = exp.safety
+    needed = BASELINE_S + exp.longest + s.drain_timeout + s.cleanup_window
+    restarts = any(getattr(fault, "restart", False) for _, fault in exp.faults())
+    uncounted = [what for what, on in (("the path's start", bool(exp.path)), ("a restart a fault asks for", restarts))
+                 if on]
+    verb = "are" if len(uncounted) > 1 else "is"
+    out.say(f"deadline: {start}; safety.max_duration counts from when the target is ready"
+            + (f" ({' and '.join(uncounted)} {verb} not counted)" if uncounted else ""))
+    out.say(f"the run then needs {format_duration(needed)} of max_duration {format_duration(s.max_duration)} (phases "
+            f"{format_duration(exp.longest)}{' at their max' if exp.longest > exp.duration else ''} + "
+            f"{format_duration(BASELINE_S)} baseline + drain_timeout + cleanup_window): "
+            f"{format_duration(max(0.0, s.max_duration - needed))} to spare", 1)
 
 
 def _slas(exp: Experiment, out: DryRun) -> None:

@@ -44,6 +44,8 @@ class RunStarted:
     t0: int  # monotonic ns
     wall_t0: float
     phases: tuple[tuple[str, float], ...] = ()  # (name, seconds) in timeline order
+    # (name, most seconds) of the phases that run until decided (``duration: {min, max}``): seconds above is its min
+    ranged: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)

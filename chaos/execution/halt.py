@@ -2,12 +2,17 @@
 
 ``safety.halt_on`` lists live conditions (``chaos.model.context.HaltSpec``); one default condition is on
 unless ``safety.halt_on_dead_target: false``: the target is dead when **all of the first 20 streams
-failed**, or when **at least 95% of the streams that ended in the last 2 s failed** (at least 10 of
-them), so a run against a server that refuses every request stops in seconds instead of firing
-thousands of failing requests (Litmus, Chaos Mesh, AWS FIS and Gremlin all stop a run this way).
-That default holds off while a kill the experiment asked to restart is in force (its plan says
-``restart``) and for one window after its revert: that outage is the fault itself (a vLLM restart
-takes tens of seconds), and the verdicts judge it; ``halt_on`` conditions still apply then.
+failed**, or when **at least 95% of the streams that ended in the last 2 s failed** (at least 20 of
+them), or when **none of the streams that ended in the last 10 s got an answer** (at least 3 of
+them: closed-loop clients back off while nothing answers, on a refused connection, a 502/503/504 or
+a connection closed with no response, ``load.connect_backoff``, so a dead target ends only a few
+streams a window), so a run against a server that refuses every request stops in seconds instead
+of firing thousands of failing requests (Litmus, Chaos Mesh, AWS FIS and Gremlin all stop a run
+this way). That default holds off while a kill the experiment asked to restart is in force (its
+plan says ``restart``) and for one 2 s window after its revert, and its no-answer rule counts only
+streams that ended after that revert: that outage is the fault itself (a vLLM restart takes tens of
+seconds, and clients asleep in their backoff or streams the kill cut still end for seconds after
+it), and the verdicts judge it; ``halt_on`` conditions still apply then.
 
 The conditions are pure functions of the finished streams (``Ended``, one per stream, in the
 order they ended) and the current time; ``HaltWatcher`` is the run listener that feeds them from
@@ -50,6 +55,11 @@ DEAD_FIRST = 20  # all of the first this many streams failed: dead from the star
 DEAD_SHARE = 0.95  # ... or this share of the streams that ended in the last DEAD_WINDOW_S
 DEAD_WINDOW_S = 2.0
 DEAD_MIN_STREAMS = 20  # a window with fewer ended streams decides nothing (as many as the first-20 rule)
+# ... or no stream got an answer (a status line) for this long, at least DEAD_QUIET_MIN of them: closed-loop
+# clients back off while nothing answers (load.connect_backoff), so a dead target ends a few streams a
+# window, never 20 in 2 s
+DEAD_QUIET_S = 10.0
+DEAD_QUIET_MIN = 3
 CHECK_EVERY_S = 0.5  # the timer's period: conditions over time windows trip without new streams too
 TOP = 5  # error messages a halt reason and the report list
 
@@ -95,8 +105,15 @@ def _window(streams: Sequence[Ended], now: int, seconds: float) -> list[Ended]:
     return [e for e in streams if e.t >= start]
 
 
-def dead_target(streams: Sequence[Ended], now: int) -> str | None:
-    """The default condition: all of the first ``DEAD_FIRST`` streams failed, or >= 95% over 2 s. Pure."""
+def dead_target(streams: Sequence[Ended], now: int, *, quiet: Sequence[Ended] | None = None,
+                since: int = 0) -> str | None:
+    """The default condition: all of the first ``DEAD_FIRST`` streams failed, or >= 95% over 2 s, or
+    no answer over 10 s. Pure.
+
+    ``quiet``: the streams the no-answer rule reads (default ``streams``); any list holding every
+    stream of the last ``DEAD_QUIET_S`` since the newest answered one decides it the same (the
+    watcher keeps only those). ``since``: streams that ended before it do not count for that rule
+    (a planned outage's refusals, ended before its restart was over)."""
     if len(streams) >= DEAD_FIRST and all(e.failed for e in streams[:DEAD_FIRST]):
         return f"the target looks dead: all of the first {DEAD_FIRST} streams failed"
     recent = _window(streams, now, DEAD_WINDOW_S)
@@ -104,6 +121,12 @@ def dead_target(streams: Sequence[Ended], now: int) -> str | None:
     if len(recent) >= DEAD_MIN_STREAMS and failed >= DEAD_SHARE * len(recent):
         return (f"the target looks dead: {failed} of the {len(recent)} streams that ended in the last "
                 f"{DEAD_WINDOW_S:g}s failed (>= {DEAD_SHARE:.0%})")
+    start = max(now - int(DEAD_QUIET_S * NS), since)
+    silent = [e for e in (streams if quiet is None else quiet) if e.t >= start]
+    if (len(silent) >= DEAD_QUIET_MIN and not any(e.answered for e in silent) and streams
+            and streams[0].t <= now - int(DEAD_QUIET_S * NS)):
+        return (f"the target looks dead: none of the {len(silent)} streams that ended in the last {DEAD_QUIET_S:g}s "
+                "got an answer (the clients back off while nothing answers: load.connect_backoff)")
     return None
 
 
@@ -156,13 +179,14 @@ _CONDITIONS: dict[str, Callable[[Sequence[Ended], int, HaltSpec], str | None]] =
 
 
 def check(streams: Sequence[Ended], now: int, safety: SafetySpec, in_flight: Sequence[int] = (), *,
-          dead_rule: bool = True) -> str | None:
+          dead_rule: bool = True, quiet: Sequence[Ended] | None = None, since: int = 0) -> str | None:
     """The first condition that trips (the dead-target default first, unless ``dead_rule`` is off
     during a planned outage), or None. Pure.
 
-    ``in_flight``: when each stream still in flight last got a byte (``target_down`` reads it)."""
+    ``in_flight``: when each stream still in flight last got a byte (``target_down`` reads it);
+    ``quiet`` and ``since``: as ``dead_target`` reads them."""
     if safety.halt_on_dead_target and dead_rule:
-        why = dead_target(streams, now)
+        why = dead_target(streams, now, quiet=quiet, since=since)
         if why:
             return why
     for spec in safety.halt_on:
@@ -200,6 +224,11 @@ class HaltWatcher:
         self.tripped: str | None = None
         self._keep_s = max([DEAD_WINDOW_S, *(s.window for s in safety.halt_on)]) + 1.0
         self._recent: deque[Ended] = deque()
+        # the no-answer rule's window (DEAD_QUIET_S, longer than ``_keep_s``): only the newest answered
+        # stream and the unanswered ones after it, which decide it as the whole window would; a healthy
+        # run keeps one or two here, not ten seconds of streams read on every failure
+        self._quiet: deque[Ended] = deque()
+        self._quiet_since = 0  # the last planned outage's end: its refusals are not a dead target
         self._timer: asyncio.TimerHandle | None = None
         self._first: list[Ended] = []
         self._failed_kept = 0  # failed streams in ``_recent``
@@ -227,6 +256,7 @@ class HaltWatcher:
                 self._first.append(e)
             self._recent.append(e)
             self._failed_kept += e.failed
+            self._keep_quiet(e)
             self._first_failed += filling and e.failed
             # A failure (or one of the first streams) is checked at once; the rest on the timer: each
             # check reads the whole window, and per stream at 1,000 streams/s that was the runner's
@@ -240,12 +270,32 @@ class HaltWatcher:
 
     def _planned_outage(self, event: FaultEvent) -> None:
         """A kill with ``restart`` takes the target down on purpose until the restart (vLLM: tens of
-        seconds): the dead-target default holds off from its plan to one window after its revert."""
+        seconds): the dead-target default holds off from its plan to one window after its revert, and
+        its no-answer rule forgets the outage's streams then."""
         if event.action == "plan" and (event.undo or {}).get("restart"):
             self._restarting.add(event.fault)
         elif event.action in ("revert", "error") and event.fault in self._restarting:
             self._restarting.discard(event.fault)
-            self._outage_over_ns = self.clock() + int(DEAD_WINDOW_S * NS)
+            now = self.clock()
+            self._outage_over_ns = now + int(DEAD_WINDOW_S * NS)
+            # the no-answer rule reads 10 s, longer than this hold-off: clients asleep in their backoff
+            # (up to 8 s) and streams cut by the kill still end in it; it counts only what ends from now
+            self._quiet.clear()
+            self._quiet_since = now
+
+    def _keep_quiet(self, e: Ended) -> None:
+        """Keep ``e`` for the no-answer rule: an answered stream replaces those that ended before it."""
+        if e.answered:
+            later = [x for x in self._quiet if x.t > e.t]
+            self._quiet.clear()
+            self._quiet.append(e)
+            self._quiet.extend(later)
+        else:
+            self._quiet.append(e)
+
+    def _quiet_unanswered(self) -> bool:
+        """Whether an unanswered stream is kept for the no-answer rule (the timer must then run on)."""
+        return len(self._quiet) > (1 if self._quiet and self._quiet[0].answered else 0)
 
     @property
     def reads_in_flight(self) -> bool:
@@ -262,10 +312,11 @@ class HaltWatcher:
 
     def _could_trip(self) -> bool:
         """Whether any condition could trip now, and so whether the timer runs. With only the
-        dead-target rule, only while a failed stream is kept: a failure is checked when it arrives,
-        and without one neither of its tests can pass. The runner's tick, cold on a busy box, then
-        neither wakes it nor reads the window for nothing."""
-        return bool(self.safety.halt_on) or self._failed_kept > 0 or self._first_failed == DEAD_FIRST
+        dead-target rule, only while a failed stream is kept (or an unanswered one for its no-answer
+        rule): a failure is checked when it arrives, and without one none of its tests can pass. The
+        runner's tick, cold on a busy box, then neither wakes it nor reads the window for nothing."""
+        return (bool(self.safety.halt_on) or self._failed_kept > 0 or self._first_failed == DEAD_FIRST
+                or self._quiet_unanswered())
 
     def _arm(self) -> None:
         try:
@@ -290,6 +341,8 @@ class HaltWatcher:
         now = self.clock()
         while self._recent and self._recent[0].t < now - int(self._keep_s * NS):
             self._failed_kept -= self._recent.popleft().failed
+        while self._quiet and self._quiet[0].t < now - int(DEAD_QUIET_S * NS):
+            self._quiet.popleft()
         if not self._could_trip():
             return  # only the dead-target rule, and no failed stream to count toward it
         # the dead-target rule reads the first streams; the windows read the recent ones
@@ -297,12 +350,13 @@ class HaltWatcher:
         streams = self._first + [e for e in self._recent if id(e) not in first]
         planned_outage = bool(self._restarting) or now < self._outage_over_ns
         why = check(streams, now, self.safety, self.in_flight() if self.in_flight is not None else (),
-                    dead_rule=not planned_outage)
+                    dead_rule=not planned_outage, quiet=self._quiet, since=self._quiet_since)
         if why is None:
             return
         self.tripped = why
         self._disarm()
-        errors = top_errors(e.message for e in streams if e.failed)
+        kept = {id(e) for e in streams}  # the no-answer rule's streams too: older than the short windows
+        errors = top_errors(e.message for e in [*streams, *(e for e in self._quiet if id(e) not in kept)] if e.failed)
         self.emit(Note(topic="halt", t=now, data={"reason": why, "top_errors": errors}))
         shown = "; ".join(f"{x['count']}x {x['message']}" for x in errors[:3])
         self.halt(why + (f" (top errors: {shown})" if shown else ""))

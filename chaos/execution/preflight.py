@@ -33,7 +33,7 @@ from chaos.host.tls import tls_context
 from chaos.model.engines import CONVENIENCE_FIELDS, PROFILES, EngineProfile, Evidence, identify
 from chaos.model.errors import SetupFailed
 from chaos.model.experiment import LoadSpec
-from chaos.model.observations import StreamRecord
+from chaos.model.observations import StreamRecord, foreign_content_type
 
 __all__ = ["PreflightRefused", "PreflightResult", "detect", "preflight", "rejected_fields", "shape_for", "should_cut"]
 
@@ -70,6 +70,7 @@ class PreflightResult:
             "finish_reason": rec.finish_reason, "done_seen": rec.done_seen, "usage": rec.usage is not None,
             "error": None if rec.error is None else rec.error.message, "dropped": dict(self.dropped),
             "attempts": self.attempts, "ttft_s": None if rec.ttft_ns is None else round(rec.ttft_ns / 1e9, 4),
+            "content_type": rec.content_type, "sent": sent_fields(self.load),  # sent: what early_close reads
             **({"cut": self.cut} if self.cut else {}), **({"warning": self.warning} if self.warning else {}),
         }
 
@@ -229,9 +230,10 @@ async def preflight(load: LoadSpec, *, base_url: str, model: str, seed: int, api
         attempts += 1
         body, _ = Workload(load, model=model, seed=seed).request(0)
         record, cut = await _send_once(url, body, api_key, timeout)
+        _check_event_stream(record, url)
         refused = record.error is not None and record.error.kind == "http" and record.status in (400, 422)
         if record.error is None and record.in_band_error is None:
-            return PreflightResult(load, record, dropped, attempts, refusal, cut=cut)
+            return PreflightResult(load, record, dropped, attempts, refusal, warning=_untyped(record), cut=cut)
         message = (record.error.message if record.error is not None else record.in_band_error) or ""
         named = rejected_fields(message, sent_fields(load)) if refused else []
         if not named or attempts > MAX_RETRIES:
@@ -248,6 +250,44 @@ async def preflight(load: LoadSpec, *, base_url: str, model: str, seed: int, api
         for name in named:
             load = _without(load, name)
             dropped[name] = f"refused by the server: {message[:200]}"
+
+
+def _check_event_stream(record: StreamRecord, url: str) -> None:
+    """Refuse a target whose 2xx answer to the load's request is not an event stream (a server that
+    answers ``200 text/html`` everywhere): every request of the run would fail, and the Content-Type
+    says why now, not after the run. Raises ``PreflightRefused`` (exit 4). Without a Content-Type
+    (a homemade server, a proxy that drops it) the body is judged as SSE: refused only when no event
+    of it parsed (``_parsed_nothing``), else taken with a warning (``_untyped``)."""
+    status, ctype = record.status, record.content_type
+    if status is None or not 200 <= status < 300 or ctype is None:
+        return
+    if foreign_content_type(ctype):
+        got = f"Content-Type {ctype!r}"
+    elif not ctype and record.error is None and _parsed_nothing(record):
+        got = "no Content-Type and no SSE event"
+    else:
+        return
+    parsed = (f"{record.events} SSE events, {len(record.t_content)} with content, "
+              f"[DONE] {'seen' if record.done_seen else 'not seen'}")
+    raise PreflightRefused(
+        f"the target's answer to the load's request is not an event stream: HTTP {status} with {got} from {url}, "
+        f"text/event-stream expected ({parsed})\n  the URL may point at a web page or a gateway's own answer "
+        "rather than the OpenAI-compatible API; check --target-url / target.base_url, including its /v1")
+
+
+def _parsed_nothing(record: StreamRecord) -> bool:
+    """No event of the stream carried what a completion stream sends: no content, no finish_reason,
+    no usage, no error event, no [DONE] (a web page served without a Content-Type). Pure."""
+    return not (record.done_seen or record.t_content or record.finish_reason is not None
+                or record.usage is not None or record.in_band_error is not None)
+
+
+def _untyped(record: StreamRecord) -> str | None:
+    """The warning for a 2xx answer that came without a Content-Type but parsed as SSE. Pure."""
+    if record.content_type != "" or record.status is None or not 200 <= record.status < 300:
+        return None
+    return ("the target's answer came with no Content-Type (text/event-stream expected): its body parsed as SSE "
+            "and is judged as such; a proxy in front of the engine may be dropping the header")
 
 
 def _shown(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -310,14 +350,17 @@ async def learn_engine(load: LoadSpec, *, base_url: str, metrics_url: str | None
             for name, because in more.items():
                 result.dropped.setdefault(name, because)
     rec = result.record
+    warning: str | None = None
     if result.cut is not None:
-        result.warning = end_assumed(prof)
+        warning = end_assumed(prof)
     elif prof.end.done and not rec.done_seen and rec.finish_reason is not None and rec.error is None:
         # a server that ends cleanly without [DONE] under a profile that requires it: every stream
         # would count as cut; say so now rather than after the run
-        result.warning = (f"the preflight stream ended with finish_reason {rec.finish_reason!r} but no [DONE], which "
-                          f"the {prof.name} profile requires: if this engine never sends it, set target.engine to its "
-                          "profile (e.g. transformers-serve) or early_close will count every stream as cut")
+        warning = (f"the preflight stream ended with finish_reason {rec.finish_reason!r} but no [DONE], which "
+                   f"the {prof.name} profile requires: if this engine never sends it, set target.engine to its "
+                   "profile (e.g. transformers-serve) or early_close will count every stream as cut")
+    if warning is not None:  # beside the preflight's own (no Content-Type): the console prints one line
+        result.warning = f"{result.warning}; {warning}" if result.warning else warning
     return EngineFindings(prof, why, result, evidence)
 
 

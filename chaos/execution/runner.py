@@ -28,12 +28,14 @@ from typing import Any
 from chaos.execution.coverage import fault_times, shortfalls
 from chaos.execution.credentials import Credentials
 from chaos.execution.credentials import resolve as resolve_credentials
+from chaos.execution.deadline import START_GRACE_S, RunDeadline
 from chaos.execution.events import EventBus, RunFinished, RunListener, RunStarted, Stage, VerdictsReady
 from chaos.execution.halt import HaltWatcher
 from chaos.execution.journal import JOURNAL_NAME, Journal, prepare_run_dir
 from chaos.execution.path import start_allowance_s
 from chaos.execution.preflight import EngineFindings, learn_engine
 from chaos.execution.result import Result, exit_code_for  # re-exported: the run's result is a leaf
+from chaos.execution.sequential import LookState, run_looks
 from chaos.execution.telemetry import gpu_telemetry
 from chaos.execution.watchdog import WatchdogHandle, watchdog
 from chaos.host.contention import host_contention
@@ -49,7 +51,7 @@ from chaos.model.experiment import Experiment, PhaseSpec
 from chaos.model.observations import FaultEvent, Note, PhaseWindow
 from chaos.model.verdict import Verdict
 from chaos.targets.base import BuiltinStack, Target, target_facts
-from chaos.targets.registry import start_target, started
+from chaos.targets.registry import start_target, started, target_class
 from faults.base import Injection
 
 __all__ = ["Result", "Runner", "exit_code_for"]
@@ -106,6 +108,10 @@ class Runner:
         self.injections: dict[str, Injection] = {}
         self.watchdogs: list[WatchdogHandle] = []
         self._deadline: asyncio.Timeout | None = None
+        self._clock: RunDeadline | None = None  # the deadline's stages: start-up, then max_duration from ready
+        # the load while it sends until the run's hard stop (before the last phase sets its real end): a
+        # restart's pause moves that stop, and the load with it (``_follow_hard_stop``)
+        self._load_on_hard_stop: LoadDriver | None = None
         self.credentials = Credentials()
         self._withheld_noted = False
 
@@ -125,7 +131,8 @@ class Runner:
         self.halt_watcher = HaltWatcher(exp.safety, self.halt, self.events.emit)
         self.events.subscribe(self.halt_watcher)
         self.events.emit(RunStarted(exp.name, str(self.out_dir), t0, started,
-                                    tuple((p.name, p.duration) for p in exp.phases)))
+                                    tuple((p.name, p.duration) for p in exp.phases),
+                                    tuple((p.name, p.max_duration) for p in exp.phases if p.max_duration is not None)))
         self._note("environment", environment_facts())  # versions and host, for the report
         outcome = await self._attempt()
         lag = self.load.lag_stats() if self.load is not None else {}
@@ -251,11 +258,8 @@ class Runner:
     def _failure(self, exc: Exception) -> _Outcome:
         """How a run that raised ``exc`` ended: a timeout, one of ours (its exit code), or a bug (traceback kept)."""
         if isinstance(exc, TimeoutError):
-            if self._deadline is not None and self._deadline.expired():
-                path = " and the path's start allowance" if self.experiment.path else ""
-                return _Outcome("failed", 4,
-                                f"the run exceeded safety.max_duration ({self.experiment.safety.max_duration:g}s)"
-                                f" plus the target's startup_timeout{path}")
+            if self._deadline is not None and self._deadline.expired() and self._clock is not None:
+                return _Outcome("failed", 4, self._clock.exceeded())  # which bound: start-up or max_duration
             return _Outcome("failed", 4, f"a step of the run timed out: {exc!r}")
         if isinstance(exc, ChaosError):
             self._note("run_error", {"error": str(exc), "type": type(exc).__name__})
@@ -272,9 +276,11 @@ class Runner:
         exp = self.experiment
         async with contextlib.AsyncExitStack() as resources:
             try:
-                # start-up time is the target's and the path's own: neither eats the phases
-                allowance = exp.target.startup_timeout + start_allowance_s(exp)
-                async with asyncio.timeout(exp.safety.max_duration + allowance) as self._deadline:
+                # start-up time is the target's own (vLLM's: up to 5 min), bounded by the allowance its
+                # kind really grants; safety.max_duration counts from when it is ready (``_bring_up``)
+                async with asyncio.timeout(None) as self._deadline:
+                    self._clock = RunDeadline(self._deadline, exp.safety.max_duration)
+                    self._clock.start_up(self._startup_allowance_s())
                     ctx = await self._bring_up(resources)
                     await self._drive(ctx)
             finally:
@@ -292,8 +298,11 @@ class Runner:
         self._check_allowed()
         self._raise_open_files()
         target = await self._start_target(resources)
+        assert self._clock is not None
+        self._clock.ready()  # safety.max_duration counts from here
         found = await self._learn_engine(target)
-        load_url = await self._start_path(resources, target)
+        with self._clock.paused("path", start_allowance_s(self.experiment)):  # the path's start is not counted
+            load_url = await self._start_path(resources, target)
         ctx = self._context(target)
         await self._start_load(resources, ctx, found, load_url)
         self._activate_faults(ctx)
@@ -483,7 +492,8 @@ class Runner:
         before; the phase's clock starts once its last inject has returned, so a slow inject or a slow
         revert before it never shortens the time its faults are in force. The load starts once the
         first phase's faults are in force and sends until the last phase's planned end, as the real
-        timeline puts it (the run's hard stop, ``safety.max_duration``, until that is known)."""
+        timeline puts it (the run's hard stop, ``safety.max_duration``, until that is known). A phase
+        with ``max_duration`` runs until the verdicts judged on it decide (``_phase_time``)."""
         load_task: asyncio.Task[None] | None = None
         last = self.experiment.phases[-1] if self.experiment.phases else None
         try:
@@ -492,19 +502,16 @@ class Runner:
                 t_in_force: int | None = None
                 ctx.phase, ctx.phase_duration_s, load.phase = phase.name, phase.duration, phase.name
                 self.events.emit(PhaseWindow(phase.name, t_start))
-                self._stage("phase", f"phase {phase.name} ({phase.duration:g}s, {len(phase.faults)} fault(s))")
+                self._stage("phase", f"phase {phase.name} ({phase.length_text()}, {len(phase.faults)} fault(s))")
+                looks = LookState()
                 try:
                     async with self._phase_faults(phase):
                         t_in_force = time.monotonic_ns()
-                        t_planned_end = t_in_force + int(phase.duration * 1e9)
-                        if load_task is None:
-                            deadline = t_planned_end if phase is last else self._hard_stop_ns()
-                            load_task = asyncio.create_task(load.run(deadline), name="load")
-                        elif phase is last:
-                            await load.move_deadline(t_planned_end)
-                        await asyncio.sleep(max(0.0, (t_planned_end - time.monotonic_ns()) / 1e9))
+                        load_task = await self._phase_load(load, load_task, phase, t_in_force, phase is last)
+                        await self._phase_time(load, phase, t_in_force, phase is last, looks)
                 finally:  # a phase cut short (halt, signal, hard stop) is recorded as far as it got
-                    self.events.emit(PhaseWindow(phase.name, t_start, time.monotonic_ns(), t_in_force))
+                    self.events.emit(PhaseWindow(phase.name, t_start, time.monotonic_ns(), t_in_force,
+                                                 looks.looks, looks.stopped_by, looks.t_decided))
                 self.completed_phases.append(phase.name)
             if load_task is not None:
                 await load_task
@@ -514,12 +521,53 @@ class Runner:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await load_task
 
+    async def _phase_load(self, load: LoadDriver, load_task: asyncio.Task[None] | None, phase: PhaseSpec,
+                          t_in_force: int, is_last: bool) -> asyncio.Task[None]:
+        """The load, started with the first phase's faults in force; it sends until the last phase's end
+        (for a phase that runs until decided: its max, moved to its real end once it decides)."""
+        t_end = t_in_force + int(phase.longest * 1e9)
+        self._load_on_hard_stop = None if is_last else load
+        if load_task is None:
+            return asyncio.create_task(load.run(t_end if is_last else self._hard_stop_ns()), name="load")
+        if is_last:
+            await load.move_deadline(t_end)
+        else:  # a pause since (a restart) moved the hard stop: the load's moves with it
+            await self._follow_hard_stop()
+        return load_task
+
+    async def _follow_hard_stop(self) -> None:
+        """The load's deadline to the run's hard stop as it stands, while the load sends until it: a
+        restart pauses the run's clock (``RunDeadline.paused``) and the phases after it need the load."""
+        if self._load_on_hard_stop is not None and self._stopped() is None:
+            await self._load_on_hard_stop.move_deadline(self._hard_stop_ns())
+
+    async def _phase_time(self, load: LoadDriver, phase: PhaseSpec, t_in_force: int, is_last: bool,
+                          looks: LookState) -> None:
+        """The phase's own time: its fixed duration, or until its verdicts decide (``chaos.execution.sequential``:
+        a look at min, then each time its elapsed time grows by 25%, at most max)."""
+        if phase.max_duration is None:
+            await asyncio.sleep(max(0.0, (t_in_force + int(phase.duration * 1e9) - time.monotonic_ns()) / 1e9))
+            return
+        from chaos.execution.verify import judge_entry
+
+        journal = self.journal
+        assert journal is not None
+        await run_looks(self.experiment, phase, lambda: journal.observations, t_in_force,
+                        lambda line: self._stage("look", line), looks, judge_entry)
+        if is_last:  # the load stops with the phase, not at its max
+            await load.move_deadline(time.monotonic_ns())
+
     def _hard_stop_ns(self) -> int:
-        """The run's hard stop (its ``asyncio.timeout``) on the monotonic ns clock."""
-        when = self._deadline.when() if self._deadline is not None else None
-        if when is None:
+        """The run's hard stop (its ``asyncio.timeout``, as ``RunDeadline`` has moved it) on the monotonic ns clock."""
+        if self._clock is None:
             return time.monotonic_ns() + int(self.experiment.safety.max_duration * 1e9)
-        return time.monotonic_ns() + int(max(0.0, when - asyncio.get_running_loop().time()) * 1e9)
+        return self._clock.hard_stop_ns()
+
+    def _startup_allowance_s(self) -> float | None:
+        """How long the target's start may take: its kind's own allowance (``startup_allowance_s``: vLLM's
+        is at least 5 min, a server already running has none), the class ``start_target`` would make."""
+        spec = self.experiment.target
+        return target_class(spec, self.target_url or spec.url).startup_allowance_s(spec)
 
     @contextlib.asynccontextmanager
     async def _phase_faults(self, phase: PhaseSpec) -> AsyncIterator[None]:
@@ -535,7 +583,8 @@ class Runner:
     async def _injected(self, injection: Injection, phase: str) -> AsyncIterator[None]:
         """Plan (journaled first), inject, and on exit revert — the revert always runs to its end."""
         name, kind, emit = injection.name, injection.kind, self.events.emit
-        emit(FaultEvent(name, kind, "plan", time.monotonic_ns(), phase, undo=injection.plan()))
+        emit(FaultEvent(name, kind, "plan", time.monotonic_ns(), phase, undo=injection.plan(),
+                        scope=injection.fault.scope))
         t_started = time.monotonic_ns()
         try:
             done, interrupted = await _finish(injection.inject(), injection.step_timeout_s)
@@ -599,7 +648,12 @@ class Runner:
     # -- small helpers ---------------------------------------------------------------------------
     def _restarter(self, target: Target, ctx: RunContext) -> Any:
         async def restart_target() -> None:
-            await target.restart()
+            # a restart is a start again: bounded by the target's allowance, not counted in max_duration
+            allowance = (type(target).startup_allowance_s(self.experiment.target) or 0.0) + START_GRACE_S
+            with self._clock.paused("restart", allowance) if self._clock is not None else contextlib.nullcontext():
+                await self._follow_hard_stop()  # the load must not stop at the old hard stop mid-restart
+                await target.restart()
+            await self._follow_hard_stop()  # ... nor run past the run's stop now the restart is over
             ctx.target = target.info
             self._note("target", {"restarted": True, **target_facts(target.info)})
 

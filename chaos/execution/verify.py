@@ -7,6 +7,7 @@ from collections.abc import Collection
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from chaos.execution.sequential import sequential_evidence, sequential_spec, sequential_view
 from chaos.host.contention import contention_shift
 from chaos.model.observations import Observations
 from chaos.model.verdict import Verdict
@@ -59,12 +60,20 @@ def judge_entry(entry: SlaEntry, obs: Observations, phase: str | None, *,
     entry's name and ``expect``, and at most one cause the run itself gives for calling a failure
     inconclusive — the host first (a neighbour that took the CPU slows the load generator too),
     then the load generator's own lateness (a slow client is never mistaken for a slow server)."""
-    spec = entry.spec
-    found = spec.judge(obs, phase)
+    spec = sequential_spec(entry.spec, obs, phase)  # a phase that ran until decided: each look's spending
+    found = sequential_evidence(spec.judge(sequential_view(spec, obs, phase), phase), obs, phase)
     cause = _host_cause(spec, found, obs) or _client_cause(spec, found, client_lag or {}, phase)
     status, evidence = ((found.status, found.evidence) if cause is None
                         else ("inconclusive", {**found.evidence, **cause}))
+    evidence = _with_moves(evidence, obs, phase)
     return replace(found, status=status, evidence=evidence, expect=entry.expect, name=entry.name)
+
+
+def _with_moves(evidence: dict[str, Any], obs: Observations, phase: str | None) -> dict[str, Any]:
+    """``evidence`` plus, when faults moved streams into or out of ``phase`` (``Observations.population``:
+    a stream is judged in the phase of the fault it lived through), how many, by fault."""
+    moved = obs.moves().get(phase) if phase is not None else None
+    return evidence if not moved else {**evidence, "touched_by_faults": moved}
 
 
 def _client_cause(spec: SlaCheck, found: Verdict, client_lag: dict[str, Any],

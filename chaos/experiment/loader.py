@@ -810,7 +810,8 @@ def _load(ctx: _Context, raw: object, target: TargetSpec) -> LoadSpec:
     data = _mapping(ctx, raw, path, "the load section")
     if data is None:
         return LoadSpec()
-    values = _parse(ctx, data, path, sections.LOAD)
+    values = _parse(ctx, data, path, sections.LOAD, extra=("connect_backoff",))
+    backoff = _connect_backoff(ctx, data.get("connect_backoff"), path + ("connect_backoff",))
     _positive(ctx, values, path, "rate", "burstiness", "request_timeout", "lag_threshold")
     max_tokens = values.get("max_tokens")
     if target.kind == "builtin" and isinstance(max_tokens, tuple) and max_tokens[1] >= target.max_model_len:
@@ -823,7 +824,29 @@ def _load(ctx: _Context, raw: object, target: TargetSpec) -> LoadSpec:
     if values.get("prompts") is not None:
         prompts = _prompts(ctx, values["prompts"])
     headers = _headers(ctx, values["headers"], path + ("headers",)) if values.get("headers") is not None else ()
-    return LoadSpec(**_fields(values, LoadSpec, skip=("prompts", "headers")), prompts=prompts, headers=headers)
+    return LoadSpec(**_fields(values, LoadSpec, skip=("prompts", "headers", "connect_backoff")), prompts=prompts,
+                    headers=headers, connect_backoff=backoff)
+
+
+def _connect_backoff(ctx: _Context, raw: object, path: KeyPath) -> tuple[float, float, float] | None:
+    """``load.connect_backoff``: ``off`` (YAML's false too) or ``{initial, max, multiplier}``; not given
+    (or null): the default, the OpenAI SDK's (``chaos.load.backoff``)."""
+    default: tuple[float, float, float] = LoadSpec().connect_backoff or (0.5, 8.0, 2.0)
+    if raw is None:
+        return default
+    if raw is False or raw == "off":
+        return None
+    data = _mapping(ctx, raw, path, "off or a mapping {initial, max, multiplier}")
+    if data is None:
+        return default
+    values = _parse(ctx, data, path, sections.CONNECT_BACKOFF)
+    _positive(ctx, values, path, "initial", "max")
+    initial, most = float(values.get("initial", default[0])), float(values.get("max", default[1]))
+    if most < initial:
+        ctx.add(path + ("max",),
+                f"must be at least initial ({format_duration(initial)}), found {format_duration(most)}")
+        return default
+    return initial, most, float(values.get("multiplier", default[2]))
 
 
 def _headers(ctx: _Context, raw: dict[str, Any], path: KeyPath) -> tuple[tuple[str, str | None], ...]:
@@ -992,6 +1015,7 @@ class _PhaseDraft:
     name: str
     duration: float
     faults: list[_FaultEntry]
+    max_duration: float | None = None  # a phase that runs until decided: its longest
 
 
 def _phases(ctx: _Context, raw: object, present: bool) -> list[_PhaseDraft]:
@@ -1010,8 +1034,9 @@ def _phases(ctx: _Context, raw: object, present: bool) -> list[_PhaseDraft]:
         data = _mapping(ctx, entry, ppath, "a phase {name, duration, faults}")
         if data is None:
             continue
-        values = _parse(ctx, data, ppath, sections.PHASE, extra=("faults",))
-        _positive(ctx, values, ppath, "duration")
+        ranged = isinstance(data.get("duration"), Mapping)
+        values = _parse(ctx, data, ppath, _RANGED_PHASE if ranged else sections.PHASE, extra=("faults",))
+        duration, longest = _phase_length(ctx, values, ppath)
         name = values.get("name")
         if isinstance(name, str):
             if not name.strip():
@@ -1024,10 +1049,43 @@ def _phases(ctx: _Context, raw: object, present: bool) -> list[_PhaseDraft]:
         faults: list[_FaultEntry] = []
         if data.get("faults") is not None:
             faults = _fault_entries(ctx, data["faults"], ppath + ("faults",), FAULTS)
-        duration = values.get("duration")
-        drafts.append(_PhaseDraft(name if isinstance(name, str) else f"phase{i}",
-                                  duration if isinstance(duration, float) else 0.0, faults))
+        drafts.append(_PhaseDraft(name if isinstance(name, str) else f"phase{i}", duration, faults, longest))
     return drafts
+
+
+# a phase whose duration is a mapping {min, max}: the same keys, its duration parsed by _phase_length
+_RANGED_PHASE = Schema(tuple(replace(p, kind="mapping") if p.name == "duration" else p
+                             for p in sections.PHASE.params))
+
+
+def _phase_length(ctx: _Context, values: dict[str, Any], path: KeyPath) -> tuple[float, float | None]:
+    """(planned duration, longest or None) of a phase: a fixed ``duration``; ``duration: {min, max}``
+    (runs at least min, then until its verdicts decide, at most max); or a scalar with ``until: decided``
+    (min that, max ``UNTIL_DECIDED_FACTOR`` times it). 0.0 where the duration was wrong (reported)."""
+    raw = values.get("duration")
+    if isinstance(raw, Mapping):
+        return _duration_range(ctx, raw, path + ("duration",))
+    _positive(ctx, values, path, "duration")
+    duration = values.get("duration")
+    if not isinstance(duration, float):
+        return 0.0, None
+    if values.get("until") == "decided":
+        return duration, duration * sections.UNTIL_DECIDED_FACTOR
+    return duration, None
+
+
+def _duration_range(ctx: _Context, raw: Mapping[Any, Any], path: KeyPath) -> tuple[float, float | None]:
+    """``duration: {min, max}``, both durations above zero and min no more than max."""
+    data = _mapping(ctx, raw, path, "a duration range {min, max}")
+    if data is None:
+        return 0.0, None
+    values = _parse(ctx, data, path, sections.PHASE_DURATION)
+    _positive(ctx, values, path, "min", "max")
+    low, high = values.get("min"), values.get("max")
+    if isinstance(low, float) and isinstance(high, float) and low > high:
+        ctx.add(path + ("max",), f"must be at least min ({format_duration(low)}), found {format_duration(high)}")
+        return low, None
+    return (low if isinstance(low, float) else 0.0), (high if isinstance(high, float) else None)
 
 
 def _fault_entries(ctx: _Context, raw: object, path: KeyPath, registry: Mapping[str, type[Fault]]) -> list[_FaultEntry]:
@@ -1169,13 +1227,15 @@ def _assemble(ctx: _Context, data: object) -> Experiment:
     safety = _safety(ctx, top.get("safety"))
     capacity = _capacity(ctx, top.get("capacity"), drafts, sla)
     phases = tuple(
-        PhaseSpec(d.name, d.duration, tuple(f.instance for f in d.faults if f.instance is not None)) for d in drafts
+        PhaseSpec(d.name, d.duration, tuple(f.instance for f in d.faults if f.instance is not None), d.max_duration)
+        for d in drafts
     )
     experiment = Experiment(
         name=name, description=description, seed=seed, target=target, proxy=proxy, path=hops, load=load,
         phases=phases, sla=tuple(sla), safety=safety, capacity=capacity,
         source=None if ctx.file.startswith("<") else ctx.file,
     )
+    experiment = _cleanup_window(ctx, experiment, top.get("safety"))
     _check_fits(ctx, experiment, top.get("safety"))
     _cross_checks(ctx, entries, experiment)
     _tap_checks(ctx, top.get("sla"), experiment.path)
@@ -1225,13 +1285,15 @@ def _check_fits(ctx: _Context, experiment: Experiment, safety_raw: object) -> No
     and the cleanup window (and the wait for external shards). A run that cannot fit would always end
     in a timeout."""
     safety, load = experiment.safety, experiment.load
-    needed = BASELINE_S + experiment.duration + safety.drain_timeout + safety.cleanup_window
+    # a phase that runs until decided may last its max: the hard stop must leave it that long
+    needed = BASELINE_S + experiment.longest + safety.drain_timeout + safety.cleanup_window
     shard_wait = load.shard_connect_timeout if load.shard_launch == "external" and load.shards > 1 else 0.0
     needed += shard_wait
     if needed <= safety.max_duration:
         return
     waits = f" + shard_connect_timeout {format_duration(shard_wait)}" if shard_wait else ""
-    what = (f"the run needs {format_duration(needed)} (phases {format_duration(experiment.duration)} + drain_timeout "
+    what = (f"the run needs {format_duration(needed)} (phases {format_duration(experiment.longest)}"
+            f"{' at their max' if experiment.longest > experiment.duration else ''} + drain_timeout "
             f"{format_duration(safety.drain_timeout)} + cleanup_window {format_duration(safety.cleanup_window)} + "
             f"{format_duration(BASELINE_S)} baseline{waits}), more than max_duration "
             f"{format_duration(safety.max_duration)}")
@@ -1239,6 +1301,35 @@ def _check_fits(ctx: _Context, experiment: Experiment, safety_raw: object) -> No
         ctx.add(("safety", "max_duration"), f"{what}; raise max_duration or shorten the phases")
     else:
         ctx.add(("phases",), f"{what}; raise safety.max_duration or shorten the phases")
+
+
+def _cleanup_window(ctx: _Context, experiment: Experiment, safety_raw: object) -> Experiment:
+    """``safety.cleanup_window`` long enough for every ``kv_cleanup`` entry to see past its ``within``
+    (scraping stops when the window ends: a shorter one leaves a leak unobserved). A window written in
+    the file that is too short is an error at its key; the default one is raised to what is needed."""
+    from sla.kv_cleanup import KvCleanup, cleanup_window_needed
+
+    safety = experiment.safety
+    needs: list[tuple[float, float, str]] = []
+    for entry in experiment.sla:
+        spec: object = entry.spec
+        if isinstance(spec, KvCleanup):
+            needs.append((cleanup_window_needed(spec.within, safety.scrape_interval), spec.within, entry.name))
+    if not needs:
+        return experiment
+    need, within, name = max(needs)
+    if need <= safety.cleanup_window + 1e-9:
+        return experiment
+    if isinstance(safety_raw, Mapping) and "cleanup_window" in safety_raw:
+        ctx.add(("safety", "cleanup_window"),
+                f"{format_duration(safety.cleanup_window)} is too short for SLA {name!r}: kv_cleanup judges "
+                f"the series {format_duration(within)} (its within) after the last stream ended, and "
+                f"scraping stops when the cleanup window ends; the window must exceed within by at least two "
+                f"scrape intervals ({format_duration(2 * safety.scrape_interval)}): set cleanup_window: "
+                f"{format_duration(math.ceil(need * 10 - 1e-6) / 10)} or more")
+        return experiment
+    window = math.ceil(need * 10 - 1e-6) / 10  # the default window, raised to the tenth of a second
+    return replace(experiment, safety=replace(safety, cleanup_window=window))
 
 
 def _cross_checks(ctx: _Context, entries: list[_FaultEntry], experiment: Experiment) -> None:

@@ -9,6 +9,7 @@ from chaos.model.params import Param, Schema
 __all__ = [
     "ALLOWED_TARGETS",
     "CAPACITY",
+    "CONNECT_BACKOFF",
     "FAULT_ENTRY_KEYS",
     "GATEWAY_KEYS",
     "KUBERNETES",
@@ -20,12 +21,17 @@ __all__ = [
     "PATH_TOXIPROXY",
     "PATH_URL",
     "PHASE",
+    "PHASE_DURATION",
     "PROMPTS",
     "PROXY",
     "SAFETY",
     "SLA_ENTRY_KEYS",
     "TOP_LEVEL",
+    "UNTIL_DECIDED_FACTOR",
 ]
+
+# `until: decided` beside a scalar duration d: the phase runs from d up to this many times d
+UNTIL_DECIDED_FACTOR = 10.0
 
 TOP_LEVEL = Schema((
     Param("name", "str", required=True, doc="the experiment's name, shown in reports"),
@@ -145,14 +151,37 @@ LOAD = Schema(
                   "Indexed Job)"),
         Param("shard_listen", "str", "127.0.0.1:0", doc="host:port the coordinator listens on for its shards"),
         Param("shard_connect_timeout", "duration", 60.0, doc="how long to wait for every shard to connect"),
+        Param("connect_backoff", "mapping", None,
+              doc="closed loop: while nothing serves (a connection refused or unreachable, an HTTP 502/503/504, a "
+                  "connection closed with no response) a client waits {initial: 500ms, max: 8s, multiplier: 2} "
+                  "(the default, as the OpenAI SDK; each wait cut by up to 25% at random) before it sends again, "
+                  "reset by any other answer (a 500 included); off: a fixed 50ms pause after a connect error only"),
     ),
     at_most_one_of=(("concurrency", "rate"),),
 )
 
+# `load.connect_backoff:` (chaos.load.backoff); `off` (or false) turns it off
+CONNECT_BACKOFF = Schema((
+    Param("initial", "duration", 0.5, doc="the first wait after a connect error"),
+    Param("max", "duration", 8.0, doc="no wait is longer"),
+    Param("multiplier", "float", 2.0, min=1.0, max=10.0, doc="each wait in a row this many times the one before"),
+))
+
 PHASE = Schema((
     Param("name", "str", required=True, doc="unique phase name"),
-    Param("duration", "duration", required=True, doc="how long the phase lasts"),
+    Param("duration", "duration", required=True,
+          doc="how long the phase lasts; or {min, max}: at least min, then until every verdict judged on it is "
+              "decided, at most max (chaos.execution.sequential)"),
+    Param("until", "choice", None, choices=("decided",),
+          doc="decided: a scalar duration is the minimum, and the phase runs until its verdicts decide, at most "
+              f"{UNTIL_DECIDED_FACTOR:g}x it"),
     Param("faults", "mapping", None, doc="a list of fault entries {kind, name?, ...params}"),
+))
+
+# `duration: {min, max}`: a phase that runs until decided, from min to max
+PHASE_DURATION = Schema((
+    Param("min", "duration", required=True, doc="the phase runs at least this long (its planned length)"),
+    Param("max", "duration", required=True, doc="and at most this long, however undecided its verdicts are"),
 ))
 
 SAFETY = Schema((
@@ -165,9 +194,11 @@ SAFETY = Schema((
     Param("allowed_targets", "mapping", None, doc="where beyond this host's loopback the run may act: "
           "{hosts, namespaces, selectors}; without it remote targets and cluster faults are refused"),
     Param("halt_on_dead_target", "bool", True,
-          doc="stop the run when the first 20 streams all fail, or >= 95% fail over 2s"),
+          doc="stop the run when the first 20 streams all fail, or >= 95% fail over 2s, or none of 3 or more "
+              "got an answer over 10s"),
     Param("min_fault_coverage", "fraction", 0.9, doc="a fault in force for less than this share of its phase's planned "
-          "time (a hard stop, a halt) makes the run an error (exit 4)"),
+          "time on the phase's clock, inject returned to revert began (a hard stop, a halt), makes the run an "
+          "error (exit 4)"),
 ))
 
 ALLOWED_TARGETS = Schema((

@@ -34,9 +34,9 @@ from chaos.load.encoding import BodyDecoder, DecodeError, decoder_for
 from chaos.load.http1 import Connection, ConnectionClosed, H1Client, Target
 from chaos.load.sse import DEFAULT_MAX_EVENT_BYTES, SSEEvent, SSEOverflow, SSEParser
 from chaos.model.context import ClientPlan
-from chaos.model.observations import ErrorInfo, Hangup, StreamRecord
+from chaos.model.observations import ErrorInfo, Hangup, StreamRecord, foreign_content_type
 
-__all__ = ["StreamClient", "make_http_client", "stream_request"]
+__all__ = ["StreamClient", "make_http_client", "not_event_stream", "stream_request"]
 
 _BODY_LIMIT = 64 * 1024  # how much of an error body to read
 _RATE_SLICE_S = 0.05  # a rate-capped reader consumes this much time's worth of bytes per step
@@ -84,6 +84,9 @@ class _Stream:
         self.decoder: BodyDecoder | None = None  # a compressed body (Content-Encoding), set with the headers
         self.text: list[str] = []
         self.finished = False
+        self.framing: str | None = None  # why a 2xx response is not an event stream (its Content-Type)
+        self.last_data: str | None = None  # the payload of the event before, to count repeated ones
+        self.last_id: str | None = None
 
     def feed(self, t: int, chunk: bytes) -> None:
         rec = self.record
@@ -131,9 +134,14 @@ class _Stream:
             for event in self.parser.close():
                 self.record.sse_errors += 1  # the stream ended inside an event
                 self.event(t, event)
-        self.record.utf8_errors = self.parser.utf8_errors
-        self.record.split_chars = self.parser.split_chars
-        self.record.text = "".join(self.text)
+        rec = self.record
+        rec.utf8_errors = self.parser.utf8_errors
+        rec.split_chars = self.parser.split_chars
+        rec.text = "".join(self.text)
+        if self.framing is not None and rec.error is None and rec.hangup is None:
+            # a stream that is not labelled one fails as a protocol error, so every verdict that counts
+            # failures (errors, early_close) names its Content-Type, whichever the experiment lists
+            rec.error = ErrorInfo("protocol", self.framing)
 
     def event(self, t: int, event: SSEEvent) -> None:
         rec = self.record
@@ -147,6 +155,8 @@ class _Stream:
             rec.sse_errors += 1  # anything after [DONE] is a framing error
             return
         data = event.data
+        repeated = data == self.last_data and event.id == self.last_id  # the whole event, not its text alone
+        self.last_data, self.last_id = data, event.id
         if data.strip() == "[DONE]":
             rec.done_seen = True
             rec.t_end = t
@@ -168,9 +178,9 @@ class _Stream:
             rec.usage = usage
         choices = obj.get("choices")
         if isinstance(choices, list):
-            self._choices(t, choices)
+            self._choices(t, choices, repeated)
 
-    def _choices(self, t: int, choices: list[Any]) -> None:
+    def _choices(self, t: int, choices: list[Any], repeated: bool = False) -> None:
         """Choice 0 of one event: its text (completions) or delta content (chat), its finish reason."""
         rec = self.record
         for choice in choices:
@@ -183,6 +193,7 @@ class _Stream:
             if text:
                 self.text.append(str(text))
                 rec.t_content.append(t)
+                rec.repeated_events += repeated
                 if rec.t_first_content is None:
                     rec.t_first_content = t
             if choice.get("finish_reason") is not None:
@@ -274,6 +285,8 @@ class _Exchange:
         rec.server = headers.get("server")
         rec.via = headers.get("via")
         rec.content_encoding = headers.get("content-encoding")
+        rec.content_type = headers.get("content-type", "")
+        rec.x_accel_buffering = headers.get("x-accel-buffering")
         if self.plan.hangup_while_queued:
             self._resolve(_Hangup("while_queued"))
             return
@@ -286,8 +299,8 @@ class _Exchange:
         if not 200 <= status < 300:
             self.error_body = bytearray()
             return
-        if "text/event-stream" not in headers.get("content-type", ""):
-            rec.sse_errors += 1  # a 2xx that is not an event stream; parse what comes anyway
+        if foreign_content_type(rec.content_type):  # parse what comes anyway, and say so
+            self.state.framing = not_event_stream(rec.content_type)  # (none at all: parsed as SSE, no failure)
         if self.pull:
             self._resolve("pull")
 
@@ -373,6 +386,12 @@ class _Exchange:
             await self.waiter
 
 
+def not_event_stream(content_type: str) -> str:
+    """Why a 2xx response with this Content-Type (one ``foreign_content_type`` refuses) is not an event
+    stream, in words. Pure."""
+    return f"the response came with Content-Type {content_type!r}, not text/event-stream: it is not an event stream"
+
+
 def _http_message(status: int, body: bytes) -> str:
     try:
         obj = json.loads(body)
@@ -454,10 +473,11 @@ class _Attempt:
             slot = True
             self.conn = await _connection(http, target, record)
             self.exchange = _Exchange(self.state, plan, self.conn, pull=_paces(plan))
-            self.conn.send(payload, self.exchange)
+            self.conn.send(payload, self.exchange, record.id)
             if await self.exchange.ready == "pull":
                 await _read_paced(self.exchange, self.state, plan, record)
-            http.release(self.conn)
+            # kept for the slot's next request only if it ended clean (``may_reuse``): not after an error event
+            http.release(self.conn, in_band_error=record.in_band_error is not None)
             self.conn = None
             return record
         except _Hangup as hang:
@@ -467,8 +487,9 @@ class _Attempt:
         except _HttpError as err:
             record.error = ErrorInfo("http", _http_message(err.status, err.body), err.status)
             record.t_end = time.monotonic_ns()
-            if self.conn is not None and self.conn.complete:
-                http.release(self.conn)  # the error body was read to its end: the connection is clean
+            if self.conn is not None:
+                # closed, not kept (``may_reuse``): a server that fails a request may be closing it
+                http.release(self.conn)
                 self.conn = None
             return record
         finally:
@@ -504,10 +525,12 @@ def _timeout_error(*, connect: bool, connected: bool, connect_timeout: float, re
     """Which timeout ended the stream: the connect's own (neither of ours), or the request's, before
     or after a connection was had."""
     if connect:
-        return ErrorInfo("timeout", f"the TCP connect took longer than {connect_timeout:g}s")
+        return ErrorInfo("timeout", f"the TCP connect took longer than {connect_timeout:g}s", cause="connect_timeout")
     if not connected:
-        return ErrorInfo("timeout", f"no connection within the request timeout of {request_timeout:g}s")
-    return ErrorInfo("timeout", f"no complete response within the request timeout of {request_timeout:g}s")
+        return ErrorInfo("timeout", f"no connection within the request timeout of {request_timeout:g}s",
+                         cause="no_connection")
+    return ErrorInfo("timeout", f"no complete response within the request timeout of {request_timeout:g}s",
+                     cause="request_timeout")
 
 
 def _failure(exc: Exception) -> ErrorInfo:

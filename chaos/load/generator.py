@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from chaos.load.backoff import DEFAULT_CONNECT_BACKOFF, ConnectBackoff
 from chaos.load.client import StreamClient, make_http_client, stream_request
 from chaos.load.lag import LagMonitor, delay_summary
 from chaos.load.sdk_headers import request_headers
@@ -50,7 +51,6 @@ BACKLOG_CAP = 65_536  # open-loop arrivals queued for a slot (an int pair each);
 SEND_DELAY_KEEP = 100_000  # send-delay samples kept per phase (newest)
 
 
-CONNECT_BACKOFF_S = 0.05  # a closed-loop slot's pause after a refused connect
 _SETTLE_POLL_S = 0.01  # how often start() looks whether its background streams have their first token
 
 
@@ -84,6 +84,8 @@ class LoadGenerator:
         self.overflows = 0  # open-loop arrivals that found the in-flight cap full and waited
         self.abandoned = 0  # of those, arrivals never sent: still queued at the deadline, or the queue was full
         self.sent = 0
+        self.connect_backoffs = 0  # closed-loop waits after an outage's answer (``load.connect_backoff``)
+        self.connect_backoff_s = 0.0  # and their planned seconds in all
         self.deadline_ns = 0  # when sending stops (monotonic); ``move_deadline`` moves it during ``run``
         self._deadline_moved = asyncio.Event()
         self._next = 0
@@ -214,7 +216,7 @@ class LoadGenerator:
             driver = loop.create_task(self._open_loop())
             slots: list[asyncio.Task[None]] = [driver]
         else:
-            slots = [loop.create_task(self._closed_slot()) for _ in range(self.inflight_cap)]
+            slots = [loop.create_task(self._closed_slot(i)) for i in range(self.inflight_cap)]
         try:
             await self._until_deadline(slots)
         finally:
@@ -243,7 +245,12 @@ class LoadGenerator:
                 moved.cancel()
             pending.discard(moved)
 
-    async def _closed_slot(self) -> None:
+    async def _closed_slot(self, slot: int) -> None:
+        # the target down (a crash fault, a dropped link, a gateway with nothing behind it): back off as a
+        # real client does rather than re-send at once (chaos.load.backoff); jitter drawn per slot, seeded,
+        # so a run replays
+        backoff = ConnectBackoff(getattr(self.spec, "connect_backoff", DEFAULT_CONNECT_BACKOFF),
+                                 random.Random(f"{self.target.seed}:{self.worker_index}:backoff:{slot}"))
         while time.monotonic_ns() < self.deadline_ns:
             n = self._claim()
             if n is None:
@@ -251,10 +258,13 @@ class LoadGenerator:
             task = self._spawn(n, None)
             await asyncio.wait([task])  # not `await task`: cancelling the slot must not cancel it
             record = task.result() if not task.cancelled() and task.exception() is None else None
-            if record is not None and record.error is not None and record.error.kind == "connect":
-                # the target is down (a crash fault, a dropped link): retry at a bounded pace rather
-                # than spinning thousands of refused connects a second
-                await asyncio.sleep(CONNECT_BACKOFF_S)
+            if not backoff.outage(record):
+                backoff.reset()  # the server's own answer (a 500 included: a server fault's share of them)
+                continue
+            wait = backoff.wait_s()
+            self.connect_backoffs += 1
+            self.connect_backoff_s += wait
+            await asyncio.sleep(wait)
 
     async def _open_loop(self) -> None:
         rate = float(self.spec.rate or 0.0)
@@ -347,6 +357,7 @@ class LoadGenerator:
     def stats(self) -> dict[str, Any]:
         return {"sent": self.sent, "in_flight": len(self._inflight), "overflows": self.overflows,
                 "abandoned": self.abandoned, "inflight_cap": self.inflight_cap,
+                "connect_backoffs": self.connect_backoffs, "connect_backoff_s": round(self.connect_backoff_s, 3),
                 "loops": [kind] if (kind := _running_loop_kind()) else []}
 
     # ---- BackgroundLoad (faults' own streams, outside the SLA population) --------------------------

@@ -30,7 +30,7 @@ from chaos.host.tls import tls_context
 from chaos.load.sdk_headers import openai_python_headers
 from chaos.model.errors import ChaosError
 
-__all__ = ["Connection", "ConnectionClosed", "H1Client", "ResponseSink", "Target"]
+__all__ = ["Connection", "ConnectionClosed", "H1Client", "ResponseSink", "Target", "may_reuse"]
 
 # An idle kept-alive connection is reused only within this long of its last response. A server closes
 # an idle one on its own timer (uvicorn's 5 s: vLLM, SGLang, the builtin stack), and a request sent
@@ -46,6 +46,18 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 class ConnectionClosed(ChaosError):
     """The connection went away before the response was complete (a cut stream)."""
+
+
+def may_reuse(status: int, *, keep_alive: bool, complete: bool, in_band_error: bool = False) -> bool:
+    """Whether a connection may carry the next request after a response: only one that ended clean.
+
+    Not after an error status (>= 400) or an in-band error: a server that fails a request often closes
+    the connection a moment later (a framework logs the exception first: 15-30 ms inside vLLM), and a
+    request written into it in that moment is lost unanswered, a second error for one fault that may
+    land in the next phase. Not after ``Connection: close`` (``keep_alive`` false), nor after a body
+    that did not end where its framing said (``complete`` false): the connection's state is unknown.
+    A new connection costs one connect. Pure."""
+    return complete and keep_alive and 200 <= status < 400 and not in_band_error
 
 
 class ResponseSink(Protocol):
@@ -97,7 +109,8 @@ class Connection(asyncio.Protocol):
 
     __slots__ = (
         "client", "origin", "transport", "parser", "sink", "t_read", "status", "headers", "keep_alive",
-        "complete", "closed", "framed", "idle_since", "reading_paused",
+        "complete", "closed", "framed", "idle_since", "reading_paused", "served", "reused", "answered",
+        "label", "previous", "idle_s",
     )
 
     def __init__(self, client: H1Client, origin: tuple[str, str, int]) -> None:
@@ -115,6 +128,12 @@ class Connection(asyncio.Protocol):
         self.framed = False  # the body has a length or is chunked (else it ends at EOF)
         self.idle_since = 0.0
         self.reading_paused = False
+        self.served = 0  # responses completed on this connection
+        self.reused = False  # the request under way is not the connection's first
+        self.answered = False  # a byte of its response has arrived
+        self.label = ""  # the request under way, in words (its id), for the next one's error message
+        self.previous = ""  # the last completed response: its status and request (for a stale connection)
+        self.idle_s = 0.0  # how long the connection lay idle before the request under way
 
     # ---- use by the request side -----------------------------------------------------------------
 
@@ -123,8 +142,9 @@ class Connection(asyncio.Protocol):
         """Open, idle, and the last response left it clean for the next request."""
         return not self.closed and self.transport is not None and not self.transport.is_closing()
 
-    def send(self, payload: bytes, sink: ResponseSink) -> None:
-        """Write one request and route its response to ``sink``."""
+    def send(self, payload: bytes, sink: ResponseSink, label: str = "") -> None:
+        """Write one request and route its response to ``sink``; ``label`` names the request (its id)
+        in the message of a later request that finds the connection closed under it."""
         assert self.transport is not None
         self.sink = sink
         self.parser = httptools.HttpResponseParser(self)
@@ -133,6 +153,10 @@ class Connection(asyncio.Protocol):
         self.keep_alive = False
         self.complete = False
         self.framed = False
+        self.reused = self.served > 0
+        self.idle_s = time.monotonic() - self.idle_since if self.reused else 0.0
+        self.answered = False
+        self.label = label
         self.transport.write(payload)
 
     def pause_reading(self) -> None:
@@ -170,6 +194,7 @@ class Connection(asyncio.Protocol):
             # connection's framing can no longer be trusted
             self.close()
             return
+        self.answered = True
         try:
             parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -193,8 +218,19 @@ class Connection(asyncio.Protocol):
             self.complete = True
             sink.on_complete(t)
             return
+        if self.reused and not self.answered and (exc is None or isinstance(exc, ConnectionError)):
+            sink.on_failed(t, "read", self._stale(exc), "stale_connection")
+            return
         message, cause = _lost(exc, bool(self.status))
         sink.on_failed(t, "read", message, cause)
+
+    def _stale(self, exc: Exception | None) -> str:
+        """A reused connection closed before any byte of its answer: the server had closed it after its
+        previous response (or was closing it as this request went out), so the loss is that response's."""
+        how = f"{type(exc).__name__}: {exc}" if exc is not None else "EOF"
+        return (f"stale connection: the server closed a kept-alive connection before answering ({how}); its "
+                f"previous response was {self.previous or 'unknown'}, which ended {self.idle_s:.3f}s before this "
+                "request was written into it")
 
     def _fail(self, kind: str, message: str) -> None:
         sink, self.sink = self.sink, None
@@ -227,6 +263,8 @@ class Connection(asyncio.Protocol):
         if not self.status:
             return  # the end of an interim response
         self.complete = True
+        self.served += 1
+        self.previous = f"HTTP {self.status}" + (f" to request {self.label}" if self.label else "")
         sink, self.sink = self.sink, None
         if sink is not None:
             sink.on_complete(self.t_read)
@@ -349,11 +387,13 @@ class H1Client:
         self._open.add(conn)
         return conn
 
-    def release(self, conn: Connection) -> None:
-        """Take back a connection whose response ended cleanly; close it if it cannot be reused."""
+    def release(self, conn: Connection, *, in_band_error: bool = False) -> None:
+        """Take back a connection after its response; keep it for the next request only when
+        ``may_reuse`` allows (``in_band_error``: the stream carried an error event), else close it."""
         conn.sink = None
         conn.resume_reading()
-        if self.closed or not conn.complete or not conn.keep_alive or not conn.reusable:
+        if self.closed or not conn.reusable or not may_reuse(conn.status, keep_alive=conn.keep_alive,
+                                                              complete=conn.complete, in_band_error=in_band_error):
             conn.close()
             return
         stack = self._idle.setdefault(conn.origin, [])

@@ -67,11 +67,12 @@ def merged_send_delay(per_process: Mapping[int, Mapping[str, Iterable[float]]]) 
 
 
 def summed_stats(per_process: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
-    """The generators' counters (sent, in flight, overflows, abandoned) added over several processes;
+    """The generators' counters (sent, in flight, overflows, abandoned, connect backoffs) added over several processes;
     the event loops they ran on; the most any of them had buffered for the runner, and the longest
     time one spent above its uplink's high-water mark (a runner that fell behind its load)."""
-    keys = ("sent", "in_flight", "overflows", "abandoned")
+    keys = ("sent", "in_flight", "overflows", "abandoned", "connect_backoffs")
     out: dict[str, Any] = {k: sum(s.get(k, 0) for s in per_process.values()) for k in keys}
+    out["connect_backoff_s"] = round(sum(s.get("connect_backoff_s", 0.0) for s in per_process.values()), 3)
     out["loops"] = sorted({str(kind) for s in per_process.values() for kind in s.get("loops", ())})
     for key in ("uplink_buffered_bytes", "uplink_over_high_water_s"):
         values = [s[key] for s in per_process.values() if key in s]

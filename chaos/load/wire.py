@@ -108,6 +108,8 @@ def settings_from_json(data: dict[str, Any]) -> LoadSettings:
         values["prompts"] = PromptSettings(**prompts)
         values["max_tokens"] = tuple(values["max_tokens"])
         values["headers"] = tuple((str(k), v) for k, v in values.get("headers", ()))
+        if values.get("connect_backoff") is not None:
+            values["connect_backoff"] = tuple(float(x) for x in values["connect_backoff"])
         return LoadSettings(**values)
     except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError(f"load settings the shard cannot read: {exc!r}") from None

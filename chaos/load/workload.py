@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from chaos.load.backoff import DEFAULT_CONNECT_BACKOFF
 from chaos.model.errors import ExperimentInvalid
 
 __all__ = [
@@ -318,6 +319,9 @@ class LoadSettings:
     lag_threshold: float = 0.005
     prompts: PromptSettings = PromptSettings()
     headers: tuple[tuple[str, str | None], ...] = ()  # over the SDK's default request headers (chaos.load.sdk_headers)
+    # a closed-loop slot's wait while nothing serves (chaos.load.backoff): (initial s, max s, multiplier);
+    # None: a fixed 50 ms after a connect error only
+    connect_backoff: tuple[float, float, float] | None = DEFAULT_CONNECT_BACKOFF
 
     @classmethod
     def of(cls, spec: LoadSpecLike, **overrides: Any) -> LoadSettings:
@@ -336,6 +340,8 @@ class LoadSettings:
         values["max_tokens"] = tuple(values["max_tokens"])
         values["prompts"] = prompts
         values["headers"] = tuple((str(k), None if v is None else str(v)) for k, v in spec.headers)
+        backoff = getattr(spec, "connect_backoff", DEFAULT_CONNECT_BACKOFF)
+        values["connect_backoff"] = None if backoff is None else tuple(float(x) for x in backoff)
         values.update(overrides)
         return cls(**values)
 

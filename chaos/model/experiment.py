@@ -18,6 +18,7 @@ from chaos.model.context import (
     Scene,
 )
 from chaos.model.observations import Observations
+from chaos.model.units import format_duration
 from chaos.model.verdict import Verdict
 
 
@@ -244,6 +245,10 @@ class LoadSpec:
     shard_listen: str = "127.0.0.1:0"  # where the coordinator listens for its shards
     shard_connect_timeout: float = 60.0  # seconds to wait for every shard to connect
     headers: tuple[tuple[str, str | None], ...] = ()  # over the SDK's defaults (chaos.load.sdk_headers); None: not sent
+    # a closed-loop client's wait while nothing serves (a connect error, a 502/503/504, no response:
+    # chaos.load.backoff): (initial s, max s, multiplier), the OpenAI SDK's by default; None
+    # (``connect_backoff: off``): a fixed 50 ms pause after a connect error only
+    connect_backoff: tuple[float, float, float] | None = (0.5, 8.0, 2.0)
 
     def __post_init__(self) -> None:
         # One place for the default, so LoadSpec() and a YAML without load: agree.
@@ -256,8 +261,22 @@ class PhaseSpec:
     """One stretch of the timeline and the faults in force during it."""
 
     name: str
-    duration: float  # seconds
+    duration: float  # seconds; a phase that runs until decided: its planned minimum
     faults: tuple[Fault, ...] = ()
+    # seconds: the phase runs until every verdict judged on it is decided, from ``duration`` up to this
+    # (``duration: {min, max}`` or ``until: decided``; chaos.execution.sequential); None: a fixed length
+    max_duration: float | None = None
+
+    @property
+    def longest(self) -> float:
+        """The most this phase may last, in seconds: ``max_duration``, else its fixed ``duration``."""
+        return self.duration if self.max_duration is None else self.max_duration
+
+    def length_text(self) -> str:
+        """Its planned length as people read it: ``8s``, or ``4s–60s until decided``."""
+        if self.max_duration is None:
+            return format_duration(self.duration)
+        return f"{format_duration(self.duration)}–{format_duration(self.max_duration)} until decided"
 
 
 @dataclass(frozen=True)
@@ -304,8 +323,13 @@ class Experiment:
 
     @property
     def duration(self) -> float:
-        """Sum of the phase durations, seconds."""
+        """Sum of the phase durations, seconds (a phase that runs until decided: its minimum)."""
         return sum(p.duration for p in self.phases)
+
+    @property
+    def longest(self) -> float:
+        """Sum of the most each phase may last, seconds (``PhaseSpec.longest``)."""
+        return sum(p.longest for p in self.phases)
 
     def hop(self, name: str) -> HopSpec | None:
         """The hop of ``path`` called ``name``; None when there is none."""

@@ -32,6 +32,9 @@ __all__ = [
     "EndRule",
     "ErrorInfo",
     "FaultEvent",
+    "FaultSpan",
+    "IN_FLIGHT",
+    "PHASE_SCOPE",
     "Hangup",
     "MetricSample",
     "Note",
@@ -40,6 +43,7 @@ __all__ = [
     "StreamRecord",
     "TAP_EVENT_KINDS",
     "TapRecord",
+    "foreign_content_type",
     "from_json",
     "iter_journal",
     "read_jsonl",
@@ -85,8 +89,15 @@ class ErrorInfo:
 
     ``cause`` tells a ``read`` failure's ways apart, as the socket showed them: ``bare_eof`` (the
     peer closed the connection cleanly in the middle of a framed body: a truncated 200),
-    ``reset`` (a TCP reset), ``no_response`` (closed before any response head). None where the
-    client could not tell, and in journals written before it existed."""
+    ``reset`` (a TCP reset), ``no_response`` (closed before any response head), ``stale_connection``
+    (a reset or EOF before any byte of the answer on a kept-alive connection that had served a
+    response before: the server closed it after that response, which the message names by status
+    and request id, so the loss is that response's, not a new failure). A ``timeout``'s cause says
+    which: ``connect_timeout`` (the TCP connect's own limit: the request never reached the server),
+    ``no_connection`` (the request timeout ran out before a connection was had: never sent), or
+    ``request_timeout`` (sent, and no complete response within the request timeout: the client left
+    a request the server may still serve). None where the client could not tell, and in journals
+    written before it existed."""
 
     kind: str
     message: str
@@ -128,6 +139,9 @@ class StreamRecord:
     server: str | None = None  # the response's Server header: who answered (nginx names itself; see sla.proxy_fix)
     via: str | None = None  # its Via header (Caddy and other gateways add one)
     content_encoding: str | None = None  # its Content-Encoding (gzip: a compressing hop, which may hold the stream)
+    # its Content-Type as sent ("" when the response had none; None: no response, or a journal from before)
+    content_type: str | None = None
+    x_accel_buffering: str | None = None  # its X-Accel-Buffering ("no": nginx's proxy buffering is off for it)
     finish_reason: str | None = None
     done_seen: bool = False
     in_band_error: str | None = None  # an {"error": ...} event inside the stream
@@ -142,6 +156,7 @@ class StreamRecord:
     sse_errors: int = 0  # malformed SSE framing (e.g. data after [DONE])
     read_count: int = 0  # network reads that delivered bytes
     split_chars: int = 0  # multibyte characters that arrived split across reads
+    repeated_events: int = 0  # content events whose whole payload (data, SSE id) repeated the one before
 
     @property
     def complete(self) -> bool:
@@ -202,7 +217,11 @@ class FaultEvent:
 
     ``plan`` is written (and fsync'd) before an inject and carries ``undo``: what will be changed
     and how a later process can undo it. ``evidence`` proves the fault took effect (a toxic as the
-    proxy lists it, a clock read back) or says what was undone.
+    proxy lists it, a clock read back) or says what was undone. ``scope`` (on ``plan``): whom the
+    fault can touch, ``in_flight`` (every stream alive while it is in force) or ``phase`` (only
+    streams sent in its own phase: a client fault's rule is drawn, a stream hop's rules are taken,
+    when a request is sent); a journal
+    written before it existed reads by its kind (``_old_scope``).
     """
 
     type: ClassVar[str] = "fault"
@@ -216,6 +235,7 @@ class FaultEvent:
     undo: dict[str, Any] = field(default_factory=dict)
     message: str = ""
     t_started: int | None = None  # inject, revert: when the step began (``t`` is when it returned)
+    scope: str = "in_flight"  # IN_FLIGHT | PHASE_SCOPE: whom it can touch (``Observations.population``)
 
 
 @dataclass(frozen=True)
@@ -229,6 +249,14 @@ class PhaseWindow:
     t_start: int
     t_end: int | None = None
     t_in_force: int | None = None
+    # a phase that runs until its verdicts decide (``duration: {min, max}``): how many sequential looks
+    # it made (0: a phase of fixed length), and what ended it: "decided" (every verdict judged on it
+    # was) or "max" (its longest allowed time); None for a fixed phase. ``chaos.execution.sequential``
+    looks: int = 0
+    stopped_by: str | None = None
+    # when the look that ended it was taken: its verdicts judge the streams that had ended by then, the
+    # data that look decided on (a stream still running then is left out: ``sequential_view``)
+    t_decided: int | None = None
 
 
 @dataclass(frozen=True)
@@ -353,12 +381,35 @@ def to_json(record: Record) -> str:
     return line
 
 
+def foreign_content_type(content_type: str | None) -> bool:
+    """Whether a response's Content-Type says it is not an event stream: one was sent and its media
+    type (case-insensitive, parameters such as ``; charset=utf-8`` aside) is not ``text/event-stream``.
+    A missing one ("" or None) is not: a homemade server or a proxy may drop the header and still
+    stream valid SSE, which is parsed and judged as such. Pure."""
+    if not content_type:
+        return False
+    return content_type.split(";", 1)[0].strip().lower() != "text/event-stream"
+
+
+# fault kinds whose rule a request takes when it is sent (``Fault.scope`` = "phase"): what a journal
+# written before ``FaultEvent.scope`` existed meant for them (this module imports no fault to ask)
+_PHASE_KINDS = ("client.", "stream.")
+
+
+def _old_scope(kind: str) -> str:
+    """A fault event's scope when its line has none (a journal from before it): by its kind. Pure."""
+    return PHASE_SCOPE if kind.startswith(_PHASE_KINDS) else IN_FLIGHT
+
+
 def from_json(line: str | dict[str, Any]) -> Record:
     """One JSON line (or its parsed dict) → the record it came from."""
     body = dict(json.loads(line) if isinstance(line, str) else line)
     cls = _TYPES[body.pop("type")]
     names = {f.name for f in fields(cls)}
     kwargs = {k: v for k, v in body.items() if k in names}
+    if cls is FaultEvent and "scope" not in kwargs:
+        # re-verifying an old journal must judge its client and stream faults' streams as they were
+        kwargs["scope"] = _old_scope(str(kwargs.get("kind", "")))
     for key, nested in _NESTED.items():
         if cls is StreamRecord and isinstance(kwargs.get(key), dict):
             kwargs[key] = nested(**kwargs[key])
@@ -394,6 +445,70 @@ def read_jsonl(lines: Iterable[str]) -> Iterator[Record]:
         body = json.loads(line)
         if body.get("type") in _TYPES:
             yield from_json(body)
+
+
+IN_FLIGHT = "in_flight"  # a fault's scope: it touches every stream alive while it is in force
+PHASE_SCOPE = "phase"  # a fault's scope: it touches only streams sent in its own phase (client, stream faults)
+_NEVER = 1 << 63  # an end not recorded (a fault never reverted, a stream cut by a killed run): the run's end
+
+
+@dataclass(frozen=True)
+class FaultSpan:
+    """One fault's time in force, as its events recorded it: from its inject's ``t_started`` (else its
+    plan) to its revert's ``t`` (else its last error or rollback; ``end`` None: the run's end)."""
+
+    fault: str
+    phase: str
+    scope: str
+    start: int
+    end: int | None
+
+    def touches(self, stream: StreamRecord) -> bool:
+        """Whether ``stream`` is this fault's: its life [t_sent, t_end or the run's end] overlaps the
+        span (an ``in_flight`` fault), or it was sent in the fault's phase while it was in force (a
+        ``phase`` one: its rule is drawn when a request is sent)."""
+        sent, end = stream.t_sent, self.end if self.end is not None else _NEVER
+        if sent is None:
+            return False
+        if self.scope == PHASE_SCOPE:
+            return stream.phase == self.phase and self.start <= sent < end
+        return sent < end and (stream.t_end if stream.t_end is not None else _NEVER) > self.start
+
+
+def _merged(spans: list[FaultSpan]) -> list[tuple[int, int]]:
+    """The spans as disjoint [start, end) intervals in order (an open end: ``_NEVER``)."""
+    out: list[tuple[int, int]] = []
+    for start, end in sorted((w.start, w.end if w.end is not None else _NEVER) for w in spans):
+        if out and start < out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def _spans(events: Iterable[FaultEvent]) -> list[FaultSpan]:
+    """Every fault's time in force (``FaultSpan``), in order of start; each ``plan`` opens one."""
+    open_: dict[str, dict[str, Any]] = {}
+    done: list[dict[str, Any]] = []
+    for event in sorted(events, key=lambda e: e.t):
+        span = open_.get(event.fault)
+        if span is None and event.action not in ("plan", "inject"):
+            continue  # nothing in force to end (a rollback after the revert)
+        if event.action == "plan" or span is None:  # an inject without a plan: a journal cut at its head
+            span = {"fault": event.fault, "phase": event.phase, "scope": event.scope, "start": event.t, "end": None,
+                    "fallback": None}
+            open_[event.fault] = span
+            done.append(span)
+        if event.action == "inject":
+            span["start"] = event.t_started if event.t_started is not None else span["start"]
+        elif event.action == "revert":
+            span["end"] = event.t
+            del open_[event.fault]  # a later event of this name (another run's rollback) opens its own
+        elif event.action in ("error", "rollback"):
+            span["fallback"] = event.t
+    spans = [FaultSpan(d["fault"], d["phase"], d["scope"], d["start"],
+                       d["end"] if d["end"] is not None else d["fallback"]) for d in done]
+    return sorted(spans, key=lambda w: w.start)
 
 
 # Series the run records about its own GPU and host (chaos.execution.telemetry, chaos.host.contention),
@@ -459,8 +574,80 @@ class Observations:
         return stream.is_complete(self.end_rule)
 
     def population(self, phase: str | None = None) -> list[StreamRecord]:
-        """The streams an SLA judges: not background load, in ``phase`` if given."""
-        return [s for s in self.streams if not s.background and (phase is None or s.phase == phase)]
+        """The streams an SLA judges: never background load; for ``phase``, the streams sent in it that
+        no ``in_flight`` fault of another phase touched, and the streams sent elsewhere that one of its
+        own touched (``FaultSpan.touches``). A stream is judged by the fault it lived through, not by
+        when it was sent: on a slow engine a stream sent just before a kill outlives its phase and ends
+        in the kill's error, which is the kill's, not the baseline's. ``phase`` None: the whole run."""
+        if phase is None:
+            return [s for s in self.streams if not s.background]
+        spans = [w for w in self.fault_spans() if w.scope == IN_FLIGHT]
+        if not spans:
+            return [s for s in self.streams if not s.background and s.phase == phase]
+        own = _merged([w for w in spans if w.phase == phase])
+        other = _merged([w for w in spans if w.phase != phase])
+        # inlined, not a call per stream, and the envelope first (most streams lie outside every span):
+        # a journal holds up to 100k streams, and this runs once per verdict
+        sides = {True: (other[0][0], other[-1][1], other) if other else (_NEVER, -1, other),
+                 False: (own[0][0], own[-1][1], own) if own else (_NEVER, -1, own)}
+        out = []
+        for s in self.streams:
+            if s.background:
+                continue
+            mine = s.phase == phase
+            lo, hi, windows = sides[mine]
+            sent, touched = s.t_sent, False
+            if sent is not None and sent < hi:
+                end = s.t_end if s.t_end is not None else _NEVER
+                if end > lo:
+                    for a, b in windows:
+                        if sent < b and end > a:
+                            touched = True
+                            break
+            if touched is not mine:
+                out.append(s)
+        return out
+
+    def fault_spans(self) -> list[FaultSpan]:
+        """Each fault's time in force, in order of start (``FaultSpan``)."""
+        return _spans(self.faults)
+
+    def touched(self) -> dict[str, list[str]]:
+        """``{fault: [stream ids]}``: the streams (background load left out) each fault touched, every
+        fault the journal names listed (an empty list: it touched none)."""
+        spans = self.fault_spans()
+        out: dict[str, list[str]] = {w.fault: [] for w in spans}
+        for s in self.streams:
+            if s.background or s.t_sent is None:
+                continue
+            for w in spans:
+                if w.touches(s) and (not out[w.fault] or out[w.fault][-1] != s.id):
+                    out[w.fault].append(s.id)
+        return out
+
+    def moves(self) -> dict[str, dict[str, dict[str, int]]]:
+        """Per phase, the streams ``population`` moved: ``{phase: {"moved_in": {fault: n}, "moved_out":
+        {fault: n}}}`` — sent elsewhere and touched by a fault of the phase, or sent in it and touched by
+        a fault of another; each stream counted once per phase, under the first fault (by start) that
+        took it. Phases that gained or lost none are left out."""
+        spans = [w for w in self.fault_spans() if w.scope == IN_FLIGHT]
+        out: dict[str, dict[str, dict[str, int]]] = {}
+        if not spans:
+            return out
+        merged = _merged(spans)
+        lo, hi = merged[0][0], merged[-1][1]
+        for s in self.streams:
+            if s.background or s.t_sent is None or s.t_sent >= hi or (s.t_end is not None and s.t_end <= lo):
+                continue  # outside every span: most streams, skipped without a call per span
+            first: dict[str, str] = {}  # phase -> the first of its faults that touched the stream
+            for w in spans:
+                if w.phase != s.phase and w.phase not in first and w.touches(s):
+                    first[w.phase] = w.fault
+            for phase, fault in first.items():
+                _count(out, phase, "moved_in", fault)
+            if first:
+                _count(out, s.phase, "moved_out", next(iter(first.values())))
+        return out
 
     def phase(self, name: str) -> PhaseWindow | None:
         return next((p for p in self.phases if p.name == name), None)
@@ -499,3 +686,8 @@ class Observations:
             f.write(json.dumps({"type": "run", "experiment": self.experiment, "wall_t0": self.wall_t0,
                                 "t0": self.t0}) + "\n")
             write_jsonl(self.records(), f)
+
+
+def _count(moves: dict[str, dict[str, dict[str, int]]], phase: str, way: str, fault: str) -> None:
+    counts = moves.setdefault(phase, {"moved_in": {}, "moved_out": {}})[way]
+    counts[fault] = counts.get(fault, 0) + 1

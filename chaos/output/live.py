@@ -30,7 +30,7 @@ from chaos.model.observations import (
 )
 from chaos.output.progress import describe
 
-__all__ = ["LOAD_STOPS", "LiveProgress", "Snapshot", "Tally", "format_line"]
+__all__ = ["LOAD_STOPS", "LiveProgress", "Snapshot", "Tally", "format_line", "remaining_text"]
 
 WINDOW_S = 5.0  # rates are over the last few seconds
 # stages after which the load is over: the figures freeze there (streams a stop cut are not errors of the load)
@@ -43,7 +43,7 @@ class Snapshot:
 
     phase: str
     elapsed_s: float  # in the phase
-    remaining_s: float | None  # None: no planned duration
+    remaining_s: float | None  # None: no planned duration; a phase that runs until decided: to its min
     phase_index: int
     phases: int
     streams_per_s: float
@@ -54,6 +54,7 @@ class Snapshot:
     errors: int
     early_closes: int
     faults: tuple[str, ...]
+    up_to_s: float | None = None  # a phase that runs until decided: the most it has left (to its max)
 
 
 @dataclass
@@ -61,6 +62,7 @@ class Tally:
     """The running figures, fed by events; ``snapshot(now_ns)`` reads them. Pure (no clock of its own)."""
 
     durations: dict[str, float] = field(default_factory=dict)
+    longest: dict[str, float] = field(default_factory=dict)  # phases that run until decided: their max
     order: list[str] = field(default_factory=list)
     phase: str = ""
     phase_start: int | None = None
@@ -79,8 +81,9 @@ class Tally:
         if self.stopped_at is None:
             self.stopped_at = t_ns
 
-    def start(self, phases: tuple[tuple[str, float], ...]) -> None:
+    def start(self, phases: tuple[tuple[str, float], ...], ranged: tuple[tuple[str, float], ...] = ()) -> None:
         self.durations = dict(phases)
+        self.longest = dict(ranged)
         self.order = [name for name, _ in phases]
 
     def add(self, event: Any) -> None:
@@ -127,7 +130,7 @@ class Tally:
         # over the last WINDOW_S seconds, or since the first phase began when that is more recent
         span = WINDOW_S if self.first_start is None else min(WINDOW_S, max(1e-3, (now_ns - self.first_start) / NS))
         elapsed = max(0.0, (now_ns - self.phase_start) / NS) if self.phase_start is not None else 0.0
-        planned = self.durations.get(self.phase)
+        planned, top = self.durations.get(self.phase), self.longest.get(self.phase)
         p50 = p99 = None
         if self.ttft_s:
             p50, p99 = (float(x) for x in np.quantile(np.asarray(self.ttft_s), (0.5, 0.99)))
@@ -137,7 +140,7 @@ class Tally:
             phase_index=self.order.index(self.phase) + 1 if self.phase in self.order else 0, phases=len(self.order),
             streams_per_s=len(self.recent) / span, events_per_s=sum(n for _, n in self.recent) / span,
             ttft_p50_s=p50, ttft_p99_s=p99, streams=self.streams, errors=self.errors, early_closes=self.early,
-            faults=tuple(sorted(self.faults)),
+            faults=tuple(sorted(self.faults)), up_to_s=None if top is None else max(0.0, top - elapsed),
         )
 
 
@@ -145,9 +148,22 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.1f}ms"
 
 
+def remaining_text(s: Snapshot, *, short: bool = False) -> str | None:
+    """What is left of the phase: ``12.0s``; for one that runs until decided, ``12.0s to its min, up to
+    92.0s`` before its min and ``until decided, up to 68.4s`` past it, not "0.0s left" (``short``, for
+    the panel's column: ``12.0s–92.0s``, ``up to 68.4s``). Pure."""
+    if s.up_to_s is not None:
+        if s.remaining_s is not None and s.remaining_s >= 0.05:  # what would read "0.0s" is past it
+            between = "–" if short else " to its min, up to "
+            return f"{s.remaining_s:.1f}s{between}{s.up_to_s:.1f}s"
+        return f"{'' if short else 'until decided, '}up to {s.up_to_s:.1f}s"
+    return None if s.remaining_s is None else f"{s.remaining_s:.1f}s"
+
+
 def format_line(s: Snapshot) -> str:
     """One plain line of figures. Pure."""
-    remaining = "" if s.remaining_s is None else f", {s.remaining_s:.1f}s left"
+    left = remaining_text(s)
+    remaining = "" if left is None else f", {left} left"
     return (f"phase {s.phase} ({s.phase_index}/{s.phases}) {s.elapsed_s:.1f}s{remaining}: "
             f"{s.streams_per_s:.1f} streams/s, {s.events_per_s:.0f} events/s, TTFT p50 {_ms(s.ttft_p50_s)} "
             f"p99 {_ms(s.ttft_p99_s)}, {s.streams} streams, {s.errors} errors, {s.early_closes} early closes, "
@@ -164,7 +180,7 @@ def _table(s: Snapshot) -> Any:
     figures = Table(title=f"phase {s.phase} ({s.phase_index}/{s.phases})", title_justify="left")
     for column in ("elapsed", "remaining", "streams/s", "events/s", "TTFT p50", "TTFT p99"):
         figures.add_column(column, justify="right", no_wrap=True)
-    figures.add_row(f"{s.elapsed_s:.1f}s", "-" if s.remaining_s is None else f"{s.remaining_s:.1f}s",
+    figures.add_row(f"{s.elapsed_s:.1f}s", remaining_text(s, short=True) or "-",
                     f"{s.streams_per_s:.1f}", f"{s.events_per_s:.0f}", _ms(s.ttft_p50_s), _ms(s.ttft_p99_s))
     counts = Table()
     for column in ("streams", "errors", "early closes"):
@@ -215,7 +231,7 @@ class LiveProgress:
     def _on_event(self, event: RunEvent) -> None:
         if isinstance(event, RunStarted):
             self.started = time.monotonic()
-            self.tally.start(event.phases)
+            self.tally.start(event.phases, event.ranged)
             if self.interactive:
                 self._start_live()
         closing_phase = isinstance(event, PhaseWindow) and event.t_end is not None and event.name == self.tally.phase

@@ -29,7 +29,8 @@ def replay(experiment: Experiment, run_dir: Path) -> Result:
     bus = EventBus([_Collector(obs), ReportWriter(json_name="verify.json", html_name="verify.html", junit_name=None,
                                                   replace=True)])
     bus.emit(RunStarted(obs.experiment, str(run_dir), obs.t0, obs.wall_t0,
-                        tuple((p.name, p.duration) for p in experiment.phases)))
+                        tuple((p.name, p.duration) for p in experiment.phases),
+                        tuple((p.name, p.max_duration) for p in experiment.phases if p.max_duration is not None)))
     for body in iter_journal(journal):
         if body.get("type") in RECORD_TYPES:
             bus.emit(from_json(body))

@@ -11,7 +11,7 @@ import math
 import re
 import shutil
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -22,6 +22,7 @@ from chaos.host.redact import redact, redact_bytes
 from chaos.host.runfiles import replace_file, write_new
 from chaos.model.observations import Observations
 from chaos.output.render import verdict_label, verdict_line, verdict_table
+from chaos.output.reports.phases import until_text
 
 if TYPE_CHECKING:
     from chaos.execution.result import Result
@@ -106,36 +107,62 @@ def _clean_dict(value: dict[str, Any]) -> dict[str, Any]:
     return {str(k): _clean(v) for k, v in value.items()}
 
 
-def phase_report(obs: Observations, planned: dict[str, float]) -> list[dict[str, Any]]:
-    """Each phase's window (seconds from the run's start) and its planned vs actual duration: from
-    when its faults were in force to when their revert began (``chaos.execution.coverage``)."""
-    ends = {p.name: p.t_end for p in obs.phases if p.t_end is not None}
+def phase_report(obs: Observations, planned: dict[str, float],
+                 planned_max: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
+    """Each phase's window (seconds from the run's start) and its planned vs actual duration: the
+    actual is its real length, start to end, its injects and reverts included (a restart the revert
+    waited for too); ``in_force_duration_s`` the planned part, from when its faults were in force to
+    when their revert began (``chaos.execution.coverage``). A phase that runs until decided has its
+    max (``planned_max``: phase name → seconds) as ``planned_max_s``, and its ``looks`` and
+    ``stopped_by`` (``PhaseWindow``); a fixed phase None, 0 and None."""
+    tops = planned_max or {}
+    windows = {w.name: w for w in obs.phases}
     return [
         {"name": pt.name, "start_s": pt.start_s, "in_force_at_s": pt.in_force_at_s,
-         "end_s": None if pt.name not in ends else round((ends[pt.name] - obs.t0) / 1e9, 4),
-         "planned_duration_s": pt.planned_s,
-         "actual_duration_s": None if pt.actual_s is None else round(pt.actual_s, 4)}
+         "reverts_at_s": pt.reverts_at_s, "end_s": pt.end_s, "planned_duration_s": pt.planned_s,
+         "planned_max_s": tops.get(pt.name), "looks": windows[pt.name].looks if pt.name in windows else 0,
+         "stopped_by": windows[pt.name].stopped_by if pt.name in windows else None,
+         "actual_duration_s": _round(pt.actual_s), "in_force_duration_s": _round(pt.in_force_s),
+         "reverts_took_s": _round(pt.reverts_s)}
         for pt in phase_times(obs, planned)
     ]
 
 
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
 def fault_report(obs: Observations, planned: dict[str, float]) -> list[dict[str, Any]]:
-    """``fault_timeline`` plus each fault's planned vs actual time in force (inject returned → revert began)."""
+    """``fault_timeline`` plus each fault's planned vs actual time in force (inject began → revert completed)."""
     times = {ft.name: ft for ft in fault_times(obs, planned)}
+    touches = fault_touches(obs)
     out = []
     for entry in fault_timeline(obs):
         ft = times.get(entry["name"])
         actual = None if ft is None or ft.in_force_s is None else round(ft.in_force_s, 4)
         coverage = None if ft is None or ft.coverage is None else round(ft.coverage, 4)
         out.append({**entry, "revert_started_at": None if ft is None else ft.revert_started_at_s,
+                    "revert_took_s": None if ft is None else _round(ft.revert_s),
                     "planned_in_force_s": None if ft is None else ft.planned_s, "actual_in_force_s": actual,
-                    "coverage": coverage})
+                    "coverage": coverage, **touches.get(entry["name"], {})})
     return out
+
+
+def fault_touches(obs: Observations) -> dict[str, dict[str, int]]:
+    """Per fault, the streams it touched (``Observations.touched``: alive while it was in force, or
+    for a client fault sent in its phase then) and how many of them were sent in another phase: those
+    its phase's verdicts judge instead (``Observations.population``)."""
+    sent_in = {s.id: s.phase for s in obs.streams}
+    phase_of = {w.fault: w.phase for w in obs.fault_spans()}
+    return {fault: {"touched_streams": len(ids),
+                    "moved_from_other_phases": sum(1 for i in ids if sent_in.get(i) != phase_of[fault])}
+            for fault, ids in obs.touched().items()}
 
 
 def report_dict(result: Result) -> dict[str, Any]:
     obs: Observations = result.observations
     planned = {p.name: p.duration for p in result.experiment.phases}
+    planned_max = {p.name: p.max_duration for p in result.experiment.phases if p.max_duration is not None}
     population = obs.population()
     target = result.target
     return _clean_dict({
@@ -157,7 +184,7 @@ def report_dict(result: Result) -> dict[str, Any]:
             "upstream": result.proxy.upstream,
         },
         "path": path_report(obs),
-        "phases": phase_report(obs, planned),
+        "phases": phase_report(obs, planned, planned_max),
         "faults": fault_report(obs, planned),
         "environment": environment(obs),
         "gpu": gpu_summary(obs),
@@ -292,6 +319,7 @@ def render_summary(result: Result, *, page_name: str = "report.html", width: int
         + f", exit {result.exit_code}"
     )
     lines.extend(timing_lines(report))
+    lines.extend(moved_lines(report))
     if result.status == "halted":
         for entry in report["errors"]["top"]:
             lines.append(f"  {entry['count']:>6} x {entry['message']}")
@@ -314,17 +342,33 @@ def timing_lines(report: dict[str, Any]) -> list[str]:
     """One line per phase: planned vs actual duration, and each of its faults' actual vs planned time in force."""
     lines = []
     for phase in report.get("phases") or []:
-        text = (f"phase {phase['name']}: {_secs(phase.get('actual_duration_s'))} of {phase['planned_duration_s']:g}s "
-                "planned")
+        top, until = phase.get("planned_max_s"), until_text(phase)
+        text = (f"phase {phase['name']}: {_secs(phase.get('actual_duration_s'))} of {phase['planned_duration_s']:g}s"
+                + ("" if top is None else f"–{top:g}s") + " planned" + ("" if until is None else f" ({until})"))
         start, in_force = phase.get("start_s"), phase.get("in_force_at_s")
-        if in_force is not None and start is not None and in_force - start >= 0.01:
-            text += f" (its injects took {in_force - start:.2f}s)"
+        took = [f"its injects took {in_force - start:.2f}s"] if (
+            in_force is not None and start is not None and in_force - start >= 0.01) else []
+        if (reverts := phase.get("reverts_took_s")) is not None and reverts >= 0.01:
+            took.append(f"its reverts {reverts:.2f}s")
+        if took:
+            text += f" ({', '.join(took)}; faults in force {_secs(phase.get('in_force_duration_s'))} of it)"
         for fault in report.get("faults") or []:
             if fault.get("phase") == phase["name"]:
                 text += (f"; {fault['name']} in force {_secs(fault.get('actual_in_force_s'))} of "
                          f"{fault['planned_in_force_s']:g}s")
+                outage = (fault.get("revert_evidence") or {}).get("outage_s")
+                if isinstance(outage, (int, float)):
+                    text += f", outage {outage:.2f}s (kill sent to serving again)"
         lines.append(text)
     return lines
+
+
+def moved_lines(report: dict[str, Any]) -> list[str]:
+    """One line per fault that took streams sent in another phase (judged in its phase instead:
+    ``Observations.population``)."""
+    return [f"{f['name']} touched {f['touched_streams']} streams, {f['moved_from_other_phases']} of them sent in "
+            f"another phase: judged in {f.get('phase') or '-'}, where the fault was"
+            for f in report.get("faults") or [] if f.get("moved_from_other_phases")]
 
 
 _XML_INVALID = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")

@@ -351,6 +351,28 @@ class Hooks:
 
     # -- hook points ---------------------------------------------------------------------------
 
+    def selects(self, request_id: str, where: str) -> int | None:
+        """Whether a timeout or abort at ``where`` can still hit this request: None when none can, else
+        the fewest SSE events (``after_events``) that must have gone out before one may fire.
+
+        It decides the request's match for each such fault now, as the first ``due`` check would (the
+        same k-th request is matched), so a caller told None need not check ``where`` again for this
+        request: a fault installed later spares the requests already under way. This is how the ASGI
+        middleware checks ``mid_stream`` once a request instead of once a chunk."""
+        now = self._clock()
+        fewest: int | None = None
+        with self._lock:
+            arrival = self._arrivals.get(request_id)
+            if arrival is None:
+                return None
+            for f in self._faults.values():
+                spec = f.spec
+                if (not isinstance(spec, TimeoutSpec) or spec.where != where or f.expired(now)
+                        or arrival < f.installed_at or not self._matches(f, spec, request_id)):
+                    continue
+                fewest = spec.after_events if fewest is None else min(fewest, spec.after_events)
+        return fewest
+
     def check(self, request_id: str, where: str) -> None:
         """Event-loop hook points (detokenize, send): raise ``asyncio.TimeoutError`` when due."""
         due = self.due(request_id, where)

@@ -8,7 +8,9 @@ stack's admin protocol with it (``chaos.stack.admin``): every route but ``/admin
 never the command line); hook faults are leases that end by themselves unless renewed.
 
 What it can do inside vLLM: timeouts and aborts at the ASGI points (``chaos.stack.asgi_faults``:
-``first_byte``, ``mid_stream``, ``request_body``) and event-loop stalls (CPU work on vLLM's API-server
+``first_byte``, ``mid_stream``, ``request_body``; a request hit before its headers is answered 500
+with ``Connection: close``, not left to vLLM's keep-alive 500 and the close after its traceback)
+and event-loop stalls (CPU work on vLLM's API-server
 loop, as a slow tokenizer holding the GIL would). What it cannot: the builtin engine's own points
 (``engine_step``, ``detokenize``, ``send``), engine-thread stalls, Nagle on accepted sockets, KV
 reservations; those are refused with the reason (``kv.pressure`` drives vLLM's cache with streams).

@@ -119,10 +119,16 @@ class KubernetesTarget(Target):
         return cls(spec, start.url, start.gate)
 
     @classmethod
+    def startup_allowance_s(cls, spec: TargetSpec) -> float | None:
+        # ``start`` waits up to startup_timeout for a Ready pod, then up to startup_timeout again for it to answer
+        return 2 * spec.startup_timeout
+
+    @classmethod
     async def dry_run(cls, exp: Experiment, url: str | None, probe: bool, out: Account) -> tuple[TargetInfo, bool]:
         info = await resolved_cluster_target(exp, probe, out)
-        out.say(f"start-up allowance {format_duration(exp.target.startup_timeout)} (target.startup_timeout) for a pod "
-                "to be Ready and answer", 1)
+        wait = format_duration(exp.target.startup_timeout)
+        out.say(f"start-up allowance {format_duration(cls.startup_allowance_s(exp.target) or 0.0)} "
+                f"(target.startup_timeout {wait} for a pod to be Ready, then {wait} for it to answer)", 1)
         return info, False
 
     def __init__(self, spec: TargetSpec, url: str | None, gate: ClusterGate | None = None) -> None:

@@ -25,7 +25,7 @@ def test_hog_streams_hold_kv_and_stay_out_of_the_slas(tmp_path: Path) -> None:
             {"name": "after", "duration": "1500ms"},
         ],
         "sla": [{"kind": "errors", "budget": "0%"}, {"kind": "kv_cleanup", "within": "2s"}],
-        "safety": {"cleanup_window": "2s"},
+        "safety": {"cleanup_window": "3s"},
     })
     result = run(exp, out_dir=tmp_path / "run", handle_signals=False)
     assert result.status == "completed", result.error

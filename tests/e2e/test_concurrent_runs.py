@@ -21,7 +21,7 @@ EXPERIMENT = {
         {"name": "pressure", "duration": "2s", "faults": [{"kind": "kv.pressure", "blocks": 20}]},
     ],
     "sla": [{"kind": "errors", "budget": "0%"}, {"kind": "kv_cleanup", "within": "2s"}],
-    "safety": {"max_duration": "1m", "cleanup_window": "1s", "drain_timeout": "5s"},
+    "safety": {"max_duration": "1m", "cleanup_window": "2500ms", "drain_timeout": "5s"},
 }
 
 

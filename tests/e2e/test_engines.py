@@ -30,7 +30,7 @@ def _experiment(name: str, **overrides: Any) -> dict[str, Any]:
         "phases": [{"name": "steady", "duration": "3s"}],
         "sla": [{"kind": "early_close", "budget": "0%"}, {"kind": "errors", "budget": "0%"},
                 {"kind": "kv_cleanup", "within": "2s"}],
-        "safety": {"max_duration": "90s", "cleanup_window": "1s", "drain_timeout": "10s"},
+        "safety": {"max_duration": "90s", "cleanup_window": "2500ms", "drain_timeout": "10s"},
     }
     body.update(overrides)
     return body
@@ -120,7 +120,7 @@ def test_a_target_that_dies_mid_run_halts_it_with_the_top_errors(tmp_path: Path)
     killer = threading.Timer(2.5, lambda: os.kill(stack.pid, signal.SIGKILL))
     try:
         exp = experiment_from_dict(_experiment("dies", phases=[{"name": "long", "duration": "60s"}],
-                                               safety={"max_duration": "2m", "cleanup_window": "1s"}))
+                                               safety={"max_duration": "2m", "cleanup_window": "2500ms"}))
         killer.start()
         result = run(exp, target_url=stack.base_url, out_dir=tmp_path / "run", handle_signals=False)
     finally:
@@ -130,7 +130,9 @@ def test_a_target_that_dies_mid_run_halts_it_with_the_top_errors(tmp_path: Path)
     assert "the target looks dead" in (result.error or "")
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     top = report["halt"]["top_errors"]
-    assert top and top[0]["message"].startswith("connect:") and top[0]["count"] >= 10, top
+    # the clients back off on the refusals (load.connect_backoff): two of them try ~5 times each in the 10 s
+    # without an answer that halts the run (halt.DEAD_QUIET_S), not one every 50 ms
+    assert top and top[0]["message"].startswith("connect:") and top[0]["count"] >= 3, top
     assert report["errors"]["top"][0]["count"] >= top[0]["count"]
     assert result.ended - result.started < 30  # it did not fire failing requests for the whole 60s phase
 

@@ -32,13 +32,14 @@ def _e(t: float, failed: bool = False, answered: bool = True, ttft: float | None
 
 def _clocked_watcher(halts: list[str]) -> tuple[HaltWatcher, Callable[[int, float, bool], None], list[int]]:
     """A watcher with default safety on a clock of its own (``clock[0]``, ns), and ``stream(i, t_s,
-    failed)``: a stream that ended at ``t_s`` seconds (refused when ``failed``), the clock moved there first."""
+    failed)``: a stream that ended at ``t_s`` seconds (refused when ``failed``, else answered 200), the clock
+    moved there first."""
     clock = [0]
     watcher = HaltWatcher(SafetySpec(), halts.append, lambda n: None, clock=lambda: clock[0])
 
     def stream(i: int, t_s: float, failed: bool) -> None:
         clock[0] = int(t_s * NS)
-        watcher.on_event(StreamRecord(id=str(i), phase="p", t_end=clock[0],
+        watcher.on_event(StreamRecord(id=str(i), phase="p", t_end=clock[0], status=None if failed else 200,
                                       error=ErrorInfo("connect", "refused") if failed else None))
 
     return watcher, stream, clock
@@ -58,6 +59,20 @@ def test_dead_later_95_percent_over_2_seconds() -> None:
     assert dead_target(healthy, int(3 * NS)) is None
     assert dead_target(healthy + dying[:30], int(3.3 * NS)) is None  # the successes still in the window
     assert "failed (>= 95%)" in (dead_target(healthy + dying, int(5.2 * NS)) or "")
+
+
+def test_dead_when_clients_backing_off_get_no_answer_for_10_seconds() -> None:
+    """Closed-loop clients that back off on refused connections end a few streams a window, never 20
+    in 2 s: ten quiet seconds of unanswered streams are a dead target too, not an outage to sit out."""
+    healthy = [_e(i * 0.1, answered=True) for i in range(20)]  # 2 s answered
+    backing_off = [_e(2 + t, failed=True, answered=False) for t in (0.5, 1.5, 3.5, 7.5, 12.5)]
+    assert dead_target(healthy + backing_off[:3], int(6 * NS)) is None  # answered streams still in the window
+    assert "got an answer" in (dead_target(healthy + backing_off, int(14.6 * NS)) or "")
+    assert dead_target(healthy + backing_off[:2], int(14.6 * NS)) is None  # fewer than 3 ended: nothing decided
+    # a planned outage ended at 9.6 s: its refusals before then do not count
+    assert dead_target(healthy + backing_off, int(14.6 * NS), since=int(9.6 * NS)) is None
+    young = [_e(0.5 + t, failed=True, answered=False) for t in (0.0, 1.0, 3.0)]
+    assert dead_target(young, int(5 * NS)) is None  # streams for less than 10 s: too early to tell
 
 
 def test_error_share_ttft_and_target_down() -> None:
@@ -166,3 +181,56 @@ def test_the_count_of_kept_failures_follows_the_window_and_a_late_death_still_ha
     for i in range(40):
         stream(200 + i, 20 + i * 0.05, failed=True)  # then the target dies
     assert len(halts) == 1 and "looks dead" in halts[0]
+
+
+def _tick(watcher: HaltWatcher, clock: list[int], t_s: float) -> None:
+    """The watcher's timer firing at ``t_s`` (no loop here: called by hand)."""
+    clock[0] = int(t_s * NS)
+    watcher._tick()
+
+
+def test_the_watcher_keeps_ten_seconds_for_the_no_answer_rule() -> None:
+    """The rule reads 10 s; the watcher forgot answered streams after 3 s, so three refusals in a row
+    after 80 answered streams halted a healthy run at 23.2 s ("none of the 3 streams ... in the last 10s")."""
+    halts: list[str] = []
+    watcher, stream, clock = _clocked_watcher(halts)
+    for i in range(80):
+        stream(i, 19.9 - (79 - i) * 0.25, failed=False)  # answered until 19.9 s
+    for i, t in enumerate((20.5, 21.5, 23.2)):
+        stream(100 + i, t, failed=True)
+    _tick(watcher, clock, 25.0)
+    assert not halts  # the answer at 19.9 s is 5.1 s old: inside the 10 s
+    stream(200, 27.0, failed=True)
+    _tick(watcher, clock, 29.8)
+    assert not halts
+    _tick(watcher, clock, 30.0)  # now nothing answered for 10 s, and 4 streams ended unanswered in them
+    assert len(halts) == 1 and "none of the 4 streams that ended in the last 10s got an answer" in halts[0]
+    assert "(top errors: 4x connect: refused)" in halts[0]  # those older than the short windows too
+
+
+def test_after_a_restart_the_no_answer_rule_counts_only_what_ended_after_it() -> None:
+    """The outage's refusals stay in the 10 s window for 10 s after the revert, longer than the 2 s
+    hold-off (clients asleep up to 8 s in their backoff end streams seconds later): vllm-engine-kill
+    halted just after its restart succeeded."""
+    halts: list[str] = []
+    watcher, stream, clock = _clocked_watcher(halts)
+    for i in range(30):
+        stream(i, i * 0.05, failed=False)  # a healthy start
+    watcher.on_event(FaultEvent("kill", "process.kill", "plan", clock[0], undo={"pid": 1, "restart": True}))
+    for i, t in enumerate((2.5, 3.5, 5.5, 9.5, 17.5, 23.0, 25.0, 27.0, 29.0)):
+        stream(100 + i, t, failed=True)  # the clients backing off while vLLM restarts
+    clock[0] = int(30 * NS)
+    watcher.on_event(FaultEvent("kill", "process.kill", "revert", clock[0]))
+    _tick(watcher, clock, 32.5)  # past the 2 s hold-off; 4 refusals of the outage in the last 10 s
+    stream(200, 33.0, failed=True)  # a stream the kill cut ends late
+    _tick(watcher, clock, 33.5)
+    assert not halts
+    for i in range(20):
+        stream(300 + i, 34 + i * 0.1, failed=False)  # the clients wake to the restarted target
+    assert not halts
+    for i, t in enumerate((40.0, 41.5, 44.0)):
+        stream(400 + i, t, failed=True)  # then it dies for good: the rule still decides after the restart
+    _tick(watcher, clock, 45.0)
+    assert not halts  # answered 4 s ago
+    _tick(watcher, clock, 36.0 + 10.0)  # the last answer at 35.9 s
+    assert len(halts) == 1 and "none of the 3 streams that ended in the last 10s" in halts[0]

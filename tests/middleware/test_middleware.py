@@ -3,6 +3,7 @@ protocol, and each ASGI fault point observable on the wire and in the handler.""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
@@ -18,6 +19,7 @@ import httpx
 import pytest
 
 from chaos.admin.client import proof_of
+from tests.load.phased import errors, fault_then_clean
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = Path(__file__).with_name("sse_app.py")
@@ -68,11 +70,14 @@ class Server:
 
 
 @pytest.fixture
-def server() -> Iterator[Server]:
+def server(tmp_path: Path) -> Iterator[Server]:
     port, token = _free_port(), secrets.token_urlsafe(24)
     env = {**os.environ, "STREAMCHAOS_ADMIN_TOKEN": token, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, str(APP), str(port)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+    log = tmp_path / "server.log"
+    # a file, not a pipe nobody reads: a server that logs a traceback a request would block on a full pipe
+    with log.open("wb") as stderr:
+        proc = subprocess.Popen([sys.executable, str(APP), str(port)], env=env, stdout=subprocess.DEVNULL,
+                                stderr=stderr)
     srv = Server(port, token)
     try:
         deadline = time.monotonic() + 20
@@ -81,7 +86,7 @@ def server() -> Iterator[Server]:
                 httpx.get(srv.url + "/test/stats", timeout=1)
                 break
             except httpx.HTTPError:
-                assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "server exited"
+                assert proc.poll() is None, log.read_text(errors="replace")
                 assert time.monotonic() < deadline, "the test server did not answer within 20s"
                 time.sleep(0.1)
         yield srv
@@ -194,3 +199,38 @@ def test_a_lease_that_is_not_renewed_disarms_the_fault(server: Server) -> None:
     assert server.stream(n=2)[0] == 200
     expired = httpx.get(server.url + "/admin/state", headers=server.auth, timeout=5).json()["expired_leases"]
     assert [e["name"] for e in expired] == ["fault:short"]
+
+
+def _raw_post(url: str, body: bytes = b'{"max_tokens": 4}') -> bytes:
+    """One POST over a bare socket, without ``Connection: close``: everything until the server closes."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        raw = b""
+        while chunk := sock.recv(65536):  # a server that kept the connection open fails here (timeout)
+            raw += chunk
+    return raw
+
+
+@pytest.mark.parametrize("where", ["first_byte", "request_body"])
+def test_a_fault_500_closes_its_connection(server: Server, where: str) -> None:
+    """A framework's own 500 goes out keep-alive and the connection closes a moment later: a client
+    that reused it lost its next request too. The fault's answer says ``Connection: close`` and the
+    server closes after it; the body names the fault."""
+    server.arm("close", {"type": "timeout", "where": where, "every_n": 1})
+    head, _, body = _raw_post(server.url).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 500 ") and b"\r\nconnection: close" in head.lower(), head
+    assert f"injected at {where} by fault 'close'" in json.loads(body)["error"]["message"]
+
+
+def test_a_first_byte_fault_costs_one_error_a_request_and_none_to_the_next_phase(server: Server) -> None:
+    """The load client through a phase with every request hit at first_byte, then a clean phase: each
+    fault phase error is the fault's own 500 (none a request lost on a connection the 500 left
+    closing), and the clean phase has none."""
+    server.arm("fb", {"type": "timeout", "where": "first_byte", "fraction": 1.0})
+    phases = asyncio.run(fault_then_clean(server.url + "/v1", server.disarm))
+    fault, clean = phases["fault"], phases["clean"]
+    assert set(errors(fault)) == {("http", 500, None)}, errors(fault)
+    assert errors(clean) == []
+    assert len(fault) >= 8 and len(clean) >= 4, (len(fault), len(clean))

@@ -55,9 +55,10 @@ def _tool(name: str, *modules: str) -> Path | None:
         return None
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def builtin_stack() -> Iterator[StackProcess]:
-    """A builtin stack (tiny model) for the third-party parts to sit in front of."""
+    """A builtin stack (tiny model) for the third-party parts to sit in front of: one for nginx's, HAProxy's
+    and LiteLLM's modules, which run on one worker (tests/conftest.py, ONE_WORKER), not one each."""
     stack = StackProcess.start("--port", "0", timeout=60.0)
     try:
         yield stack

@@ -30,6 +30,16 @@ def _when(fault: Mapping[str, Any]) -> str:
     return text + (f" of {format_value(planned, 's')} planned)" if planned else ")")
 
 
+def _touched(fault: Mapping[str, Any]) -> str:
+    """How many streams it touched, and how many of them its phase judges though sent in another."""
+    touched = fault.get("touched_streams")
+    if touched is None:
+        return ""
+    moved = fault.get("moved_from_other_phases") or 0
+    return (f"; touched {touched} stream{'s' if touched != 1 else ''}"
+            + (f" ({moved} sent in another phase, judged in {esc(fault.get('phase') or '-')})" if moved else ""))
+
+
 def render_faults(faults: Sequence[Mapping[str, Any]]) -> str:
     if not faults:
         return '<p class="muted">No faults in this experiment.</p>'
@@ -39,7 +49,7 @@ def render_faults(faults: Sequence[Mapping[str, Any]]) -> str:
         blocks.append(
             f'<div class="fault" data-fault="{esc(fault["name"])}"><h3>{esc(fault["name"])} '
             f'<span class="muted">{esc(fault["kind"])} · phase {esc(fault.get("phase") or "-")}</span></h3>'
-            f"<p>{_when(fault)}</p>"
+            f"<p>{_when(fault)}{_touched(fault)}</p>"
             + (f"<ul>{errors}</ul>" if errors else "")
             + '<div class="fault-steps">'
             + "".join(f"<div><h4>{title}</h4>{kv_table(fault.get(key) or {})}</div>" for key, title in _STEPS)
