@@ -81,6 +81,18 @@ def test_a_steady_four_events_a_read_is_held_in_batches(synth: Any) -> None:
     assert sla.judge(synth.obs(streams), "streaming", {"min_batch_events": 5}).status == "pass"
 
 
+def test_irregular_bunches_of_four_or_more_from_a_starved_host_are_not_held(synth: Any) -> None:
+    """A saturated 2-core host (nginx, the stack and the client all waiting for a core) bunched tokens
+    irregularly, 4 to 12 a read: 11-18% of a healthy smoke's streams behind an unbuffered nginx had 80% of
+    their reads at 4 or more and failed `streaming`. A hop that holds N at a time gives steady reads of N."""
+    gaps = _bunched([5, 9, 4, 12, 6, 4, 7, 3], 0.03)
+    streams = [synth.stream(f"x{i}", sent=i * 0.3, ttft=0.05, gaps=gaps, tokens=50) for i in range(20)]
+    assert sla.judge(synth.obs(streams), "streaming", {}).status == "pass"
+    steady = _bunched([4, 4, 5, 4, 4, 4, 4, 3], 0.03)  # one read late by an event: still steady
+    held = [synth.stream(f"y{i}", sent=i * 0.3, ttft=0.05, gaps=steady, tokens=32) for i in range(20)]
+    assert sla.judge(synth.obs(held), "streaming", {}).status == "fail"
+
+
 def test_a_few_buffered_streams_within_budget_pass_and_short_streams_are_not_judged(synth: Any) -> None:
     streams = [synth.stream(f"s{i}", sent=i * 0.2, ttft=0.01, itl=0.003, tokens=32) for i in range(19)]
     streams.append(_held(synth, 99))

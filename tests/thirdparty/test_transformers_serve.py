@@ -15,11 +15,26 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from servers import Served, run_cli
 
 pytestmark = pytest.mark.timeout(400)
 
-TIMING = {"ttft", "itl"}  # the server's real speed: judged, printed, not asserted here
+TIMING = {"ttft", "itl", "fluidity"}  # the server's real speed (fluidity: a pace): printed, not asserted here
+
+
+def _fixed_length(experiment: str, tmp_path: Path) -> Path:
+    """The shipped experiment with each phase that runs until decided held to its min: this engine's TTFT
+    (one request at a time) never decides a budget set for a batching engine, so those phases ran to
+    their max (disconnect-storm 78 s in CI instead of 30 s) while timing is not asserted here."""
+    raw = yaml.safe_load((Path(__file__).parents[2] / "experiments" / f"{experiment}.yaml").read_text())
+    for phase in raw["phases"]:
+        if isinstance(phase.get("duration"), dict):
+            phase["duration"] = phase["duration"]["min"]
+        phase.pop("until", None)
+    path = tmp_path / f"{experiment}.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
 
 
 def _verdicts(run: Path) -> dict[str, dict]:
@@ -31,7 +46,7 @@ def _verdicts(run: Path) -> dict[str, dict]:
 def test_shipped_experiments_judge_transformers_serve_right(transformers_serve: Served, tmp_path: Path,
                                                             experiment: str) -> None:
     run = tmp_path / "run"
-    out = run_cli("run", f"experiments/{experiment}.yaml", "--target-url", transformers_serve.url + "/v1",
+    out = run_cli("run", str(_fixed_length(experiment, tmp_path)), "--target-url", transformers_serve.url + "/v1",
                   "--out", str(run), "--quiet")
     assert out.returncode in (0, 1, 3), out.stdout + out.stderr  # it ran: no setup failure
     report = json.loads((run / "report.json").read_text())
