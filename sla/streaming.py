@@ -7,8 +7,8 @@ come in each network read, and the inter-token gaps collapse to ~0. A stream is 
 **buffered** when its content events came at ``min_events_per_read`` (8) or more per read, or
 **held in batches** when nearly every read (80% of its reads but the last, at least 3 reads) carried
 ``min_batch_events`` (4) or more, in steady sizes (the 20th and 80th percentiles at most one event
-apart): a hop or server that writes a steady 4 events at a time while the tokens were generated apart. Jitter bunches events irregularly (1 to 10 a read around a mean of ~3.7),
-not 4 in every read.
+apart): a hop or server that writes a steady 4 events at a time while the tokens were generated
+apart. Jitter bunches events irregularly (1 to 10 a read around a mean of ~3.7), not 4 in every read.
 
 Measured here (median and 10th-90th percentile of events per read, per stream): behind nginx
 1.22 buffering, 32-token streams 14 (12-25) and 64-token streams 18 (16-25), the first read at
