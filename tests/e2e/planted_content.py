@@ -31,11 +31,11 @@ import sys
 import zlib
 from typing import Any
 
-from planted_stack import _Wrapper  # the script's own folder is on sys.path: python tests/e2e/planted_content.py
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-import chaos.stack.server as server_module
-from chaos.stack.serve import serve_main
+from planted_stack import (  # the script's own folder is on sys.path: python tests/e2e/planted_content.py
+    _Wrapper,
+    serve_wrapped,
+)
+from starlette.types import Message, Receive, Scope, Send
 
 DUPLICATE_SHARE = 0.02
 SHORT_SHARE = 0.8  # short_length: the share of max_tokens a stream gets
@@ -186,14 +186,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json-every", type=int, default=1, help="json_content_type: every this many")
     args, rest = parser.parse_known_args(argv)
     JsonContentType.start, JsonContentType.every = args.json_from, args.json_every
-    build = server_module.build_app
-    wrapper = WRAPPERS[args.defect]
-
-    def build_wrapped(*a: Any, **kw: Any) -> ASGIApp:
-        return wrapper(build(*a, **kw))  # type: ignore[return-value]
-
-    server_module.build_app = build_wrapped  # type: ignore[assignment]
-    return serve_main(rest)
+    return serve_wrapped(WRAPPERS[args.defect], rest)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import re
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -180,15 +181,20 @@ def main(argv: list[str]) -> int:
     Stall.at, Stall.seconds = args.stall_at, args.stall_for
     if args.defect == "leak":
         Engine.abort = lambda self, request_id: None  # type: ignore[method-assign]
-    else:
-        build = server_module.build_app
-        wrapper = WRAPPERS[args.defect]
+        return serve_main(rest)
+    return serve_wrapped(WRAPPERS[args.defect], rest)
 
-        def build_wrapped(*a: Any, **kw: Any) -> ASGIApp:
-            return wrapper(build(*a, **kw))  # type: ignore[return-value]
 
-        server_module.build_app = build_wrapped  # type: ignore[assignment]
-    return serve_main(rest)
+def serve_wrapped(wrapper: Callable[[Any], Any], argv: list[str]) -> int:
+    """Serve the builtin stack (``serve_main`` with ``argv``) with every app it builds wrapped in
+    ``wrapper``: how each planted server of these tests puts its defect in front of the real stack."""
+    build = server_module.build_app
+
+    def build_wrapped(*a: Any, **kw: Any) -> ASGIApp:
+        return wrapper(build(*a, **kw))  # type: ignore[no-any-return]
+
+    server_module.build_app = build_wrapped  # type: ignore[assignment]
+    return serve_main(argv)
 
 
 if __name__ == "__main__":

@@ -15,16 +15,12 @@ import asyncio
 import math
 import sys
 from pathlib import Path
-from typing import Any
 
-from starlette.types import ASGIApp, Message, Send
+from starlette.types import Message, Send
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from planted_stack import _Wrapper  # noqa: E402
-
-import chaos.stack.server as server_module  # noqa: E402
-from chaos.stack.serve import serve_main  # noqa: E402
+from planted_stack import _Wrapper, serve_wrapped  # noqa: E402
 
 
 class SlowTail(_Wrapper):
@@ -56,13 +52,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--wait", type=float, default=1.5, help="seconds they wait before their first event")
     args, rest = parser.parse_known_args(argv)
     SlowTail.share, SlowTail.wait = args.share, args.wait
-    build = server_module.build_app
-
-    def build_wrapped(*a: Any, **kw: Any) -> ASGIApp:
-        return SlowTail(build(*a, **kw))  # type: ignore[return-value]
-
-    server_module.build_app = build_wrapped  # type: ignore[assignment]
-    return serve_main(rest)
+    return serve_wrapped(SlowTail, rest)
 
 
 if __name__ == "__main__":
