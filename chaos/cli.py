@@ -230,6 +230,8 @@ def _cmd_rollback(args: argparse.Namespace) -> int:
         if "error" in entry:
             failed += 1
             print(f"FAILED {entry['fault']} ({entry['kind']}): {entry['error']}")
+        elif "gone" in entry.get("evidence", {}):  # its server died with the run: nothing left, not a failure
+            print(f"gone {entry['fault']} ({entry['kind']}): {entry['evidence']['gone']}")
         else:
             print(f"rolled back {entry['fault']} ({entry['kind']}): "
                   f"{json.dumps(entry.get('evidence', {}), default=str)}")

@@ -15,7 +15,11 @@ and YAML experiments as test items.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
+import signal
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +28,9 @@ from typing import Any
 import pytest
 
 __all__ = ["RunLog", "StackHandle", "failure_message"]
+
+CTRL_C_FORWARDED = 3  # Ctrl-Cs handed to a run (the second forces its exit); one more stops waiting for it
+STOP_WAIT_S = 120.0  # how long a run stopped by Ctrl-C is waited for (it reverts, then tears down)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -88,9 +95,11 @@ def _run_blocking(experiment: Any, *, out_dir: Path, target_url: str | None = No
                   log: RunLog | None = None) -> Any:
     """Run an experiment in its own thread and loop; Ctrl-C here interrupts it and still reverts.
 
-    pytest owns SIGINT (KeyboardInterrupt in this thread), so the run cannot install its own
-    handlers: on KeyboardInterrupt we interrupt the runner in its loop (as its own handler would),
-    wait for it to revert every fault and stop the stack, then re-raise.
+    The run's own signal handlers need the main thread, where pytest is: while it runs, SIGINT here
+    hands each Ctrl-C to the runner in its loop (``runner.interrupt``, as its handler would: the
+    first reverts and stops the run, the second forces its exit once the faults are reverted), the
+    run is waited for (``STOP_WAIT_S`` at most after a Ctrl-C), and then KeyboardInterrupt is raised
+    as pytest expects. A Ctrl-C past ``CTRL_C_FORWARDED`` stops waiting at once.
     """
     from dataclasses import replace
 
@@ -101,9 +110,11 @@ def _run_blocking(experiment: Any, *, out_dir: Path, target_url: str | None = No
     runner = make_runner(experiment, target_url=target_url, out_dir=out_dir, handle_signals=False,
                          listeners=[log] if log else [])
     box: dict[str, Any] = {}
+    ctrl_c = _CtrlC(runner)
+    ended = threading.Event()  # not Thread.join: on 3.11 a KeyboardInterrupt in join marks the thread ended
 
     async def main() -> Any:
-        box["loop"] = asyncio.get_running_loop()
+        ctrl_c.attach(asyncio.get_running_loop())  # a Ctrl-C before this is handed on here
         return await runner.run()
 
     def target() -> None:
@@ -111,20 +122,72 @@ def _run_blocking(experiment: Any, *, out_dir: Path, target_url: str | None = No
             box["value"] = asyncio.run(main())
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             box["error"] = exc
+        finally:
+            ended.set()
 
-    thread = threading.Thread(target=target, name="streamchaos-run")
-    thread.start()
-    try:
-        while thread.is_alive():
-            thread.join(0.2)
-    except KeyboardInterrupt:
-        if "loop" in box:
-            box["loop"].call_soon_threadsafe(runner.interrupt, "KeyboardInterrupt")
-        thread.join(120)
-        raise
+    with _sigint(ctrl_c.on_sigint):
+        threading.Thread(target=target, name="streamchaos-run").start()
+        ctrl_c.wait(ended)
+    if ctrl_c.heard:
+        raise KeyboardInterrupt
     if "error" in box:
         raise box["error"]
     return box["value"]
+
+
+class _CtrlC:
+    """Each Ctrl-C of a run in another thread, handed to its runner in the run's loop."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self.heard = 0
+        self._sent = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.RLock()  # reentrant: the signal handler may run while this thread holds it
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The run's loop is up (called in it): the Ctrl-Cs heard so far go to the runner now."""
+        with self._lock:
+            self._loop = loop
+            self._send()
+
+    def on_sigint(self, signum: int, frame: Any) -> None:
+        with self._lock:
+            self.heard += 1
+            self._send()
+        if self.heard > CTRL_C_FORWARDED:
+            raise KeyboardInterrupt
+
+    def _send(self) -> None:
+        while self._loop is not None and self._sent < min(self.heard, CTRL_C_FORWARDED):
+            self._sent += 1
+            with contextlib.suppress(RuntimeError):  # the loop closed: the run has ended
+                self._loop.call_soon_threadsafe(self.runner.interrupt, "KeyboardInterrupt")
+
+    def wait(self, ended: threading.Event) -> None:
+        """Until the run has ended, or ``STOP_WAIT_S`` after the first Ctrl-C (a SIGINT handler runs
+        between two waits)."""
+        deadline = math.inf
+        while not ended.wait(0.2):
+            if self.heard and deadline == math.inf:
+                deadline = time.monotonic() + STOP_WAIT_S
+            if time.monotonic() >= deadline:
+                return
+
+
+@contextlib.contextmanager
+def _sigint(handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """``handler`` for SIGINT while entered, pytest's given back after (the main thread only: a Ctrl-C
+    reaches no other)."""
+    try:
+        before = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before if before is not None else signal.SIG_DFL)
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import urlsplit
 
 from chaos.model.context import FaultAccount, ProxyInfo, RunContext, Scene
-from chaos.model.errors import FaultUnsupported
+from chaos.model.errors import FaultError, FaultUnsupported
 from chaos.model.params import Param, Schema
-from chaos.toxiproxy.client import ToxiproxyAPI
+from chaos.toxiproxy.client import ToxiproxyAPI, ToxiproxyRefused
 from faults.base import Fault, Injection, register
 
 if TYPE_CHECKING:
@@ -102,7 +104,10 @@ class ToxicFault(NetworkFault):
         if not undo.get("api_url"):
             return {"skipped": "no proxy recorded"}
         api = ToxiproxyAPI(undo["api_url"])
-        return {name: api.remove_toxic_sync(undo["proxy"], name) for name in undo.get("toxics", [])}
+        try:
+            return {name: api.remove_toxic_sync(undo["proxy"], name) for name in undo.get("toxics", [])}
+        except ToxiproxyRefused as exc:
+            raise _refusal(exc, undo) from exc
 
 
 class _Toxics(Injection):
@@ -112,7 +117,7 @@ class _Toxics(Injection):
         super().__init__(fault, ctx)
         self.toxic = fault
         self.proxy = proxy
-        self.api = ToxiproxyAPI(proxy.api_url)
+        self.api = ToxiproxyAPI(proxy.api_url, proxy.token)
 
     def plan(self) -> dict[str, Any]:
         return {"api_url": self.proxy.api_url, "proxy": self.proxy.proxy_name, "toxics": self.toxic.toxic_names()}
@@ -306,7 +311,10 @@ class Down(NetworkFault):
     def rollback(cls, undo: Mapping[str, Any]) -> dict[str, Any]:
         if not undo.get("api_url"):
             return {"skipped": "no proxy recorded"}
-        return {"proxy": ToxiproxyAPI(undo["api_url"]).enable_sync(undo["proxy"])}
+        try:
+            return {"proxy": ToxiproxyAPI(undo["api_url"]).enable_sync(undo["proxy"])}
+        except ToxiproxyRefused as exc:
+            raise _refusal(exc, undo) from exc
 
 
 class _LinkDown(Injection):
@@ -315,7 +323,7 @@ class _LinkDown(Injection):
     def __init__(self, fault: Down, ctx: RunContext, proxy: ProxyInfo) -> None:
         super().__init__(fault, ctx)
         self.proxy = proxy
-        self.api = ToxiproxyAPI(proxy.api_url)
+        self.api = ToxiproxyAPI(proxy.api_url, proxy.token)
 
     def plan(self) -> dict[str, Any]:
         return {"api_url": self.proxy.api_url, "proxy": self.proxy.proxy_name}
@@ -325,3 +333,38 @@ class _LinkDown(Injection):
 
     async def revert(self) -> dict[str, Any]:
         return await self.api.set_enabled(self.proxy.proxy_name, True)
+
+
+def _refusal(exc: ToxiproxyRefused, undo: Mapping[str, Any]) -> FaultError:
+    """What an offline rollback says when the run's Toxiproxy refuses it (a run's embedded server takes
+    orders only with that run's token, never journaled): nothing was undone, and how to end it."""
+    pid = _journaled_pid(undo.get("run_dir"), str(undo["api_url"]))
+    server = "the Toxiproxy server that run started" if pid is None else f"its Toxiproxy (pid {pid}, per the journal)"
+    return FaultError(
+        f"{exc}: the run's own Toxiproxy answers only that run's token, which is never journaled, so nothing was "
+        f"undone. It ends with its runner; if {server} still runs, the run may still be going (it takes its "
+        f"own faults off when it ends), or stop the server{'' if pid is None else f' (`kill {pid}`)'}: what this "
+        "fault set there ends with it, and a rollback then finds it gone")
+
+
+def _journaled_pid(run_dir: object, api_url: str) -> int | None:
+    """The pid of the server the run's journal (its ``server`` records) says answers on ``api_url``."""
+    if not isinstance(run_dir, str) or not run_dir:
+        return None
+    from chaos.host.journal_file import JOURNAL_NAME
+    from chaos.model.observations import iter_journal
+
+    want, pid = _origin(api_url), None
+    for body in iter_journal(Path(run_dir) / JOURNAL_NAME):
+        urls = body.get("urls") if body.get("type") == "server" and isinstance(body.get("pid"), int) else None
+        if isinstance(urls, list) and any(isinstance(u, str) and _origin(u) == want for u in urls):
+            pid = int(body["pid"])  # the latest record of that address
+    return pid
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    try:
+        return parts.scheme, (parts.hostname or "").lower(), parts.port
+    except ValueError:  # a malformed port names no server
+        return parts.scheme, "", None

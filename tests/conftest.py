@@ -137,19 +137,38 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 # The failed tests' node ids, written by the controlling process (not by xdist's workers) to the file
 # STREAMCHAOS_TEST_FAILED_FILE names: ./scripts/test runs them once more, alone on the box, and says
-# which passed the second time (FLAKY). A test that fails twice fails the suite.
+# which passed the second time (FLAKY). A test that fails twice fails the suite, and so do two FLAKY
+# in one run or one FLAKY in two runs in a row (scripts/test).
 FAILED_FILE_ENV = "STREAMCHAOS_TEST_FAILED_FILE"
 _failed: list[str] = []
+# Every setup, call and teardown of 50 ms or more, with when it started and on which worker, written
+# by the controller to the file STREAMCHAOS_TEST_DURATIONS_FILE names (./scripts/test: test-artifacts/):
+# the suite's time is its slowest worker's queue, which `--durations` (the slowest 25, no order, no
+# worker) cannot show; this file is the whole timeline, to find what to shorten.
+DURATIONS_FILE_ENV = "STREAMCHAOS_TEST_DURATIONS_FILE"
+_timings: list[tuple[float, float, str, str, str]] = []  # start, stop (epoch s), when, worker, node id
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.failed and report.nodeid not in _failed:
         _failed.append(report.nodeid)
+    if report.stop - report.start >= 0.05:
+        gateway = getattr(getattr(report, "node", None), "gateway", None)  # xdist's worker, on the controller
+        _timings.append((report.start, report.stop, report.when, str(getattr(gateway, "id", "main")), report.nodeid))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     import os
 
+    if hasattr(session.config, "workerinput"):  # the controller sees every worker's reports
+        return
     target = os.environ.get(FAILED_FILE_ENV)
-    if target and not hasattr(session.config, "workerinput"):  # the controller sees every worker's reports
+    if target:
         Path(target).write_text("".join(f"{nodeid}\n" for nodeid in _failed))
+    durations = os.environ.get(DURATIONS_FILE_ENV)
+    if durations and _timings:
+        t0 = min(start for start, *_ in _timings)
+        rows = [f"{start - t0:.2f}\t{stop - start:.2f}\t{when}\t{worker}\t{nodeid}\n"
+                for start, stop, when, worker, nodeid in sorted(_timings)]
+        Path(durations).parent.mkdir(parents=True, exist_ok=True)
+        Path(durations).write_text("start_s\tseconds\twhen\tworker\tnode_id\n" + "".join(rows))

@@ -20,7 +20,7 @@ from chaos.docker.containers import (
 )
 from chaos.execution.rollback import outstanding_resources
 from chaos.experiment import experiment_from_dict
-from chaos.model.errors import ExperimentInvalid
+from chaos.model.errors import ExperimentInvalid, SetupFailed
 from chaos.targets.docker import container_config, published_port
 from chaos.targets.host_image import host_mounts, skeleton_tar
 from faults.docker import quota_for
@@ -36,7 +36,7 @@ def test_container_config_from_the_spec() -> None:
                   volumes=["/models:/models:ro"], gpus="device=0,2", network="bridge", port=8000)
     config = container_config(target, image="vllm/vllm-openai:v0.6", port=8000, labels={"l": "v"}, name="n")
     assert config["command"] == ["--model", "m"] and config["environment"] == {"HF_HOME": "/cache"}
-    assert config["volumes"] == {"/models": {"bind": "/models", "mode": "ro"}}
+    assert config["volumes"] == ["/models:/models:ro"]
     assert config["ports"] == {"8000/tcp": ("127.0.0.1", None)} and "network_mode" not in config
     request = config["device_requests"][0]
     assert request["DeviceIDs"] == ["0", "2"] and request["Capabilities"] == [["gpu"]]
@@ -59,8 +59,7 @@ def test_an_image_target_runs_without_what_no_inference_server_needs_unless_aske
     assert hardened["security_opt"] == ["no-new-privileges"]
     assert {"NET_RAW", "MKNOD", "SYS_CHROOT", "SETFCAP"} <= set(hardened["cap_drop"])
     assert not {"CHOWN", "SETUID", "SETGID", "NET_BIND_SERVICE", "DAC_OVERRIDE"} & set(hardened["cap_drop"])
-    assert hardened["volumes"] == {"/models": {"bind": "/models", "mode": "ro"},
-                                   "/cache": {"bind": "/cache", "mode": "rw"}}
+    assert hardened["volumes"] == ["/models:/models:ro", "/cache:/cache:rw"]
     plain = container_config(spec(image="i", hardening="none"), image="i", port=1, labels={}, name="n")
     assert "cap_drop" not in plain and "security_opt" not in plain
     with pytest.raises(ExperimentInvalid, match="only a docker target takes 'hardening'"):
@@ -84,6 +83,30 @@ def test_ownership_is_decided_by_both_labels() -> None:
                                                                                     run_id="abd"))
     assert f"carries no {LABEL_RUN_DIR} label" in str(ownership_problem({"Id": "x", "Config": {"Labels": None}},
                                                                         run_dir="/r"))
+
+
+def test_one_host_path_mounted_twice_keeps_both_mounts() -> None:
+    """Issue 41: the SDK's dict form is keyed by host path, so a read-only and a writable mount of one
+    directory collapsed into one (the read-only one silently gone); the list form keeps both."""
+    target = spec(image="i", volumes=["/srv/models:/models:ro", "/srv/models:/scratch:rw"])
+    config = container_config(target, image="i", port=1, labels={}, name="n")
+    assert config["volumes"] == ["/srv/models:/models:ro", "/srv/models:/scratch:rw"]
+    # the host-Python stack's own mounts and a volume of one of its host paths: both, each where it was asked
+    both = container_config(spec(volumes=["/usr:/host-usr"]), image="i", port=1, labels={}, name="n",
+                            mounts={"/usr": {"bind": "/usr", "mode": "ro"}}, hardened_user="1:1")
+    assert both["volumes"] == ["/usr:/usr:ro", "/usr:/host-usr:ro"]
+    # a volume over a container path the stack mounts already cannot be honoured with it: refused, said where
+    with pytest.raises(SetupFailed, match="'/srv:/usr:rw' mounts at /usr, where /usr:/usr:ro is mounted already"):
+        container_config(spec(volumes=["/srv:/usr:rw"]), image="i", port=1, labels={}, name="n",
+                         mounts={"/usr": {"bind": "/usr", "mode": "ro"}})
+
+
+def test_two_volumes_at_one_container_path_are_refused_where_written() -> None:
+    with pytest.raises(ExperimentInvalid) as caught:
+        experiment_from_dict({"name": "t", "phases": [{"name": "p", "duration": "1s"}], "target": {
+            "kind": "docker", "image": "i", "volumes": ["/a:/data:ro", "/b:/other", "/c:/data:rw"]}})
+    assert "target.volumes[2]" in str(caught.value)
+    assert "'/a:/data:ro' (volumes[0]) mounts at that container path already" in str(caught.value)
 
 
 def test_volumes_and_gpus_parse_as_docker_run_takes_them() -> None:

@@ -200,3 +200,25 @@ def test_a_refused_target_is_not_even_read(tmp_path: Path, capsys: pytest.Captur
     assert code == 2 and recorded == [] and log == []
     assert f"REFUSED: target {outward} is not on this host's loopback" in out and "not contacted: refused above" in out
     assert "the run would be refused (exit 2)" in out
+
+
+@pytest.mark.parametrize(("server", "said"), [
+    ("auto", "proxy: no proxy.url or TOXIPROXY_URL: the embedded server as a child process, its API answering only "
+             "this run; stopped at the end"),
+    ("binary", "ITS API IS UNGUARDED: any local user can redirect the run's proxy"),
+])
+def test_auto_means_the_embedded_server_even_with_a_binary_on_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        recorded: list[tuple[str, str]], server: str, said: str) -> None:
+    """Issue 41 point 1: ``auto`` never starts a ``toxiproxy-server`` (its API answers every local user);
+    the binary only when asked for by name, and then the dry run says its API is unguarded."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TOXIPROXY_URL", raising=False)
+    monkeypatch.setenv("TOXIPROXY_SERVER_BIN", "/bin/true")
+    path = _write(tmp_path, f"proxy: {{server: {server}}}\n")
+    recorded.clear()
+    code = main(["run", str(path), "--dry-run"])
+    out = capsys.readouterr().out
+    assert code == 0 and recorded == [], (code, recorded, out)
+    assert said in out, out
+    assert ("toxiproxy-server binary /bin/true" in out) == (server == "binary"), out  # was: auto took the binary

@@ -69,3 +69,37 @@ def test_junit_holds_no_xml_invalid_character_and_a_failing_page_costs_no_other_
     root = ET.fromstring((out / "junit.xml").read_bytes())  # parses: nothing XML 1.0 forbids
     assert root.find("testcase/error").text == "server said [2J and stopped"  # type: ignore[union-attr]
     assert (out / "report.json").is_file() and not (out / "report.html").exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_report_file_that_cannot_be_written_is_a_located_error_not_a_traceback(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 41.6: report.json's name taken in the run directory (before: a FileExistsError traceback)
+    gives one line naming the file and why, exit 4; the other report files are still written."""
+    import socket
+
+    import yaml
+
+    import chaos.execution.runner as runner
+    from chaos.cli import main
+
+    with socket.socket() as s:  # a port nobody listens on: the run fails fast but writes its files
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump({"name": "taken", "target": {"kind": "builtin", "model": "tiny"},
+                                   "phases": [{"name": "p", "duration": "500ms"}]}), encoding="utf-8")
+    keep = runner.save_experiment
+
+    def save_and_take_the_name(experiment: Any, out_dir: Path) -> None:
+        keep(experiment, out_dir)
+        (out_dir / "report.json").write_text("taken\n", encoding="utf-8")
+
+    monkeypatch.setattr(runner, "save_experiment", save_and_take_the_name)
+    out = tmp_path / "run"
+    assert main(["run", str(exp), "--target-url", dead, "--out", str(out), "--quiet"]) == 4
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "FileExistsError" not in err
+    assert f"streamchaos: could not write {out / 'report.json'}: something is already there" in err, err
+    assert (out / "report.json").read_text() == "taken\n"
+    assert (out / "report.html").is_file() and (out / "junit.xml").is_file()

@@ -215,3 +215,77 @@ def test_a_malformed_port_in_a_journal_fails_that_entry_and_the_rest_is_rolled_b
     assert "Traceback" not in done.stderr and done.returncode == 4, done.stdout + done.stderr
     assert "FAILED f1 (server.timeout)" in done.stdout and "not a valid URL" in done.stdout
     assert "rolled back f0 (client.disconnect)" in done.stdout  # handled after the bad one
+
+
+# ---- 7. servers that died with the runner are "gone", a reused pid is not theirs (issue 41.8) -------------------
+
+
+def _journal_with_servers(run_dir: Path, notes: list[tuple[str, dict[str, Any]]],
+                          plans: list[tuple[str, dict[str, Any]]]) -> None:
+    """A killed run's journal as the runner writes it: its notes (the journal adds a ``server`` record
+    for each process a note names) and its fault plans, and no ``end``."""
+    from chaos.execution.journal import Journal
+    from chaos.host.runfiles import prepare_private_dir, release_dir
+    from chaos.model.observations import FaultEvent, Note
+
+    prepare_private_dir(run_dir)
+    journal = Journal(run_dir / "journal.jsonl", "killed", 0, 0.0)
+    for topic, data in notes:
+        journal.on_event(Note(topic=topic, t=1, data=data))
+    for i, (kind, undo) in enumerate(plans):
+        journal.append(FaultEvent(fault=f"f{i}", kind=kind, action="plan", t=2 + i, phase="p", undo=undo))
+    journal._file.close()  # killed: no end record
+    release_dir(run_dir)
+
+
+def test_faults_on_servers_that_died_with_the_runner_are_gone_not_failures(tmp_path: Path) -> None:
+    stack = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    toxiproxy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    admin, api = "http://127.0.0.1:1/admin", "http://127.0.0.1:2"
+    hop = {"name": "net", "kind": "toxiproxy", "listen": "127.0.0.1:3", "base_url": "http://127.0.0.1:3/v1",
+           "pid": toxiproxy.pid, "config": json.dumps({"api_url": api, "server": "embedded"})}
+    _journal_with_servers(
+        tmp_path / "run",
+        [("target", {"kind": "builtin", "pid": stack.pid, "base_url": "http://127.0.0.1:1/v1", "admin_url": admin}),
+         ("path", {"hops": [hop]})],
+        [("server.timeout", {"admin_url": admin, "fault_name": "slow"}),
+         ("kv.pressure", {"method": "reserve", "admin_url": admin}),
+         ("network.latency", {"api_url": api, "proxy": "p", "toxics": ["t"]})])
+    for process in (stack, toxiproxy):  # they die with the runner
+        process.kill()
+        process.wait(timeout=10)
+    done = rollback(tmp_path / "run")  # no --target-url: before, 3 x "configuration does not allow", exit 4
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("gone f") == 3 and "FAILED" not in done.stdout, done.stdout
+    assert f"(pid {stack.pid}) exited" in done.stdout and f"(pid {toxiproxy.pid}) exited" in done.stdout
+    assert "nothing to roll back" in rollback(tmp_path / "run").stdout  # journaled as rolled back
+
+
+def test_a_reused_pid_is_gone_and_gets_nothing_while_a_live_server_is_still_asked(tmp_path: Path,
+                                                                                   listener: str) -> None:
+    from chaos.host.procs import start_time
+
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        admin = f"{listener}/admin"
+        _journal_with_servers(tmp_path / "run", [("target", {"pid": ours.pid, "admin_url": admin})],
+                              [("server.timeout", {"admin_url": admin, "fault_name": "live"})])
+        journal = tmp_path / "run" / "journal.jsonl"
+        # the same journal, but the stack's pid now belongs to another process (its start time differs)
+        reused = tmp_path / "reused"
+        reused.mkdir(mode=0o700)
+        server = {"type": "server", "role": "target", "pid": stranger.pid,
+                  "start_time": (start_time(stranger.pid) or 1) - 1, "urls": [admin]}
+        lines = [line for line in journal.read_text().splitlines() if json.loads(line)["type"] != "server"]
+        (reused / "journal.jsonl").write_text("\n".join([lines[0], json.dumps(server), *lines[1:]]) + "\n")
+        (reused / "journal.jsonl").chmod(0o600)
+        done = rollback(reused, "--target-url", listener + "/v1")
+        assert done.returncode == 0 and "is another process now (start time differs)" in done.stdout, done.stdout
+        assert _Recorder.seen == [] and stranger.poll() is None  # not asked, not signalled
+        live = rollback(tmp_path / "run", "--target-url", listener + "/v1")  # ours still runs: asked as before
+        assert live.returncode == 0 and [p for _, p, _ in _Recorder.seen] == ["/admin/faults/live"], live.stdout
+    finally:
+        for process in (stranger, ours):
+            process.kill()
+            process.wait(timeout=10)

@@ -11,6 +11,7 @@ import socket
 import stat
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -18,8 +19,17 @@ import yaml
 from chaos.cli import main
 from chaos.execution.result import Result
 from chaos.experiment import experiment_from_dict
-from chaos.host.runfiles import open_append, prepare_private_dir, replace_file, write_new
-from chaos.model.errors import UsageError
+from chaos.host.runfiles import (
+    make_private_dir,
+    open_append,
+    prepare_private_dir,
+    release_dir,
+    replace_file,
+    touch,
+    unsafe_parent,
+    write_new,
+)
+from chaos.model.errors import ReportWriteFailed, UsageError
 from chaos.model.observations import Observations
 
 SHORT = {
@@ -134,7 +144,7 @@ def test_the_report_writer_does_not_write_through_a_planted_link(tmp_path: Path)
     victim.write_text("precious\n", encoding="utf-8")
     result = finished_result(tmp_path / "run")
     (tmp_path / "run" / "report.json").symlink_to(victim)
-    with pytest.raises(FileExistsError):
+    with pytest.raises(ReportWriteFailed, match=r"run/report\.json: something is already there"):  # issue 41.6
         write_reports(result)
     assert victim.read_text(encoding="utf-8") == "precious\n"
     # the other files were still written, each 0600
@@ -205,3 +215,121 @@ def test_the_embedded_toxiproxy_log_is_0600_and_never_written_through_a_link(tmp
     with pytest.raises(OSError):
         resolve_server("embedded", None, 1, run_dir / "linked.log")
     assert victim.read_text(encoding="utf-8") == "precious\n"
+
+
+# ---- issue 41.6: the run directory held by a descriptor; parents another user could swap refused ---------------
+
+
+def _swap_for_link(run_dir: Path, elsewhere: Path) -> Path:
+    """What a user who can write ``run_dir``'s parent can do mid-run: rename the run directory away and
+    put a link to a directory of hers in its place. Returns where the real directory went."""
+    moved = run_dir.with_name(run_dir.name + ".moved")
+    os.rename(run_dir, moved)
+    run_dir.symlink_to(elsewhere, target_is_directory=True)
+    return moved
+
+
+def test_every_kind_of_run_file_goes_into_the_directory_taken_not_through_a_swapped_name(tmp_path: Path) -> None:
+    from chaos.execution.journal import Journal
+    from chaos.output.report import write_reports
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o777)
+    run_dir = tmp_path / "run"
+    prepare_private_dir(run_dir)
+    moved = _swap_for_link(run_dir, theirs)
+    try:
+        journal = Journal(run_dir / "journal.jsonl", "x", 0, 0.0)
+        journal.close("completed")
+        write_reports(finished_result_in(run_dir))
+        with open_append(run_dir / "watchdog.log") as log:
+            log.write(b"line\n")
+        touch(run_dir / "watchdog.log")
+        replace_file(run_dir / "verify.json", "{}")
+        make_private_dir(run_dir / "hops")
+        write_new(run_dir / "hops" / "a.log", "hop")
+        prepare_private_dir(run_dir / "probe-1")  # a capacity probe's run inside the search's directory
+        write_new(run_dir / "probe-1" / "report.json", "{}")
+    finally:
+        release_dir(run_dir / "probe-1")
+        release_dir(run_dir)
+    assert list(theirs.iterdir()) == []  # before: all of them, created by the runner in her directory
+    assert {p.name for p in moved.iterdir()} == {"journal.jsonl", "report.json", "report.html", "junit.xml",
+                                                 "watchdog.log", "verify.json", "hops", "probe-1"}
+    assert (moved / "hops" / "a.log").read_text() == "hop" and _mode(moved / "probe-1") == 0o700
+
+
+def finished_result_in(out: Path) -> Result:
+    """``finished_result`` for a directory already taken."""
+    return Result(experiment=experiment_from_dict(SHORT), verdicts=[],
+                  observations=Observations(experiment="run-files"),
+                  out_dir=out, status="completed", exit_code=0, started=0.0, ended=1.0)
+
+
+@pytest.mark.timeout(120)
+def test_a_run_whose_directory_is_swapped_mid_run_writes_nothing_where_the_link_points(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole run: the swap right after the experiment copy is written, before the journal and the reports."""
+    import chaos.execution.runner as runner
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o777)
+    out = tmp_path / "run"
+    keep = runner.save_experiment
+    moved: list[Path] = []
+
+    def save_then_swap(exp: Any, out_dir: Path) -> None:
+        keep(exp, out_dir)
+        moved.append(_swap_for_link(out_dir, theirs))
+
+    monkeypatch.setattr(runner, "save_experiment", save_then_swap)
+    assert main(["run", str(_experiment(tmp_path)), "--target-url", _dead_url(), "--out", str(out), "--quiet"]) == 4
+    assert list(theirs.iterdir()) == []
+    assert {"journal.jsonl", "experiment.yaml", "report.json", "report.html", "junit.xml"} <= {
+        p.name for p in moved[0].iterdir()}
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o775])
+def test_an_out_under_a_directory_others_may_write_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                              mode: int) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(mode)
+    if mode == 0o775:  # a group that is not this user's alone
+        if os.geteuid() != 0:
+            pytest.skip("chgrp to another group needs root")
+        os.chown(shared, -1, 65534)
+    out = shared / "run"
+    assert main(["run", str(_experiment(tmp_path)), "--target-url", _dead_url(), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{shared} is writable by" in err and "no sticky bit" in err, err
+    assert "Traceback" not in err and not out.exists()
+
+
+def test_an_out_under_another_users_directory_is_refused(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, 65534, 65534)
+    assert unsafe_parent(theirs / "run") == f"{theirs} belongs to uid 65534"
+    with pytest.raises(UsageError, match="another user could swap the run directory"):
+        prepare_private_dir(theirs / "run")
+    # through a link of ours that leads there: the resolved path is checked too
+    (tmp_path / "mine").symlink_to(theirs)
+    assert str(unsafe_parent(tmp_path / "mine" / "run")).endswith("belongs to uid 65534")
+
+
+def test_an_out_in_a_sticky_directory_is_taken_unless_another_user_owns_the_entry(tmp_path: Path) -> None:
+    """/tmp (1777) stays usable: only an entry's owner may rename it there."""
+    sticky = tmp_path / "tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    assert unsafe_parent(sticky / "run") is None
+    prepare_private_dir(sticky / "run")
+    release_dir(sticky / "run")
+    assert _mode(sticky / "run") == 0o700
+    if os.geteuid() == 0:
+        (sticky / "hers").mkdir(mode=0o755)
+        os.chown(sticky / "hers", 65534, 65534)
+        assert unsafe_parent(sticky / "hers" / "run") == f"{sticky / 'hers'} belongs to uid 65534"

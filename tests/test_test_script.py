@@ -1,6 +1,7 @@
 """`./scripts/test`'s closing summary names what failed: pytest's summary lists every failure and
 error (and each skip with its reason), and a run with more failures than the rerun cap lists them
-and says why they are not rerun.
+and says why they are not rerun. A FLAKY test (failed in the suite, passed alone) is forgiven once:
+two in one run, or the same one in two consecutive runs, fail the suite; the closing line counts them.
 
 The script runs for real on a planted folder of a few failing tests, in a copy of the scripts whose
 `_env.sh` is empty (the environment is the one running this test), one pytest process, no xdist.
@@ -62,20 +63,23 @@ FAILED = ("tests/test_planted.py::test_fails_first", "tests/test_planted.py::tes
           "tests/test_planted.py::test_errors")
 
 
-def _run(tmp_path: Path, rerun_cap: int) -> tuple[int, str]:
-    (tmp_path / "scripts").mkdir()
-    shutil.copy2(ROOT / "scripts" / "test", tmp_path / "scripts" / "test")
-    (tmp_path / "scripts" / "_env.sh").write_text("# planted: the environment running this test is the one\n")
-    (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "test_planted.py").write_text(PLANTED)
-    (tmp_path / "tests" / "conftest.py").write_text(CONFTEST)
-    (tmp_path / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider -p no:randomly\n")
+def _run(tmp_path: Path, rerun_cap: int, planted: str = PLANTED) -> tuple[int, str]:
+    if not (tmp_path / "scripts").exists():
+        (tmp_path / "scripts").mkdir()
+        shutil.copy2(ROOT / "scripts" / "test", tmp_path / "scripts" / "test")
+        (tmp_path / "scripts" / "_env.sh").write_text("# planted: the environment running this test is the one\n")
+        (tmp_path / "tests").mkdir()
+        (tmp_path / "tests" / "test_planted.py").write_text(planted)
+        (tmp_path / "tests" / "conftest.py").write_text(CONFTEST)
+        (tmp_path / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider -p no:randomly\n")
+        (tmp_path / "state").mkdir()
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "STREAMCHAOS_TEST_WORKERS": "0", "STREAMCHAOS_TEST_RERUN": str(rerun_cap)}
+           "STREAMCHAOS_TEST_WORKERS": "0", "STREAMCHAOS_TEST_RERUN": str(rerun_cap),
+           "PLANTED_STATE": str(tmp_path / "state")}
     env.pop("STREAMCHAOS_TEST_FAILED_FILE", None)
-    done = subprocess.run([str(tmp_path / "scripts" / "test"), "tests"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=150)
-    return done.returncode, done.stdout + done.stderr
+    done = subprocess.run([str(tmp_path / "scripts" / "test"), "tests"], cwd=tmp_path, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=150)
+    return done.returncode, done.stdout  # stderr in its place: the closing line is the last one
 
 
 def _summary_names(out: str, nodeid: str) -> bool:
@@ -99,3 +103,59 @@ def test_more_failures_than_the_cap_are_listed_and_the_why_said(tmp_path: Path) 
     assert "a breakage, not a busy box" in out, out
     for nodeid in FAILED:
         assert f"  FAILED {nodeid}" in tail, f"{nodeid} is not listed after 'not rerun':\n{out}"
+
+
+# Tests that fail every other time they run (a mark file in PLANTED_STATE flips): in the suite they
+# fail, alone they pass, and in the next run's suite they fail again — an intermittent defect.
+FLIPPING = '''
+import os
+from pathlib import Path
+
+def _flip(name):
+    mark = Path(os.environ["PLANTED_STATE"]) / name
+    if mark.exists():
+        mark.unlink()
+    else:
+        mark.write_text("failed once")
+        raise AssertionError("planted: fails every other time")
+
+def test_flips_one():
+    _flip("one")
+
+def test_steady():
+    pass
+'''
+TWO_FLIPPING = FLIPPING + '''
+def test_flips_two():
+    _flip("two")
+'''
+
+
+def _closing(out: str) -> str:
+    return [line for line in out.splitlines() if line.strip()][-1]
+
+
+def test_two_flaky_tests_in_one_run_fail_the_suite(tmp_path: Path) -> None:
+    code, out = _run(tmp_path, rerun_cap=8, planted=TWO_FLIPPING)
+    assert code == 1, out
+    assert "2 FLAKY" in _closing(out) and "more than one FLAKY" in _closing(out), out
+
+
+def test_one_flaky_test_passes_once_and_fails_the_next_run_flaky_again(tmp_path: Path) -> None:
+    code, out = _run(tmp_path, rerun_cap=8, planted=FLIPPING)
+    assert code == 0, out  # one FLAKY, the first time: forgiven, and counted in the closing line
+    assert "FLAKY (failed in the suite, passed alone): tests/test_planted.py::test_flips_one" in out, out
+    assert "0 failed, 1 FLAKY" in _closing(out), out
+    code, out = _run(tmp_path, rerun_cap=8, planted=FLIPPING)  # the same checkout: the state file survives
+    assert code == 1, out
+    assert "FLAKY TWICE (FLAKY in the last run too" in out and "test_flips_one" in out, out
+    assert "1 FLAKY" in _closing(out) and "two consecutive runs" in _closing(out), out
+
+
+def test_a_clean_run_clears_the_last_runs_flaky_list_and_says_0_flaky(tmp_path: Path) -> None:
+    code, out = _run(tmp_path, rerun_cap=8, planted=FLIPPING)
+    assert code == 0, out
+    (tmp_path / "tests" / "test_planted.py").write_text("def test_passes():\n    pass\n")
+    code, out = _run(tmp_path, rerun_cap=8)
+    assert code == 0 and "0 FLAKY" in _closing(out), out
+    assert (tmp_path / ".pytest_cache" / "streamchaos" / "flaky").read_text().strip() == "", out

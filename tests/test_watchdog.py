@@ -41,3 +41,35 @@ def test_a_dead_runner_is_rolled_back_even_after_an_older_end_record(tmp_path: P
     assert done.returncode == 0, done.stderr
     actions = [json.loads(line).get("action") for line in path.read_text().splitlines()]
     assert actions[-1] == "rollback", done.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_second_rollback_of_one_journal_stands_aside_naming_the_first(tmp_path: Path) -> None:
+    """Issue 41.8: two watchdogs (or a watchdog and `streamchaos rollback`) rolled one journal back at
+    once. The first holds RUN_DIR/rollback.lock; the others, real processes, do nothing and name its pid."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(timeout=10)
+    path = journal(tmp_path / "journal.jsonl", {"type": "run", "run_id": "r"},
+                   {"type": "fault", "fault": "hangups", "kind": "client.disconnect", "action": "plan", "t": 1,
+                    "phase": "p", "undo": {}})
+    hold = ("import sys\nfrom pathlib import Path\nfrom chaos.execution.rollback import rollback_lock\n"
+            f"with rollback_lock(Path({str(tmp_path)!r})):\n    print('held', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", hold], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        watchdog = subprocess.run([sys.executable, "-m", "chaos.execution.watchdog", str(tmp_path), "--pid",
+                                   str(dead.pid), "--run-id", "r", "--poll", "0.05"],
+                                  cwd=ROOT, capture_output=True, text=True, timeout=50)
+        assert watchdog.returncode == 0, watchdog.stderr
+        assert f"rollback already in progress by pid {holder.pid}; standing down" in watchdog.stderr
+        cli = subprocess.run([sys.executable, "-m", "chaos", "rollback", str(tmp_path)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=50)
+        assert cli.returncode == 4 and f"rollback already in progress by pid {holder.pid}" in cli.stderr, cli.stderr
+        assert cli.stderr.count("\n") == 1 and "Traceback" not in cli.stderr
+        assert len(path.read_text().splitlines()) == 2  # neither wrote a record
+    finally:
+        holder.communicate(timeout=10)  # closes its stdin: it lets go
+    after = subprocess.run([sys.executable, "-m", "chaos", "rollback", str(tmp_path)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=50)
+    assert after.returncode == 0 and "rolled back hangups" in after.stdout, after.stdout + after.stderr

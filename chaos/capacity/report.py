@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from chaos.host.runfiles import write_new
+from chaos.host.runfiles import release_dir, write_new
 from chaos.output.reports.html import esc, page, plot_figure, section
 
 __all__ = ["render_html", "write_capacity_report"]
@@ -16,10 +16,14 @@ PASS_COLOUR, FAIL_COLOUR, UNSURE_COLOUR, RANGE_COLOUR = "#1a7f37", "#cf222e", "#
 
 
 def write_capacity_report(body: dict[str, Any], out_dir: Path) -> list[Path]:
-    """capacity.json and capacity.html in ``out_dir`` (created 0600, never following a link)."""
+    """capacity.json and capacity.html in ``out_dir`` (created 0600, never following a link); the search's
+    last files, so its directory's descriptor is let go after them (``chaos.host.runfiles``)."""
     json_path, html_path = out_dir / "capacity.json", out_dir / "capacity.html"
-    write_new(json_path, json.dumps(body, indent=2, default=str) + "\n")
-    write_new(html_path, render_html(body))
+    try:
+        write_new(json_path, json.dumps(body, indent=2, default=str) + "\n")
+        write_new(html_path, render_html(body))
+    finally:
+        release_dir(out_dir)
     return [json_path, html_path]
 
 

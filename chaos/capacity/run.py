@@ -25,7 +25,7 @@ from chaos.capacity.probes import (
 )
 from chaos.capacity.search import bracket, next_level
 from chaos.experiment.loader import BASELINE_S
-from chaos.host.runfiles import prepare_private_dir
+from chaos.host.runfiles import prepare_private_dir, release_dir
 from chaos.model.capacity import BASELINE_CASE, CapacitySpec, CaseAnswer, Probe, lost_capacity
 from chaos.model.errors import UsageError
 from chaos.model.experiment import Experiment
@@ -197,12 +197,27 @@ async def search_capacity(experiment: Experiment, *, out_dir: Path, target_url: 
     """Search every case of ``experiment.capacity``; probe runs go under ``out_dir/probes``.
     ``handle_signals``: each probe run reverts on SIGINT/SIGTERM and the search stops (off under pytest,
     which owns SIGINT). ``progress``: called after every probe with the answers so far (the case in
-    progress as far as it got), e.g. for the Prometheus exporter."""
+    progress as far as it got), e.g. for the Prometheus exporter.
+
+    ``out_dir`` stays held (``chaos.host.runfiles``) for its last files, ``write_capacity_report``,
+    which lets it go; a search that raises lets it go itself."""
     spec = experiment.capacity
     if spec is None:
         raise UsageError(f"{experiment.source or experiment.name}: the experiment has no capacity section; add one "
                          "(docs/capacity.md) or run it with `streamchaos run`")
     prepare_private_dir(out_dir)
+    try:
+        return await _search_cases(experiment, spec, out_dir, target_url, api_key_env, budget_s, say,
+                                   handle_signals, progress)
+    except BaseException:
+        release_dir(out_dir)  # no report follows a search that raised
+        raise
+
+
+async def _search_cases(experiment: Experiment, spec: CapacitySpec, out_dir: Path, target_url: str | None,
+                        api_key_env: str | None, budget_s: float | None, say: Callable[[str], None],
+                        handle_signals: bool, progress: Callable[[CapacityResult], None] | None) -> CapacityResult:
+    """``search_capacity`` once its directory is taken."""
     budget = budget_s if budget_s is not None else spec.budget
     search = _Search(experiment, spec, out_dir, target_url, api_key_env, say, _Clock(budget), handle_signals)
     started = time.time()

@@ -261,27 +261,34 @@ async def _proxy(exp: Experiment, upstream_url: str, probe: bool, environ: Mappi
         out.worst(4)
         return None
     else:
-        binary = environ.get("TOXIPROXY_SERVER_BIN") or shutil.which("toxiproxy-server")
-        if spec.server in ("auto", "binary") and binary:
-            server, why = "binary", f"the toxiproxy-server binary {binary}, started on a free loopback port"
-        elif spec.server == "binary":
-            server, why = "binary", "NOT POSSIBLE HERE: no toxiproxy-server on PATH (or TOXIPROXY_SERVER_BIN)"
+        server, why = _server_to_start(spec.server, environ)
+        if why.startswith("NOT POSSIBLE"):
             out.worst(4)
-        elif spec.server == "docker":
-            server, why = "docker", ("a Toxiproxy container through the Docker SDK "
-                                     "(the daemon is not asked in a dry run)")
-        elif spec.server == "auto":
-            server, why = "embedded", ("no proxy.url, TOXIPROXY_URL or toxiproxy-server: a Toxiproxy container if a "
-                                       "Docker daemon answers (not asked now), else the embedded server as a child "
-                                       "process")
-        else:
-            server, why = "embedded", "the embedded server as a child process"
         api = "http://127.0.0.1:<toxiproxy port>"
         out.say(f"proxy: {why}; stopped at the end (not started now)", at)
     out.say(f"proxy {spec.name!r} listening on {spec.listen}, upstream {upstream}: the load goes through it; "
             "deleted at the end of the run", at + 1)
     return ProxyInfo(api_url=api, proxy_name=spec.name, listen=spec.listen, upstream=upstream, server=server,
                      supports_buffer=server == "embedded")
+
+
+def _server_to_start(choice: str, environ: Mapping[str, str]) -> tuple[str, str]:
+    """The Toxiproxy server a run would start (none given by URL), and what to say of it, as
+    ``chaos.execution.proxy.resolve_server`` picks it: ``auto`` is the embedded one, whose API answers
+    only the run; a binary or a container only when named, their API open to every local user."""
+    unguarded = "; ITS API IS UNGUARDED: any local user can redirect the run's proxy (SECURITY.md)"
+    if choice == "binary":
+        binary = environ.get("TOXIPROXY_SERVER_BIN") or shutil.which("toxiproxy-server")
+        if not binary:
+            return "binary", "NOT POSSIBLE HERE: no toxiproxy-server on PATH (or TOXIPROXY_SERVER_BIN)"
+        return "binary", f"the toxiproxy-server binary {binary}, started on a free loopback port{unguarded}"
+    if choice == "docker":
+        return "docker", ("a Toxiproxy container through the Docker SDK (the daemon is not asked in a dry run)"
+                          + unguarded)
+    if choice == "auto":
+        return "embedded", ("no proxy.url or TOXIPROXY_URL: the embedded server as a child process, its API answering "
+                            "only this run")
+    return "embedded", "the embedded server as a child process, its API answering only this run"
 
 
 def _host_port(url: str) -> str:

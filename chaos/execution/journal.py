@@ -12,6 +12,7 @@ a random ``run_id``: the watchdog and rollback act only on the run they were sta
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import time
@@ -20,10 +21,11 @@ from typing import Any
 
 from chaos.execution.events import RunEvent, is_record
 from chaos.host.journal_file import JOURNAL_NAME, JournalFile  # re-exported: the journal's own names
+from chaos.host.procs import start_time
 from chaos.host.runfiles import prepare_private_dir
-from chaos.model.observations import FaultEvent, Observations, Record, to_json
+from chaos.model.observations import FaultEvent, Note, Observations, Record, to_json
 
-__all__ = ["JOURNAL_NAME", "Journal", "JournalFile", "prepare_run_dir"]
+__all__ = ["JOURNAL_NAME", "Journal", "JournalFile", "prepare_run_dir", "servers_in"]
 
 def prepare_run_dir(out_dir: Path) -> None:
     """Create the run directory, or refuse one that already holds anything (0700, ours).
@@ -33,6 +35,36 @@ def prepare_run_dir(out_dir: Path) -> None:
     plant links for the runner to write through.
     """
     prepare_private_dir(out_dir, "--out")  # and ours, not writable by group or others (chaos.host.runfiles)
+
+
+def servers_in(note: Note) -> list[tuple[str, int, list[str]]]:
+    """The server processes a ``target`` or ``path`` note says the run started: (role, pid, the URLs
+    they answer on). Pure; a note without a pid (a remote target, a container) names none."""
+    data = note.data
+    if note.topic == "target" and isinstance(data.get("pid"), int):
+        urls = [data.get(key) for key in ("base_url", "metrics_url", "admin_url")]
+        return [("target", int(data["pid"]), [u for u in urls if isinstance(u, str) and u])]
+    if note.topic != "path":
+        return []
+    out = []
+    for hop in data.get("hops") or []:
+        if not (isinstance(hop, dict) and isinstance(hop.get("pid"), int)):
+            continue
+        urls = [hop.get("base_url"), f"http://{hop['listen']}" if hop.get("listen") else None,
+                _api_url(hop.get("config"))]
+        out.append((f"hop {hop.get('name')} ({hop.get('kind')})", int(hop["pid"]),
+                    [u for u in urls if isinstance(u, str) and u]))
+    return out
+
+
+def _api_url(config: object) -> str | None:
+    """A Toxiproxy hop's API URL, from the facts its ``config`` holds as JSON (None for other hops)."""
+    try:
+        facts = json.loads(config) if isinstance(config, str) else None
+    except ValueError:
+        return None
+    url = facts.get("api_url") if isinstance(facts, dict) else None
+    return url if isinstance(url, str) else None
 
 
 class Journal:
@@ -51,6 +83,16 @@ class Journal:
     def on_event(self, event: RunEvent) -> None:
         if is_record(event):
             self.append(event)
+            if isinstance(event, Note):
+                self._servers(event)
+
+    def _servers(self, note: Note) -> None:
+        """Journal (fsync'd) each server process a note says the run started, with its start time: a
+        rollback after a crash tells a server that died with the runner ("gone") from one still
+        serving, and a reused pid from ours, without contacting or signalling anything."""
+        for role, pid, urls in servers_in(note):
+            self._file.write({"type": "server", "role": role, "pid": pid, "start_time": start_time(pid),
+                              "urls": urls, "t": note.t, "run_id": self.run_id}, durable=True)
 
     def append(self, record: Record, *, durable: bool | None = None) -> None:
         """Keep ``record``; fault events are fsync'd (rollback depends on them) unless told otherwise.

@@ -231,6 +231,7 @@ async def preflight(load: LoadSpec, *, base_url: str, model: str, seed: int, api
         body, _ = Workload(load, model=model, seed=seed).request(0)
         record, cut = await _send_once(url, body, api_key, timeout)
         _check_event_stream(record, url)
+        _check_parsed(record, url)
         refused = record.error is not None and record.error.kind == "http" and record.status in (400, 422)
         if record.error is None and record.in_band_error is None:
             return PreflightResult(load, record, dropped, attempts, refusal, warning=_untyped(record), cut=cut)
@@ -273,6 +274,20 @@ def _check_event_stream(record: StreamRecord, url: str) -> None:
         f"the target's answer to the load's request is not an event stream: HTTP {status} with {got} from {url}, "
         f"text/event-stream expected ({parsed})\n  the URL may point at a web page or a gateway's own answer "
         "rather than the OpenAI-compatible API; check --target-url / target.base_url, including its /v1")
+
+
+def _check_parsed(record: StreamRecord, url: str) -> None:
+    """Refuse a target whose events at the preflight were none of them a JSON object the load can read
+    (malformed, or nested deeper than Python's reader goes: 100,000 brackets) and carried nothing else:
+    every stream of the run would be judged broken, and this says why now. Raises ``PreflightRefused``
+    (exit 4); a stream with one such event among readable ones goes on (the integrity verdicts count it)."""
+    read = record.t_content or record.finish_reason is not None or record.usage is not None
+    if record.json_errors == 0 or record.error is not None or read or record.in_band_error is not None:
+        return
+    raise PreflightRefused(
+        f"the target's answer to the load's request at the preflight is not readable: {record.json_errors} of "
+        f"{record.events} SSE events carried data that is not a JSON object (malformed, or nested too deep to "
+        f"read) and none carried content, a finish_reason or usage ({url})")
 
 
 def _parsed_nothing(record: StreamRecord) -> bool:

@@ -1,9 +1,17 @@
 """Putting Toxiproxy between the load generator and the target, and finding which Toxiproxy to use.
 
-Resolution order (the chosen one and why goes into the report): the experiment's ``proxy.url`` or
-``TOXIPROXY_URL``; a ``toxiproxy-server`` binary on PATH (or ``TOXIPROXY_SERVER_BIN``), started on a
-free loopback port; a container through the Docker SDK when a daemon answers; the embedded,
-API-compatible server of this project, started as a child process. ``proxy.server`` can force one.
+Which one (the chosen one and why goes into the report): ``proxy.server: auto`` takes the Toxiproxy
+the user names (``proxy.url`` or ``TOXIPROXY_URL``, her own choice), else the embedded,
+API-compatible server of this project, started as a child process and guarded by the run's token.
+A ``toxiproxy-server`` binary (PATH or ``TOXIPROXY_SERVER_BIN``, on a free loopback port) or a
+container through the Docker SDK only when ``proxy.server`` names it (``binary``, ``docker``): their
+API takes orders from every local user, which the run notes (``UNGUARDED``).
+
+The embedded server the runner starts answers only the run's token (``chaos.toxiproxy.server.guard``:
+random per run, passed in its environment) and keeps its proxy's upstream as created. Any other
+Toxiproxy (external, binary, container) takes orders from whoever reaches its API; for every kind,
+``watching_proxy`` reads the run's proxy each ``WATCH_EVERY_S`` and halts the run when its upstream,
+listen, enabled flag or toxics differ from what the run itself set (the ledger of ``chaos.toxiproxy.client``).
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -23,19 +32,28 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from chaos.host.children import first_line, spawn
+from chaos.host.redact import register_secret
 from chaos.host.runfiles import open_append
 from chaos.model.context import ProxyInfo, TargetInfo
 from chaos.model.errors import FaultError, SetupFailed
-from chaos.toxiproxy.client import ToxiproxyAPI
+from chaos.model.observations import Note
+from chaos.toxiproxy.client import ProxyLedger, ToxiproxyAPI, drop_ledger, keep_ledger, ledger_of
+from chaos.toxiproxy.server.guard import TOKEN_ENV
 
 if TYPE_CHECKING:
     from chaos.model.experiment import Experiment
 
-__all__ = ["ProxyHandle", "RunOwner", "resolve_server", "running_proxy", "start_proxy"]
+__all__ = ["ProxyHandle", "RunOwner", "resolve_server", "running_proxy", "start_proxy", "watching_proxy"]
 
 EMBEDDED_READY = "toxiproxy listening on "
 EMBEDDED_START_TIMEOUT_S = 15.0
 DOCKER_IMAGE = "ghcr.io/shopify/toxiproxy:2.12.0"
+AUTO_WHY = "no proxy.url or TOXIPROXY_URL: the embedded server, whose API answers only this run"
+UNGUARDED = ("UNGUARDED: its API takes orders from any local user, who can point the run's proxy at her relay and "
+             "read the target's key off the load; the run reads its proxy back every second and halts on a change it "
+             "did not make, but one undone in between goes unseen (SECURITY.md, \"The run's Toxiproxy\"; "
+             "server: auto runs the embedded, guarded one)")
+WATCH_EVERY_S = 1.0  # how often the run reads its proxy back (a change behind its back halts it)
 
 
 @dataclass
@@ -49,6 +67,7 @@ class ToxiproxyServer:
     container: Any = None
     notes: list[str] = field(default_factory=list)
     owner: RunOwner | None = None  # a container of the run: its removal is journaled
+    token: str | None = field(default=None, repr=False)  # an embedded server's run token: never printed
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -183,14 +202,19 @@ def embedded_command(seed: int, listen: str) -> list[str]:
 
 
 def _start_embedded(seed: int, log: Path, listen: str) -> ToxiproxyServer:
+    # the run's token: its API answers no one else (every local user reaches a loopback port); through
+    # the environment, never argv, which every user can read in /proc
+    token = secrets.token_urlsafe(32)
+    register_secret(token)
     with open_append(log) as err:  # 0600, never through a link planted in the run directory
         # its own session (see _start_binary): the revert that follows a Ctrl-C still finds it
-        process = spawn(embedded_command(seed, listen), stdout=subprocess.PIPE, stderr=err, start_new_session=True)
+        process = spawn(embedded_command(seed, listen), stdout=subprocess.PIPE, stderr=err, start_new_session=True,
+                        env={**os.environ, TOKEN_ENV: token})
     line = first_line(process, EMBEDDED_START_TIMEOUT_S)
     if line.startswith(EMBEDDED_READY):
         url = line[len(EMBEDDED_READY):].strip()
-        return ToxiproxyServer(url, "embedded", "no external Toxiproxy, binary or Docker daemon: the embedded server",
-                               process=process)
+        return ToxiproxyServer(url, "embedded", "the embedded server, whose API answers only this run",
+                               process=process, token=token)
     process.kill()
     process.wait(timeout=5)
     raise SetupFailed(f"the embedded Toxiproxy server did not start within {EMBEDDED_START_TIMEOUT_S:g}s; see {log}")
@@ -198,7 +222,8 @@ def _start_embedded(seed: int, log: Path, listen: str) -> ToxiproxyServer:
 
 def resolve_server(choice: str, url: str | None, seed: int, log: Path, listen: str = "127.0.0.1:0",
                    owner: RunOwner | None = None) -> ToxiproxyServer:
-    """The Toxiproxy server to use, per the resolution order (``choice`` may force one)."""
+    """The Toxiproxy server to use: ``auto`` is the one the user names, else the embedded server (the one
+    whose API answers only the run); ``choice`` may force one."""
     url = url or os.environ.get("TOXIPROXY_URL")
     if choice in ("auto", "external") and url:
         if not _answers(url):
@@ -206,22 +231,27 @@ def resolve_server(choice: str, url: str | None, seed: int, log: Path, listen: s
         return ToxiproxyServer(url.rstrip("/"), "external", f"given address {url}")
     if choice == "external":
         raise SetupFailed("proxy.server is external but no proxy.url or TOXIPROXY_URL is set")
-    if choice in ("auto", "binary"):
+    if choice == "binary":
         binary = os.environ.get("TOXIPROXY_SERVER_BIN") or shutil.which("toxiproxy-server")
-        if binary:
-            return _start_binary(binary)
-        if choice == "binary":
+        if not binary:
             raise SetupFailed("proxy.server is binary but no toxiproxy-server is on PATH (or TOXIPROXY_SERVER_BIN)")
-    if choice in ("auto", "docker"):
+        return _unguarded(_start_binary(binary))
+    if choice == "docker":
         server, why_not = _start_docker(owner)
-        if server is not None:
-            return server
-        if choice == "docker":
+        if server is None:
             raise SetupFailed(f"proxy.server is docker, but {why_not}")
-        embedded = _start_embedded(seed, log, listen)
-        embedded.notes.append(f"no Toxiproxy container: {why_not}")
-        return embedded
-    return _start_embedded(seed, log, listen)
+        return _unguarded(server)
+    # never a binary or a container unasked: a Toxiproxy the runner starts takes orders only from the runner
+    embedded = _start_embedded(seed, log, listen)
+    if choice == "auto":
+        embedded.why = AUTO_WHY
+    return embedded
+
+
+def _unguarded(server: ToxiproxyServer) -> ToxiproxyServer:
+    """A binary or a container the run was told to start: said in its notes that anyone may reconfigure it."""
+    server.notes.append(UNGUARDED)
+    return server
 
 
 @dataclass
@@ -242,7 +272,8 @@ class ProxyHandle:
         await asyncio.to_thread(self._stop)
 
     def _stop(self) -> None:
-        ToxiproxyAPI(self.server.url).delete_proxy_sync(self.info.proxy_name)
+        drop_ledger(self.server.url, self.info.proxy_name)  # deleting it is the run's own last change
+        ToxiproxyAPI(self.server.url, self.server.token).delete_proxy_sync(self.info.proxy_name)
         self.server.stop()
 
 
@@ -267,8 +298,9 @@ async def start_proxy(experiment: Experiment, target: TargetInfo, run_dir: Path,
     server = resolve_server(spec.server, spec.url, experiment.seed, run_dir / "toxiproxy.log", spec.listen, owner)
     parts = urlsplit(target.base_url)
     upstream = f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+    api = ToxiproxyAPI(server.url, server.token)
     try:
-        listen = await asyncio.to_thread(ToxiproxyAPI(server.url).create_proxy_sync, spec.name, upstream, spec.listen)
+        listen = await asyncio.to_thread(api.create_proxy_sync, spec.name, upstream, spec.listen)
     except FaultError as exc:
         server.stop()
         raise SetupFailed(str(exc)) from exc
@@ -282,5 +314,60 @@ async def start_proxy(experiment: Experiment, target: TargetInfo, run_dir: Path,
     client_base = f"{parts.scheme}://{host}:{port}{parts.path}"
     info = ProxyInfo(api_url=server.url, proxy_name=spec.name, listen=f"{host}:{port}", upstream=upstream,
                      server=server.kind,
-                     supports_buffer=server.kind == "embedded")
+                     supports_buffer=server.kind == "embedded", token=server.token)
+    keep_ledger(server.url, spec.name, ProxyLedger(upstream=upstream, listen=listen))  # what the run set
     return ProxyHandle(server=server, info=info, client_base_url=client_base)
+
+
+@contextlib.asynccontextmanager
+async def watching_proxy(info: ProxyInfo, halt: Callable[[str], None],
+                         emit: Callable[[Any], None]) -> AsyncIterator[None]:
+    """While entered, the run's proxy is read back every ``WATCH_EVERY_S``: on a change the run did not
+    make, a ``halt`` note with the differences and ``halt`` (the runner reverts its faults and ends
+    ``halted``, exit 4). On exit, a ``proxy_watch`` note says how many reads it made and how many the
+    server did not answer."""
+    counts = {"reads": 0, "unanswered": 0}
+    task = asyncio.create_task(_watch(info, halt, emit, counts), name="proxy-watch")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        emit(Note(topic="proxy_watch", t=time.monotonic_ns(),
+                  data={"every_s": WATCH_EVERY_S, **counts, "proxy": info.proxy_name, "api_url": info.api_url}))
+
+
+async def _changes(api: ToxiproxyAPI, info: ProxyInfo, ledger: ProxyLedger) -> list[str]:
+    """What differs between the proxy as the server lists it now and the run's ``ledger``, one line each;
+    empty when nothing does, or when the run changed its own proxy meanwhile (that listing may predate it)."""
+    generation = ledger.generation
+    seen = await api.listing(info.proxy_name)
+    if ledger.generation != generation or ledger_of(info.api_url, info.proxy_name) is not ledger:
+        return []
+    return ledger.differences(seen)
+
+
+async def _watch(info: ProxyInfo, halt: Callable[[str], None], emit: Callable[[Any], None],
+                 counts: dict[str, int]) -> None:
+    api = ToxiproxyAPI(info.api_url, info.token)
+    while True:
+        await asyncio.sleep(WATCH_EVERY_S)
+        ledger = ledger_of(info.api_url, info.proxy_name)
+        if ledger is None:
+            return  # the proxy is being deleted by the run itself
+        try:
+            changed = await _changes(api, info, ledger)
+        except Exception:  # noqa: BLE001 - one read that decides nothing; the next one does
+            # FaultError: a server too busy to answer in time; anything else: a listing shaped as no
+            # Toxiproxy lists it (an error in one read once ended the watch, and surfaced only at teardown)
+            counts["unanswered"] += 1
+            continue
+        counts["reads"] += 1
+        if changed:
+            why = (f"the run's Toxiproxy proxy {info.proxy_name!r} at {info.api_url} was changed by someone else: "
+                   + "; ".join(changed) + " (whoever reaches a Toxiproxy API can redirect the run: see SECURITY.md)")
+            emit(Note(topic="halt", t=time.monotonic_ns(),
+                      data={"reason": why, "top_errors": [], "proxy_changes": changed}))
+            halt(why)
+            return

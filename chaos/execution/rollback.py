@@ -12,23 +12,33 @@ journal alone names; credentials come from the environment; an NVML library only
 ``STREAMCHAOS_NVML_LIB``. Each kind's rollback then checks the live state is still this run's
 change (a process with the recorded start time, a clock or power limit still at the value the run
 set, helpers with the run's exact tag) and leaves anything else alone.
+
+A fault acting through a server the run started (the journal's ``server`` records: pid and start
+time) whose process has exited or whose pid now names another process is ``gone``: what it set there
+ended with it, and nothing is contacted. One rollback of a run at a time (``rollback_lock``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import stat
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
 from chaos.host.journal_file import JOURNAL_NAME, JournalFile
-from chaos.model.errors import ChaosError, SetupFailed
+from chaos.host.runfiles import open_append
+from chaos.model.errors import ChaosError, RollbackInProgress, SetupFailed
 from chaos.model.observations import FaultEvent, iter_journal, to_json
 
-__all__ = ["origin", "outstanding", "outstanding_resources", "rollback_run", "trusted_journal"]
+LOCK_NAME = "rollback.lock"
+
+__all__ = ["LOCK_NAME", "gone_server", "origin", "outstanding", "outstanding_resources", "rollback_lock",
+           "rollback_run", "servers_by_origin", "trusted_journal"]
 
 
 def outstanding(journal_lines: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -77,6 +87,38 @@ def trusted_journal(path: Path) -> None:
                           "altered; rollback refuses it")
 
 
+@contextlib.contextmanager
+def rollback_lock(run_dir: Path) -> Iterator[None]:
+    """Hold ``RUN_DIR/rollback.lock`` (``flock``, exclusive, not waiting) while rolling back: two rollbacks
+    of one journal (two watchdogs, a watchdog and ``streamchaos rollback``) would undo each fault twice
+    and interleave their records. The holder's pid is written in the file; a second one is refused
+    (``RollbackInProgress``) naming it. The file stays (removing it would let a third lock another inode)."""
+    path = run_dir / LOCK_NAME
+    with open_append(path) as lock:  # 0600, never through a link (chaos.host.runfiles)
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(path)
+            busy = RollbackInProgress(f"{run_dir}: rollback already in progress by pid {holder}; nothing was "
+                                      "done here (run it again once that one ends to see what is left)")
+            busy.holder = holder
+            raise busy from None
+        os.ftruncate(lock.fileno(), 0)
+        lock.write(f"{os.getpid()}\n".encode())
+        lock.flush()
+        yield  # the lock goes with the descriptor, also when this process is killed
+
+
+def _holder(path: Path) -> str:
+    """The pid the lock file names ("unknown" while its holder has not written it yet)."""
+    try:
+        with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
+            text = f.read(32).decode("ascii", "replace").strip()
+    except OSError:
+        return "unknown"
+    return text if text.isdigit() else "unknown"
+
+
 def _foreign_urls(undo: dict[str, Any], allowed: set[str]) -> list[str]:
     """URLs in a plan record that configuration does not allow."""
     out = []
@@ -103,41 +145,91 @@ def rollback_run(run_dir: str | Path, *, allowed_urls: Iterable[str] = ()) -> li
     if os.environ.get("TOXIPROXY_URL"):
         allowed.add(origin(os.environ["TOXIPROXY_URL"]))
     done = []
-    lines = list(iter_journal(journal))
-    pending = outstanding(lines)
-    # What this rollback acts for, from the command line and the journal's own first record: a
-    # kind's rollback checks live state against these (container labels), never the plan's claims.
-    authority = {"run_dir": str(Path(run_dir).resolve()), "run_id": _run_id(lines)}
-    out = JournalFile(journal)
-    try:
-        for item in reversed(pending):
-            cls = REGISTRY.get(item["kind"])
-            entry: dict[str, Any] = {"fault": item["fault"], "kind": item["kind"]}
-            action: Literal["rollback", "error"] = "rollback"
-            try:
-                foreign = _foreign_urls(item["undo"], allowed)
-                if cls is None:
-                    raise ChaosError(f"unknown fault kind {item['kind']!r}; cannot roll it back")
-                if foreign:
-                    raise ChaosError(
-                        f"the journal names {', '.join(foreign)}, which configuration does not allow; nothing was sent "
-                        "there. If that is your target or Toxiproxy, pass --target-url or --toxiproxy-url"
-                    )
-                entry["evidence"] = cls.rollback({**item["undo"], **authority})
-            except Exception as exc:  # keep going: one stuck fault must not block the others
-                entry["error"] = f"{type(exc).__name__}: {exc}"
-                action = "error"
-            event = FaultEvent(
-                fault=item["fault"], kind=item["kind"], action=action, t=time.monotonic_ns(), phase=item["phase"],
-                evidence=entry.get("evidence", {}), undo=item["undo"],
-                message=entry.get("error", "rolled back by streamchaos rollback"),
-            )
-            out.write(to_json(event), durable=True)
-            done.append(entry)
-        done.extend(_release_resources(outstanding_resources(lines), authority, out))  # after the faults acting on them
-    finally:
-        out.close()
+    with rollback_lock(Path(run_dir)):  # one rollback of a run at a time: read what is outstanding under it
+        lines = list(iter_journal(journal))
+        pending = outstanding(lines)
+        servers = servers_by_origin(lines)
+        # What this rollback acts for, from the command line and the journal's own first record: a
+        # kind's rollback checks live state against these (container labels), never the plan's claims.
+        authority = {"run_dir": str(Path(run_dir).resolve()), "run_id": _run_id(lines)}
+        out = JournalFile(journal)
+        try:
+            for item in reversed(pending):
+                entry = _roll_back_one(item, REGISTRY.get(item["kind"]), allowed, servers, authority)
+                event = FaultEvent(
+                    fault=item["fault"], kind=item["kind"], action="error" if "error" in entry else "rollback",
+                    t=time.monotonic_ns(), phase=item["phase"], evidence=entry.get("evidence", {}), undo=item["undo"],
+                    message=entry.get("error", "gone with the run" if "gone" in entry.get("evidence", {})
+                                      else "rolled back by streamchaos rollback"),
+                )
+                out.write(to_json(event), durable=True)
+                done.append(entry)
+            # after the faults acting on them
+            done.extend(_release_resources(outstanding_resources(lines), authority, out))
+        finally:
+            out.close()
     return done
+
+
+def _roll_back_one(item: dict[str, Any], cls: Any, allowed: set[str], servers: dict[str, dict[str, Any]],
+                   authority: dict[str, str]) -> dict[str, Any]:
+    """Undo one outstanding fault: ``gone`` when the server it acted on died with the run (nothing
+    contacted), else its kind's rollback; an ``error`` entry when that fails or is not allowed."""
+    entry: dict[str, Any] = {"fault": item["fault"], "kind": item["kind"]}
+    try:
+        why_gone = gone_server(item["undo"], servers)
+        if why_gone is not None:
+            entry["evidence"] = {"gone": why_gone}
+            return entry
+        foreign = _foreign_urls(item["undo"], allowed)
+        if cls is None:
+            raise ChaosError(f"unknown fault kind {item['kind']!r}; cannot roll it back")
+        if foreign:
+            raise ChaosError(
+                f"the journal names {', '.join(foreign)}, which configuration does not allow; nothing was sent "
+                "there. If that is your target or Toxiproxy, pass --target-url or --toxiproxy-url"
+            )
+        entry["evidence"] = cls.rollback({**item["undo"], **authority})
+    except Exception as exc:  # keep going: one stuck fault must not block the others
+        entry["error"] = f"{type(exc).__name__}: {exc}"
+    return entry
+
+
+def servers_by_origin(journal_lines: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The run's server processes (``server`` records, ``chaos.execution.journal``) by the origin of each
+    URL they answer on; a later record of an origin (a restarted target) replaces an earlier. Pure."""
+    out: dict[str, dict[str, Any]] = {}
+    for body in journal_lines:
+        if body.get("type") != "server" or not isinstance(body.get("pid"), int):
+            continue
+        for url in body.get("urls") or []:
+            try:
+                out[origin(str(url))] = body
+            except ValueError:
+                continue  # a malformed URL names no origin
+    return out
+
+
+def gone_server(undo: dict[str, Any], servers: dict[str, dict[str, Any]]) -> str | None:
+    """Why the server a plan acted through is gone (its pid has exited, or now has another start time:
+    reused), so what the fault set there went with it; None when it may still run. Reads /proc only."""
+    from chaos.host.procs import alive
+
+    for key, value in undo.items():
+        if not (key.endswith("_url") and isinstance(value, str) and value):
+            continue
+        try:
+            server = servers.get(origin(value))
+        except ValueError:
+            continue
+        if server is None or server.get("start_time") is None:
+            continue  # not a server this run started, or one whose identity was not recorded: ask it
+        pid, started = int(server["pid"]), server["start_time"]
+        if not alive(pid, started):
+            how = "exited" if not alive(pid) else "is another process now (start time differs)"
+            return (f"the {server.get('role', 'server')} at {value} (pid {pid}) {how}; what this fault set "
+                    "there ended with it. Nothing was contacted or signalled")
+    return None
 
 
 def _run_id(lines: list[dict[str, Any]]) -> str:

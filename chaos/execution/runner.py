@@ -41,7 +41,7 @@ from chaos.execution.watchdog import WatchdogHandle, watchdog
 from chaos.host.contention import host_contention
 from chaos.host.hostinfo import environment_facts
 from chaos.host.redact import redact, strip_userinfo
-from chaos.host.runfiles import open_append, write_new
+from chaos.host.runfiles import open_append, release_dir, write_new
 from chaos.load import LoadDriver, LoadTarget, running_load
 from chaos.model.allowlist import credentials_allowed, enforce_cluster
 from chaos.model.allowlist import enforce as enforce_allowed_targets
@@ -57,7 +57,16 @@ from faults.base import Injection
 __all__ = ["Result", "Runner", "exit_code_for"]
 
 STOP_REDELIVERY_S = 1.0  # a stop (signal, halt) is cancelled into the run again this often until teardown
+FORCE_GRACE_S = 5.0  # after a forcing signal, teardown's steps still running are cut one a second, this long
+FORCE_CUT_EVERY_S = 0.1  # past that grace, each step still to come is cut this soon after it begins
+FORCE_CUTS_MAX = 50  # ... this many times at most (a step that swallows cancellations is left)
 BASELINE_MIN_S = 0.5  # metrics scraped before the load starts
+
+
+class ForcedExit(ChaosError):
+    """A second SIGINT/SIGTERM forced the exit during teardown (after the faults were reverted)."""
+
+    exit_code = 4
 
 
 @dataclass
@@ -93,6 +102,10 @@ class Runner:
         self.listeners = list(listeners)
         self.handle_signals = handle_signals
         self.interrupted: str | None = None  # the signal that interrupted the run (``interrupt``)
+        self.signals: list[str] = []  # every SIGINT/SIGTERM the run heard, in order
+        self.forced: str | None = None  # the signal that forced the exit (the second one)
+        self._forcing: asyncio.Event | None = None  # set when teardown is to stop waiting (``_force_exit``)
+        self._installed: list[signal.Signals] = []  # the signal handlers the run holds
         self.halted: str | None = None  # why a safety condition stopped the run early (``halt``)
         self._main_task: asyncio.Task[Any] | None = None
         self.cleaning = False  # past the work: a signal is noted, not acted on
@@ -123,6 +136,14 @@ class Runner:
         self.credentials = resolve_credentials(spec.api_key, spec.api_key_env, spec.metrics_auth,
                                                cli_api_key_env=self.api_key_env)
         prepare_run_dir(self.out_dir)
+        try:
+            return await self._run_in_dir()
+        finally:  # the run's last file is written (a report writer's too, on RunFinished): let the directory go
+            release_dir(self.out_dir)
+
+    async def _run_in_dir(self) -> Result:
+        """The run, once its directory is taken (``prepare_run_dir``)."""
+        exp = self.experiment
         save_experiment(exp, self.out_dir)
         t0, started = time.monotonic_ns(), time.time()
         journal = self.journal = Journal(self.out_dir / JOURNAL_NAME, exp.name, t0, started)
@@ -171,6 +192,7 @@ class Runner:
         """Carry the run out and classify how it ended; every resource is released by then."""
         main_task = self._main_task = asyncio.current_task()
         assert main_task is not None
+        self._forcing = asyncio.Event()  # a forcing signal comes through the handlers installed below
         try:
             with self._signals():
                 if self._stopped() is None:  # a stop that came before the run had a task to cancel
@@ -210,13 +232,35 @@ class Runner:
 
     def interrupt(self, name: str) -> None:
         """Stop the run as a signal would (``interrupted``); for a caller that owns the signal itself
-        (the pytest plugin, where pytest owns SIGINT). Call it in the run's loop; safe more than once."""
+        (the pytest plugin, where pytest owns SIGINT). Call it in the run's loop; safe more than once.
+
+        A second one forces the exit (``_force_exit``): once the faults are reverted, teardown is not
+        waited for beyond ``FORCE_GRACE_S``; what it leaves is journaled for ``streamchaos rollback``."""
+        self.signals.append(name)
         if self.cleaning or self._stopped() is not None:
-            self._stage("signal", f"{name}: already reverting and stopping")
+            if len(self.signals) >= 2:
+                self._force_exit(name)
+            else:
+                self._stage("signal", f"{name}: already reverting and stopping (a second signal forces the exit)")
             return
         self.interrupted = name
         self._stage("signal", f"{name}: reverting faults and stopping")
         self._stop_work()
+
+    def _force_exit(self, name: str) -> None:
+        """The exit forced: at once in teardown, else when the faults are reverted and teardown begins.
+        The run's signal handlers are given back, so a further signal acts as it would without the run."""
+        if self.forced is not None:
+            self._stage("signal", f"{name}: already forcing the exit")
+            return
+        self.forced = name
+        self.interrupted = self.interrupted or self.signals[0]
+        self._release_signals()
+        when = "now" if self.cleaning else "once the faults are reverted"
+        self._stage("signal", f"{name}: forcing the exit {when}: teardown gets {FORCE_GRACE_S:g}s, what it leaves is "
+                              "journaled for `streamchaos rollback`")
+        if self._forcing is not None:
+            self._forcing.set()
 
     def _stop_work(self) -> None:
         """Cancel the run's work, and cancel it again each second until its teardown has begun.
@@ -274,18 +318,67 @@ class Runner:
     async def _execute(self) -> None:
         """The resources, nested; teardown (outside the deadline) is their exits, newest first."""
         exp = self.experiment
-        async with contextlib.AsyncExitStack() as resources:
-            try:
-                # start-up time is the target's own (vLLM's: up to 5 min), bounded by the allowance its
-                # kind really grants; safety.max_duration counts from when it is ready (``_bring_up``)
-                async with asyncio.timeout(None) as self._deadline:
-                    self._clock = RunDeadline(self._deadline, exp.safety.max_duration)
-                    self._clock.start_up(self._startup_allowance_s())
-                    ctx = await self._bring_up(resources)
-                    await self._drive(ctx)
-            finally:
-                self.cleaning = True
-                self._stage("teardown", "stopping load, proxy and target")
+        resources = contextlib.AsyncExitStack()
+        try:
+            # start-up time is the target's own (vLLM's: up to 5 min), bounded by the allowance its
+            # kind really grants; safety.max_duration counts from when it is ready (``_bring_up``)
+            async with asyncio.timeout(None) as self._deadline:
+                self._clock = RunDeadline(self._deadline, exp.safety.max_duration)
+                self._clock.start_up(self._startup_allowance_s())
+                ctx = await self._bring_up(resources)
+                await self._drive(ctx)
+        except BaseException as exc:  # noqa: BLE001 - handed to teardown as `async with` would, then re-raised
+            if not await self._teardown(resources, exc):
+                raise
+        else:
+            await self._teardown(resources, None)
+
+    async def _teardown(self, resources: contextlib.AsyncExitStack, exc: BaseException | None) -> bool:
+        """The resources' exits, newest first, as ``async with`` runs them (True: they suppressed ``exc``).
+
+        The phases' faults are reverted by now. Teardown runs to its end (a cancellation meanwhile is
+        passed on after it) unless a second signal forces the exit (``_force_exit``): then the step
+        holding it is cut, the others get ``FORCE_GRACE_S``, then each still to come is cut too (``_cut``),
+        and what is still up is journaled (``ForcedExit``)."""
+        self.cleaning = True
+        self._stage("teardown", "stopping load, proxy and target")
+        assert self._forcing is not None
+        exits = asyncio.ensure_future(resources.__aexit__(type(exc) if exc else None, exc,
+                                                          exc.__traceback__ if exc else None))
+        forcing = asyncio.ensure_future(self._forcing.wait())
+        cancelled = False
+        try:
+            while not exits.done() and not forcing.done():
+                try:
+                    await asyncio.wait({exits, forcing}, return_when=asyncio.FIRST_COMPLETED)
+                except asyncio.CancelledError:
+                    cancelled = True  # teardown is finished, not abandoned, on a cancellation
+        finally:
+            forcing.cancel()
+        if not exits.done():
+            await _cut(exits, FORCE_GRACE_S)
+            raise ForcedExit(self._left_behind(exits.done()))
+        if cancelled:
+            raise asyncio.CancelledError
+        return bool(exits.result())
+
+    def _left_behind(self, teardown_done: bool) -> str:
+        """What a forced exit leaves: faults not reverted and resources not released, as the journal has
+        them (``streamchaos rollback`` acts on exactly these); noted, and said in one line."""
+        from chaos.execution.rollback import outstanding, outstanding_resources
+        from chaos.model.observations import iter_journal
+
+        assert self.journal is not None
+        lines = list(iter_journal(self.journal.path))
+        faults = [item["fault"] for item in outstanding(lines)]
+        resources = [f"{item['kind']} {item['name']}" for item in outstanding_resources(lines)]
+        self._note("forced_exit", {"signal": self.forced, "teardown_finished": teardown_done,
+                                   "faults_not_reverted": faults, "resources_left": resources,
+                                   "rollback": f"streamchaos rollback {self.out_dir}"})
+        left = faults + resources
+        where = (f"left {', '.join(left)}: run `streamchaos rollback {self.out_dir}`" if left
+                 else "the journal names nothing left behind")
+        return f"the exit was forced by a second signal ({self.forced}) during teardown; {where}"
 
     async def _bring_up(self, resources: contextlib.AsyncExitStack) -> RunContext:
         """Target, path (its hops, Toxiproxy among them), load, watchdog, scraper, telemetry; the faults
@@ -387,11 +480,12 @@ class Runner:
         handle = await resources.enter_async_context(running_path(
             exp, target.info, self.out_dir, self.journal.resource, owner=owner, emit=self.events.emit))
         self.proxy, self.hops = handle.proxy, handle.hops
-        if handle.proxy is not None and handle.proxy.server == "docker" and not self.watchdogs:
-            # `auto` found the image on a Docker daemon: guarded at once, not after the load starts
-            await self._guard_run(resources, target)
         if handle.proxy_facts is not None:
             self._note("proxy", handle.proxy_facts)
+        if handle.proxy is not None:  # its upstream and toxics are the run's alone: a change behind its back halts it
+            from chaos.execution.proxy import watching_proxy
+
+            await resources.enter_async_context(watching_proxy(handle.proxy, self.halt, self.events.emit))
         self._note("path", handle.facts)
         return handle.load_base_url
 
@@ -685,21 +779,51 @@ class Runner:
             yield
             return
         loop = asyncio.get_running_loop()
-        installed: list[signal.Signals] = []
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 loop.add_signal_handler(sig, self._on_signal, sig)
-                installed.append(sig)
+                self._installed.append(sig)
             except (ValueError, RuntimeError, NotImplementedError):  # not the main thread
                 pass
         try:
             yield
         finally:
-            for sig in installed:
+            self._release_signals()
+
+    def _release_signals(self) -> None:
+        """The process's SIGINT/SIGTERM back to what they were before the run (a third one, after a
+        forced exit, then ends the process as it would have without us)."""
+        if self._installed:
+            loop = asyncio.get_running_loop()
+            for sig in self._installed:
                 loop.remove_signal_handler(sig)
+            self._installed.clear()
 
     def _on_signal(self, sig: int) -> None:
         self.interrupt(signal.Signals(sig).name)
+
+
+async def _cut(task: asyncio.Future[Any], grace_s: float) -> None:
+    """Give ``task`` a second, then cancel it, again each second until it ends or ``grace_s`` has passed:
+    each cancellation ends the one teardown step awaiting then, and the next steps run (an exit stack
+    goes on past a failed exit), so a step that is merely slow still finishes.
+
+    Past the grace every step still to come is cut as soon as it waits (``FORCE_CUT_EVERY_S``, at most
+    ``FORCE_CUTS_MAX`` times): one left pending would be cancelled only once more, by ``asyncio.run``'s
+    shutdown, which then waits on the next hung step for ever."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + grace_s
+    while not task.done() and loop.time() < end:
+        await asyncio.wait({task}, timeout=min(1.0, max(0.0, end - loop.time())))
+        if not task.done():
+            task.cancel()
+    for _ in range(FORCE_CUTS_MAX):
+        if task.done():
+            break
+        await asyncio.wait({task}, timeout=FORCE_CUT_EVERY_S)  # the last cancellation lands, the next step begins
+        if not task.done():
+            task.cancel()
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())  # its end, whenever, is not an error to log
 
 
 async def _finish(work: Any, timeout: float) -> tuple[asyncio.Future[Any], bool]:

@@ -19,11 +19,13 @@ when the phase is the last one (they are judged on everything sent so far), of k
 inside the phase (``SlaSpec.decides_in_phase``: not ``kv_cleanup``, ``abort_propagation``,
 ``abort_path``, ``capacity`` nor ``throughput``, which need what comes after it). An entry a look
 decided is not judged again at later looks (the spending holds whatever rule picks the look to stop
-at). The run's verdict of such a phase judges the streams that had ended by the look that stopped it
+at). The run's verdict of a phase a look stopped judges the streams that had ended by that look
 (``PhaseWindow.t_decided``, ``sequential_view``) at 1 - α_K: the look's own data at the look's own
 spending, so the run says what the look decided; the streams that ended later are counted in the
-evidence (``ended_after_the_deciding_look``), and stay in the journal for every other verdict. The
-last look, at max, judges nothing live: the phase ends there whatever it would say. A phase with
+evidence (``ended_after_the_deciding_look``), and stay in the journal for every other verdict; an entry
+over the whole run, judged at the last phase's looks, is cut at that phase's deciding look alike. The
+last look, at max, judges nothing live: the phase ends there whatever it would say, and its verdicts
+judge every stream of it at 1 - α_K, those drained after max too, as a fixed phase's do. A phase with
 nothing it could wait on runs its min and spends nothing. Pure but for ``run_looks``, which the
 runner's timeline awaits; a look judges in a thread, on a snapshot of the journal (it still holds
 the GIL: an in-process load's stamps may run late while a look judges thousands of streams).
@@ -42,6 +44,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from chaos.load.uplink import FLUSH_EVERY_S
 from chaos.model.observations import NS, Observations, PhaseWindow
 from chaos.model.verdict import Verdict
 
@@ -53,6 +56,11 @@ __all__ = ["GROWTH", "Judge", "LookOutcome", "LookState", "counted_entries", "lo
 
 GROWTH = 1.25  # a look each time the phase's elapsed time has grown by this factor
 MERGE_WITHIN = 1.1  # a look this close to max (as a ratio) is max's
+# A load process sends its records on a 0.5 s grid (``chaos.load.uplink``): a stream that ended just before
+# a look reaches the journal up to FLUSH_EVERY_S later, and the run's verdict, judged on every stream that
+# ended by the look, would count it where the look did not. The look judges the streams that ended by its
+# time, on the journal as it stands this long after (the margin: the runner's own loop reading the pipe).
+DELIVERY_S = FLUSH_EVERY_S + 0.25
 DECIDED = ("pass", "fail")
 
 _Spec = TypeVar("_Spec", bound="SlaCheck")
@@ -88,12 +96,16 @@ def _looks_of(obs: Observations, phase: str | None) -> int:
 
 
 def sequential_view(spec: SlaCheck, obs: Observations, phase: str | None) -> Observations:
-    """What a verdict of ``phase`` judges: for a phase that ran until decided, the streams that had ended
-    by the look that ended it (``PhaseWindow.t_decided``) — the very data that look decided on, so the
-    run's verdict is the look's, at the look's spending; ``obs`` itself otherwise. Over the whole run, and
-    for kinds that need what comes after the phase (``decides_in_phase`` false), nothing is left out."""
-    window = obs.phase(phase) if phase is not None else None
-    if (window is None or window.looks <= 0 or window.t_decided is None
+    """What a verdict of ``phase`` judges: for a phase a look stopped (``stopped_by`` "decided"), the streams
+    that had ended by that look (``PhaseWindow.t_decided``) — the very data it decided on, so the run's
+    verdict is the look's, at the look's spending; ``obs`` itself otherwise (a phase that ran to its max
+    stopped whatever the data said: the streams drained after it count, as in a fixed phase). Over the whole
+    run (None) the same cut at the last phase's deciding look, whose looks judged it (``counted_entries``):
+    the streams in flight at that look, drained after it, once turned its decided fail inconclusive (20
+    TTFTs where the look judged 16: the 4 later ones raised the autocorrelation, n_eff 7.1 → 4.9). Kinds
+    that need what comes after the phase (``decides_in_phase`` false) are never judged at a look."""
+    window = _window_of(obs, phase)
+    if (window is None or window.looks <= 0 or window.stopped_by != "decided" or window.t_decided is None
             or not getattr(spec, "decides_in_phase", True)):
         return obs
     cut = window.t_decided
@@ -129,7 +141,7 @@ def sequential_evidence(found: Verdict, obs: Observations, phase: str | None) ->
     facts: dict[str, Any] = {
         "looks": looks, "confidence_per_look": used, "stopped_by": window.stopped_by if window else None,
         "method": "alpha spending: look k spends (1 - confidence) / (k (k + 1))"}
-    if phase is not None and window is not None and window.t_decided is not None:
+    if window is not None and window.stopped_by == "decided" and window.t_decided is not None:
         cut = window.t_decided
         facts["judged_streams_ended_by_s"] = round((cut - obs.t0) / NS, 3)
         facts["ended_after_the_deciding_look"] = sum(  # in the journal, not in this verdict
@@ -155,13 +167,14 @@ def counted_entries(experiment: Experiment, phase: PhaseSpec) -> list[tuple[SlaE
 
 def snapshot(obs: Observations, phase: str, looks: int, t_look: int | None = None) -> Observations:
     """A copy of ``obs`` as it stands (its lists copied, the records shared), with ``phase``'s window saying
-    it made ``looks`` looks taken at ``t_look`` (monotonic ns; default: now): what a look judges, off the
-    event loop, while the journal goes on growing. Its window's ``t_decided`` is ``t_look``, so the look
-    judges exactly what the run's verdict will if the phase stops here (``sequential_view``)."""
+    it made ``looks`` looks, the last, taken at ``t_look`` (monotonic ns; default: now), stopping it: what a
+    look judges, off the event loop, while the journal goes on growing. So the look judges exactly what the
+    run's verdict will if the phase stops here (``sequential_view``: the streams ended by ``t_look``)."""
     t_look = time.monotonic_ns() if t_look is None else t_look
-    windows = [replace(w, looks=looks, t_decided=t_look) if w.name == phase else w for w in obs.phases]
+    windows = [replace(w, looks=looks, stopped_by="decided", t_decided=t_look) if w.name == phase else w
+               for w in obs.phases]
     if not any(w.name == phase for w in windows):
-        windows.append(PhaseWindow(phase, obs.t0, looks=looks, t_decided=t_look))
+        windows.append(PhaseWindow(phase, obs.t0, looks=looks, stopped_by="decided", t_decided=t_look))
     return replace(obs, streams=list(obs.streams), metrics=list(obs.metrics), faults=list(obs.faults),
                    phases=windows, notes=list(obs.notes), taps=list(obs.taps))
 
@@ -233,7 +246,8 @@ class LookState:
 async def run_looks(experiment: Experiment, phase: PhaseSpec, obs: Callable[[], Observations], t_in_force: int,
                     stage: Callable[[str], None], state: LookState, judge: Judge) -> None:
     """Sleep to each look of ``phase`` (its clock started at ``t_in_force``, monotonic ns), judge its
-    counted entries (in a thread: judging 10k streams must not stall the run's event loop), and return
+    counted entries on the streams that ended by the look, ``DELIVERY_S`` after it (their records on their
+    way from the load process), in a thread (judging 10k streams must not stall the run's event loop), and return
     at the first look where all are decided (``state.stopped_by`` "decided") or after the last ("max").
     ``stage`` gets one line per look: the samples each undecided verdict has and needs."""
     assert phase.max_duration is not None
@@ -255,6 +269,7 @@ async def run_looks(experiment: Experiment, phase: PhaseSpec, obs: Callable[[], 
                 stage(f"phase {phase.name}: look {k} at {(t_look - t_in_force) / NS:.1f}s: its max")
                 return
             await warm
+            await _sleep_to(t_look, DELIVERY_S)  # the records of streams that ended by t_look, in the journal
             outcome = await asyncio.to_thread(look, entries, snapshot(obs(), phase.name, k, t_look), judge,
                                               dict(state.decided))
             state.decided.update({i: st for i, st in enumerate(outcome.statuses) if st in DECIDED})
@@ -266,6 +281,6 @@ async def run_looks(experiment: Experiment, phase: PhaseSpec, obs: Callable[[], 
         warm.cancel()  # a phase cut short: the import finishes in its thread, unawaited
 
 
-async def _sleep_to(t_in_force: int, offset_s: float) -> None:
-    """Sleep until ``offset_s`` seconds after ``t_in_force`` (monotonic ns)."""
-    await asyncio.sleep(max(0.0, (t_in_force + int(offset_s * NS) - time.monotonic_ns()) / NS))
+async def _sleep_to(t_from: int, offset_s: float) -> None:
+    """Sleep until ``offset_s`` seconds after ``t_from`` (monotonic ns)."""
+    await asyncio.sleep(max(0.0, (t_from + int(offset_s * NS) - time.monotonic_ns()) / NS))

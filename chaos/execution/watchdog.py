@@ -21,7 +21,7 @@ from pathlib import Path
 
 from chaos.host.cadence import sleep_to_next_tick
 from chaos.host.redact import strip_userinfo
-from chaos.host.runfiles import open_append
+from chaos.host.runfiles import open_append, touch
 
 __all__ = ["WatchdogHandle", "main", "watchdog"]
 
@@ -73,15 +73,26 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(args.poll)  # the runner may just have written its end record
             if _run_ended(journal, args.run_id):
                 return 0
-            from chaos.execution.rollback import rollback_run
-
-            why = "runner process gone" if runner_gone else "lease expired"
-            # said before acting: whoever finds the run's resources gone (or a rollback that hangs) reads why
-            print(f"watchdog: {why}; rolling back the run", file=sys.stderr, flush=True)
-            done = rollback_run(args.run_dir, allowed_urls=args.allow_url)
-            print(f"watchdog: rolled back {len(done)} fault(s): {done}", file=sys.stderr, flush=True)
-            return 0
+            return _roll_back(args.run_dir, args.allow_url, "runner process gone" if runner_gone else "lease expired")
         time.sleep(args.poll)
+    return 0
+
+
+def _roll_back(run_dir: Path, allowed_urls: list[str], why: str) -> int:
+    """Roll the run back; another rollback of it already in progress (a second watchdog, the user's
+    ``streamchaos rollback``) is left to finish, and this one stands down (0)."""
+    from chaos.execution.rollback import rollback_run
+    from chaos.model.errors import RollbackInProgress
+
+    # said before acting: whoever finds the run's resources gone (or a rollback that hangs) reads why
+    print(f"watchdog: {why}; rolling back the run", file=sys.stderr, flush=True)
+    try:
+        done = rollback_run(run_dir, allowed_urls=allowed_urls)
+    except RollbackInProgress as exc:
+        print(f"watchdog: rollback already in progress by pid {exc.holder}; standing down", file=sys.stderr,
+              flush=True)
+        return 0
+    print(f"watchdog: rolled back {len(done)} fault(s): {done}", file=sys.stderr, flush=True)
     return 0
 
 
@@ -128,7 +139,7 @@ async def watchdog(run_dir: Path, run_id: str, max_duration: float, allowed_urls
     async def renew() -> None:
         while True:
             with contextlib.suppress(OSError):
-                os.utime(lease, follow_symlinks=False)
+                touch(lease)  # through the run directory's descriptor, never a link
             await sleep_to_next_tick(LEASE_PERIOD_S)
 
     task = asyncio.create_task(renew(), name="watchdog-lease")

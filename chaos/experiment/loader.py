@@ -171,11 +171,20 @@ class _Context:
     values: dict[KeyPath, Mark]
     unreadable: set[KeyPath]  # values the YAML layer already reported; do not report them twice
     found: list[_Found] = field(default_factory=list)
+    # problems about an unreadable value, not reported again: still problems, so a section that had one
+    # is not built from what is left of it (a verifier or fault missing the parameter, a TypeError)
+    suppressed: int = 0
 
     def add(self, path: KeyPath, message: str, at: At = "value") -> None:
         if path in self.unreadable:
+            self.suppressed += 1
             return
         self.found.append(_Found(path, message, None, at))
+
+    @property
+    def count(self) -> int:
+        """Problems so far, reported or not: a section compares it before and after it is parsed."""
+        return len(self.found) + self.suppressed
 
     @property
     def base_dir(self) -> Path:
@@ -392,14 +401,14 @@ def _target_credentials(ctx: _Context, values: dict[str, Any], path: KeyPath) ->
 
 def _kubernetes(ctx: _Context, raw: dict[str, Any], path: KeyPath) -> KubernetesSpec | None:
     """``target.kubernetes``: names checked as the API server would, so a typo fails here, not mid-run."""
-    n = len(ctx.found)
+    n = ctx.count
     values = _parse(ctx, raw, path, sections.KUBERNETES, extra=("port",))
     _kubernetes_names(ctx, values, path)
     selector = _kubernetes_selector(ctx, values.get("selector"), path)
     port = _kubernetes_port(ctx, raw.get("port"), path)
     _kubernetes_pods_found(ctx, raw, path)
     _kubernetes_paths(ctx, values, path)
-    if len(ctx.found) > n:
+    if ctx.count > n:
         return None
     return KubernetesSpec(**_fields(values, KubernetesSpec, skip=("selector", "port")),
                           selector=tuple(sorted(selector)),
@@ -506,11 +515,16 @@ def _container_devices(ctx: _Context, values: dict[str, Any], path: KeyPath) -> 
     from chaos.docker.containers import parse_gpus, parse_volume
 
     volumes = values.get("volumes") or ()
+    inside: dict[str, int] = {}  # container path → the volume that mounts there first
     for i, volume in enumerate(volumes):
         try:
-            parse_volume(volume)
+            at = inside.setdefault(parse_volume(volume)[1], i)
         except ValueError as exc:
             ctx.add(path + ("volumes", i), str(exc))
+            values.pop("volumes", None)
+            continue
+        if at != i:  # docker takes one mount per container path (one host path at two is fine)
+            ctx.add(path + ("volumes", i), f"{volumes[at]!r} (volumes[{at}]) mounts at that container path already")
             values.pop("volumes", None)
     gpus = values.get("gpus")
     if gpus is not None:
@@ -590,9 +604,9 @@ def _path(ctx: _Context, raw: object, present: bool) -> list[_HopDraft]:
         name = _hop_name(ctx, data, hpath)
         if kind is None:
             continue
-        n = len(ctx.found)
+        n = ctx.count
         values = _hop_values(ctx, data, hpath, kind, gateways.get(kind))
-        if len(ctx.found) == n:
+        if ctx.count == n:
             drafts.append(_HopDraft(hpath, kind, name, values))
     _path_order(ctx, drafts)
     return drafts
@@ -784,7 +798,7 @@ def _mix(ctx: _Context, raw: dict[str, Any], path: KeyPath) -> tuple[tuple[str, 
 
     fraction = Param("mix", "fraction")
     parts: list[tuple[str, float]] = []
-    n = len(ctx.found)
+    n = ctx.count
     for key, value in raw.items():
         if key not in PROMPT_CLASSES:
             ctx.add(path + (str(key),), f"unknown character class {key!r}{suggest(str(key), PROMPT_CLASSES)}; "
@@ -794,7 +808,7 @@ def _mix(ctx: _Context, raw: dict[str, Any], path: KeyPath) -> tuple[tuple[str, 
             parts.append((key, fraction.parse(value)))
         except ValueError as exc:
             ctx.add(path + (key,), str(exc))
-    if len(ctx.found) > n:
+    if ctx.count > n:
         return PromptSpec().mix
     total = sum(f for _, f in parts)
     if abs(total - 1.0) > _MIX_TOLERANCE:
@@ -990,10 +1004,10 @@ def _halt_on(ctx: _Context, raw: object, path: KeyPath) -> tuple[HaltSpec, ...]:
         schema = _kind(ctx, data, hpath, sections.HALT, "halt condition", "docs/targets.md: safety.halt_on")
         if schema is None:
             continue
-        n = len(ctx.found)
+        n = ctx.count
         values = _parse(ctx, data, hpath, schema)
         _positive(ctx, values, hpath, "window", "above")
-        if len(ctx.found) > n:
+        if ctx.count > n:
             continue
         values["name"] = values.get("name") or f"{data['kind']}[{i}]"
         out.append(HaltSpec(**_fields(values, HaltSpec)))
@@ -1102,9 +1116,9 @@ def _fault_entries(ctx: _Context, raw: object, path: KeyPath, registry: Mapping[
         name = _entry_name(ctx, data, fpath)
         if cls is None:
             continue
-        n = len(ctx.found)
+        n = ctx.count
         values = _parse(ctx, data, fpath, cls.schema, extra=sections.FAULT_ENTRY_KEYS)
-        if len(ctx.found) > n:
+        if ctx.count > n:
             continue
         out.append(_FaultEntry(fpath, cls, name, values, set(data)))
     return out
@@ -1180,9 +1194,9 @@ def _sla(ctx: _Context, raw: object, phase_names: list[str]) -> list[SlaEntry]:
                     f"expected pass or fail, found {expect!r}{suggest(str(expect), ('pass', 'fail'))}")
         if spec is None:
             continue
-        n = len(ctx.found)
+        n = ctx.count
         values = _parse(ctx, data, spath, spec.schema, extra=sections.SLA_ENTRY_KEYS)
-        if len(ctx.found) > n:
+        if ctx.count > n:
             continue
         drafts.append((spath, name, spec.kind, values, phases, "fail" if expect == "fail" else "pass"))
     names = _unique_names(ctx, [(p, n, k) for p, n, k, *_ in drafts], "SLA")

@@ -70,10 +70,12 @@ KUBERNETES = Schema((
 ))
 
 PROXY_SERVERS = ("auto", "embedded", "binary", "docker", "external")
+SERVER_DOC = ("which Toxiproxy server to use; auto: the one `url` (or TOXIPROXY_URL) names, else the embedded one, "
+              "whose API answers only the run; binary and docker only when named: their API answers every local user")
 
 PROXY = Schema((
     Param("enabled", "bool", True, doc="false keeps the section but runs without the proxy"),
-    Param("server", "choice", "auto", choices=PROXY_SERVERS, doc="which Toxiproxy server to use"),
+    Param("server", "choice", "auto", choices=PROXY_SERVERS, doc=SERVER_DOC),
     Param("url", "str", None, doc="Toxiproxy API URL for server external (TOXIPROXY_URL also counts)"),
     Param("name", "str", "streamchaos", doc="the proxy's name on the Toxiproxy server"),
     Param("listen", "str", "127.0.0.1:0", doc="where the proxy listens; 0.0.0.0:PORT for a Toxiproxy in another pod "
@@ -101,7 +103,7 @@ PATH_TOXIPROXY = Schema((
     Param("kind", "str", required=True),
     Param("name", "str", None, doc="the hop's name, and the proxy's on the Toxiproxy server; default: toxiproxy "
                                    "(the proxy: streamchaos)"),
-    Param("server", "choice", "auto", choices=PROXY_SERVERS, doc="which Toxiproxy server to use"),
+    Param("server", "choice", "auto", choices=PROXY_SERVERS, doc=SERVER_DOC),
     Param("url", "str", None, doc="Toxiproxy API URL for server external (TOXIPROXY_URL also counts)"),
     Param("listen", "str", "127.0.0.1:0", doc="where the proxy listens"),
 ))

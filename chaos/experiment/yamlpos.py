@@ -196,6 +196,12 @@ def _mark(node: Node) -> Mark:
     return Mark(node.start_mark.line + 1, node.start_mark.column + 1)
 
 
+def _short_tag(tag: str) -> str:
+    """``tag:yaml.org,2002:python/name:os.system`` → ``!!python/name:os.system``, as the user wrote it."""
+    prefix = "tag:yaml.org,2002:"
+    return "!!" + tag[len(prefix):] if tag.startswith(prefix) else tag
+
+
 def _kind_of(node: Node) -> str:
     return "a mapping" if isinstance(node, MappingNode) else "a list" if isinstance(node, SequenceNode) else "a value"
 
@@ -271,11 +277,13 @@ class _Walker:
         try:
             if isinstance(node, SequenceNode):
                 if node.tag != _SEQ_TAG:
-                    self.problem(path, node, f"YAML tag {node.tag!r} is not supported; write a plain list")
+                    self.problem(path, node, f"YAML tag {_short_tag(node.tag)} is not supported; "
+                                     f"write a plain list without the tag")
                 return [self.value(item, path + (i,)) for i, item in enumerate(node.value)]
             assert isinstance(node, MappingNode)
             if node.tag != _MAP_TAG:
-                self.problem(path, node, f"YAML tag {node.tag!r} is not supported; write a plain mapping")
+                self.problem(path, node, f"YAML tag {_short_tag(node.tag)} is not supported; "
+                                     f"write a plain mapping without the tag")
             return self.mapping(node, path)
         finally:
             self.active.discard(id(node))
@@ -288,8 +296,9 @@ class _Walker:
             return None
         try:
             return self.constructor.construct_object(node, deep=True)
-        except yaml.YAMLError as exc:
-            self.problem(path, node, f"cannot read this value: {getattr(exc, 'problem', None) or exc}")
+        except yaml.YAMLError as exc:  # a tag the safe constructor does not know: `!!python/...`, `!custom`
+            self.problem(path, node, f"cannot read this value: {getattr(exc, 'problem', None) or exc}; "
+                                     f"write the plain value without the tag {_short_tag(node.tag)}")
             self.out.unreadable.add(path)
             return None
         except (ValueError, TypeError, OverflowError) as exc:  # e.g. `!!int abc`, `2024-13-45`

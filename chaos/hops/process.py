@@ -50,7 +50,7 @@ from chaos.hops.gateways.base import (
 from chaos.host.children import first_line, spawn
 from chaos.host.procguard import group_members, group_undo
 from chaos.host.redact import redact, register_secret
-from chaos.host.runfiles import check_private_dir, open_append, write_new
+from chaos.host.runfiles import check_private_dir, make_private_dir, open_append, write_new
 from chaos.model.context import HopInfo
 from chaos.model.errors import ExperimentInvalid, Problem, SetupFailed
 
@@ -160,8 +160,7 @@ def _hops_dir(run_dir: Path, name: str) -> Path:
     if not _NAME.fullmatch(name):
         raise SetupFailed(f"hop name {name!r}: use letters, digits, '.', '_' and '-' (64 at most)")
     hops = run_dir / "hops"
-    with contextlib.suppress(FileExistsError):
-        hops.mkdir(mode=0o700)
+    make_private_dir(hops, exist_ok=True)  # relative to the run directory's descriptor (chaos.host.runfiles)
     check_private_dir(hops, "the run's hops directory")
     return hops
 
@@ -399,7 +398,7 @@ async def start_gateway(name: str, kind: str | type[Gateway], upstream_root: str
     hops = _hops_dir(run_dir, name)
     workdir = hops / name
     try:
-        workdir.mkdir(mode=0o700)  # fresh: a name is unique in the path
+        make_private_dir(workdir)  # fresh: a name is unique in the path
     except FileExistsError:
         raise SetupFailed(f"{gateway.kind} hop {name!r}: {workdir} exists already (two hops of one name?)") from None
     port = _free_port()

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from pathlib import Path
 from typing import Any
 
 from chaos.host.redact import redact
+from chaos.host.runfiles import open_at
 
 __all__ = ["JOURNAL_NAME", "JournalFile"]
 
 JOURNAL_NAME = "journal.jsonl"
+_SURROGATE = re.compile("[\ud800-\udfff]")  # what a JSON "\\ud800" decodes to: no UTF-8 file holds it
 
 
 class JournalFile:
@@ -28,13 +31,16 @@ class JournalFile:
         self.path = path
         self._lock = threading.Lock()
         flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT | os.O_EXCL if create else 0)
-        self._file = os.fdopen(os.open(path, flags, 0o600), "a", encoding="utf-8")
+        # relative to the run directory's descriptor while the run holds it (chaos.host.runfiles)
+        self._file = os.fdopen(open_at(path, flags, 0o600), "a", encoding="utf-8")
         self._held: list[str] = []
 
     def write(self, body: dict[str, Any] | str, *, durable: bool = False, hold: bool = False) -> None:
         line = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False, separators=(",", ":"),
                                                              default=str)
         line = redact(line)  # a target that echoes a credential does not get it recorded
+        if not line.isascii():
+            line = _SURROGATE.sub("\ufffd", line)  # a lone one cannot be UTF-8: it would jam every later line
         with self._lock:
             if self._file.closed:
                 return

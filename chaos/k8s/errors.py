@@ -15,7 +15,14 @@ from typing import Any
 
 from chaos.model.errors import ChaosError, FaultError, FaultPermissionDenied, FaultRefused, SetupFailed
 
-__all__ = ["Call", "budget_refusal", "describe_budget", "refusal", "status_of", "unreachable"]
+__all__ = ["Call", "ServerErrors", "budget_refusal", "describe_budget", "refusal", "status_of", "unreachable"]
+
+# A 5xx the API server gives every attempt is the cluster's, not a pod still starting (a real 1.36 cluster
+# answered 500 to every port-forward while the pod's node had no address, and a run retried it 908 times in
+# two minutes): after this many consecutive attempts over at least this long, the caller stops and says why.
+SERVER_ERROR_ATTEMPTS = 5
+SERVER_ERROR_SPAN_S = 5.0
+SERVER_ERROR_PAUSE_S = (0.5, 1.0, 2.0, 4.0)  # between those attempts (then the last, each time)
 
 
 class Call:
@@ -82,7 +89,49 @@ def _refusal(code: int, body: Any, call: Call, server: str, error: type[ChaosErr
         return error(f"the API server rejected {call} as invalid (422: {said})")
     if code == 429:
         return error(f"the API server refused to {call} for now (429 TooManyRequests: {said})")
+    if code == 400:
+        return error(f"the API server rejected {call} as a bad request (400 BadRequest: {said})")
+    if code >= 500:
+        reason = status.get("reason") or "server error"
+        return error(f"the API server failed to {call}: HTTP {code} {reason} ({said})")
     return error(f"could not {call}: HTTP {code} ({said})")
+
+
+class ServerErrors:
+    """Consecutive attempts that failed on a 5xx from the API server: when to stop retrying, how long to
+    pause between tries, and the error that says so. Pure: the caller gives the times (monotonic s)."""
+
+    def __init__(self) -> None:
+        self.attempts = 0
+        self.first_s = 0.0
+        self.last_s = 0.0
+
+    def failed(self, why: BaseException | None, now_s: float) -> bool:
+        """Count one failed attempt (``why``: the API server's refusal it met, None for any other failure,
+        which starts the count again); True once 5xx answers have lasted long enough to give up."""
+        if not isinstance(why, ChaosError) or int(getattr(why, "http_status", 0) or 0) < 500:
+            self.attempts = 0
+            return False
+        if self.attempts == 0:
+            self.first_s = now_s
+        self.attempts, self.last_s = self.attempts + 1, now_s
+        return self.attempts >= SERVER_ERROR_ATTEMPTS and now_s - self.first_s >= SERVER_ERROR_SPAN_S
+
+    def pause_s(self, default_s: float) -> float:
+        """Seconds before the next attempt: doubling while 5xx answers go on, else ``default_s``."""
+        if not self.attempts:
+            return default_s
+        return SERVER_ERROR_PAUSE_S[min(self.attempts, len(SERVER_ERROR_PAUSE_S)) - 1]
+
+    def given_up(self, why: ChaosError) -> ChaosError:
+        """``why`` (the last 5xx: the call, the status, the API server's message) with how long it lasted."""
+        code = int(getattr(why, "http_status", 0) or 0)
+        exc = type(why)(f"{why}. The API server answered {code} to each of {self.attempts} consecutive attempts "
+                        f"over {self.last_s - self.first_s:.1f}s, so streamchaos stops here instead of retrying: a "
+                        "server error that lasts is the cluster's (for a port-forward, e.g. a node without an "
+                        "address: kubectl get nodes -o wide)")
+        exc.http_status = code  # type: ignore[attr-defined]  # ours alone, as refusal() sets it
+        return exc
 
 
 def describe_budget(pdb: Mapping[str, Any]) -> str:

@@ -1,9 +1,9 @@
 """The RBAC one experiment needs, and nothing more: ``streamchaos manifests rbac EXPERIMENT``.
 
 The rules are the union of what its target calls (``chaos.k8s.rbac.target_rules``: a kind
-kubernetes target follows its pods, reads its Service, port-forwards from outside the cluster) and
-what each of its faults declares (``Fault.rbac()``: a ``k8s.scale`` only on its Deployment), merged
-per resource. The output is a ServiceAccount (``automountServiceAccountToken: false``), and only
+kubernetes target follows its pods, reads the one Service it names, port-forwards from outside the
+cluster) and what each of its faults declares (``Fault.rbac()``: a ``k8s.scale`` only on its
+Deployment), merged per resource. The output is a ServiceAccount (``automountServiceAccountToken: false``), and only
 when there is something to grant,
 a Role (namespaced, no wildcards, a comment per rule saying why) and a RoleBinding. The token is
 then mounted only in the pod that runs this experiment (``automountServiceAccountToken: true`` in
@@ -34,7 +34,7 @@ def experiment_rules(experiment: Experiment, *, in_cluster: bool = True) -> list
         access = kube.access if kube.access != "auto" else ("service" if in_cluster else "port-forward")
         if experiment.target.url:
             access = "url"
-        rules += target_rules(service=bool(kube.service), port_forward=access == "port-forward")
+        rules += target_rules(service=kube.service, port_forward=access == "port-forward")
     for _, fault in experiment.faults():
         rules += fault.rbac()
     return merge_rules(rules)

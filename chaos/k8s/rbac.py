@@ -43,12 +43,14 @@ def merge_rules(rules: Iterable[Rule]) -> list[Rule]:
             for (group, resource, names), (verbs, whys) in sorted(merged.items())]
 
 
-def target_rules(*, service: bool, port_forward: bool) -> list[Rule]:
+def target_rules(*, service: str | None, port_forward: bool) -> list[Rule]:
     """What ``target.kind: kubernetes`` calls: list and watch its pods (it never reads one by name), read
-    its Service, port-forward to them."""
+    the one Service it names (``get`` by name only, so the grant names it: no other Service is readable),
+    port-forward to them."""
     rules = [Rule("", "pods", ("list", "watch"), "find the target's pods and follow their readiness and restarts")]
     if service:
-        rules.append(Rule("", "services", ("get",), "read the target Service's selector, port and ClusterIP"))
+        rules.append(Rule("", "services", ("get",), "read the target Service's selector, port and ClusterIP",
+                          names=(service,)))
     if port_forward:
         # A port-forward is a WebSocket upgrade (GET). A 1.30+ API server authorizes it twice: as `get` in
         # its authorization filter, then as `create` in the handler (AuthorizePodWebsocketUpgradeCreatePermission).

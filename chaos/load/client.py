@@ -24,7 +24,9 @@ record has been marked ``cancelled``.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import re
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
@@ -32,6 +34,7 @@ from typing import Any
 
 from chaos.load.encoding import BodyDecoder, DecodeError, decoder_for
 from chaos.load.http1 import Connection, ConnectionClosed, H1Client, Target
+from chaos.load.limits import HEADER_VALUE_CHARS, ContentLimits
 from chaos.load.sse import DEFAULT_MAX_EVENT_BYTES, SSEEvent, SSEOverflow, SSEParser
 from chaos.model.context import ClientPlan
 from chaos.model.observations import ErrorInfo, Hangup, StreamRecord, foreign_content_type
@@ -40,6 +43,10 @@ __all__ = ["StreamClient", "make_http_client", "not_event_stream", "stream_reque
 
 _BODY_LIMIT = 64 * 1024  # how much of an error body to read
 _RATE_SLICE_S = 0.05  # a rate-capped reader consumes this much time's worth of bytes per step
+_WORDS = 500  # what a record keeps of a target's words (an error event's message)
+_FINISH_CHARS = 64  # of a finish_reason ("stop", "length", "tool_calls", ...)
+_USAGE_KEYS = 32  # of a usage object: its numbers, and one level of nested numbers (prompt_tokens_details)
+_SURROGATE = re.compile("[\ud800-\udfff]")  # a JSON "\ud800" decodes to a str no UTF-8 file can hold
 
 StreamClient = H1Client
 
@@ -78,9 +85,13 @@ class _HttpError(Exception):
 class _Stream:
     """The per-request state machine fed with (stamp, bytes)."""
 
-    def __init__(self, record: StreamRecord, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
+    def __init__(self, record: StreamRecord, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+                 limits: ContentLimits | None = None) -> None:
         self.record = record
         self.parser = SSEParser(max_event_bytes)
+        self.limits = limits or ContentLimits.for_tokens(record.max_tokens)
+        self.body_bytes = 0  # body bytes parsed (after a Content-Encoding), against ``limits.body_bytes``
+        self.text_chars = 0  # characters of content kept, against ``limits.text_chars``
         self.decoder: BodyDecoder | None = None  # a compressed body (Content-Encoding), set with the headers
         self.text: list[str] = []
         self.finished = False
@@ -104,6 +115,11 @@ class _Stream:
             raise _Failed("protocol", str(exc)) from None
 
     def _parse(self, t: int, chunk: bytes) -> None:
+        room = self.limits.body_bytes - self.body_bytes
+        self.body_bytes += len(chunk)
+        over = len(chunk) > room
+        if over:
+            chunk = chunk[: max(0, room)]  # what fits is parsed; the stream ends at the budget
         try:
             events = self.parser.feed(chunk)
         except SSEOverflow as exc:
@@ -113,6 +129,8 @@ class _Stream:
             raise _Failed("protocol", str(exc)) from None
         for event in events:
             self.event(t, event)
+        if over:
+            raise _Failed("protocol", self.limits.bytes_message(), "content_overflow")
 
     def finish(self, t: int, *, flush: bool = True) -> None:
         """Close the books; ``flush``: the body ended, so an unterminated last event still counts."""
@@ -120,32 +138,43 @@ class _Stream:
             return
         self.finished = True
         if flush:
-            if self.decoder is not None:
-                try:
-                    tail = self.decoder.flush()
-                except DecodeError:
-                    tail = b""
-                    self.record.sse_errors += 1  # the compressed body ended broken
-                if tail:
-                    try:
-                        self._parse(t, tail)
-                    except _Failed:
-                        pass  # the overflow is already counted; the stream is over anyway
-            for event in self.parser.close():
-                self.record.sse_errors += 1  # the stream ended inside an event
-                self.event(t, event)
+            self._flush(t)
         rec = self.record
         rec.utf8_errors = self.parser.utf8_errors
         rec.split_chars = self.parser.split_chars
-        rec.text = "".join(self.text)
+        rec.text = _scrubbed("".join(self.text))
         if self.framing is not None and rec.error is None and rec.hangup is None:
             # a stream that is not labelled one fails as a protocol error, so every verdict that counts
             # failures (errors, early_close) names its Content-Type, whichever the experiment lists
             rec.error = ErrorInfo("protocol", self.framing)
 
+    def _flush(self, t: int) -> None:
+        """The body ended: what a compressed body still held, and an unterminated last event."""
+        if self.decoder is not None:
+            try:
+                tail = self.decoder.flush()
+            except DecodeError:
+                tail = b""
+                self.record.sse_errors += 1  # the compressed body ended broken
+            if tail:
+                try:
+                    self._parse(t, tail)
+                except _Failed as exc:  # an SSE overflow is already counted; a content one is said here
+                    if exc.cause is not None and self.record.error is None:
+                        self.record.error = _failure(exc)
+        try:
+            for event in self.parser.close():
+                self.record.sse_errors += 1  # the stream ended inside an event
+                self.event(t, event)
+        except _Failed as exc:  # the last event passed a content limit: the stream fails as cut there
+            if self.record.error is None:
+                self.record.error = _failure(exc)
+
     def event(self, t: int, event: SSEEvent) -> None:
         rec = self.record
         rec.events += 1
+        if rec.events > self.limits.events:
+            raise _Failed("protocol", self.limits.events_message(rec.events), "content_overflow")
         if rec.t_first_event is None:
             rec.t_first_event = t
         if event.data is None:
@@ -163,19 +192,23 @@ class _Stream:
             return
         try:
             obj = json.loads(data)
-        except ValueError:
-            rec.json_errors += 1
-            return
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the interpreter's stack
+            obj = None
         if not isinstance(obj, dict):
             rec.json_errors += 1
             return
+        self._object(t, obj, repeated)
+
+    def _object(self, t: int, obj: dict[str, Any], repeated: bool) -> None:
+        """One event's JSON object: an error in it, its usage, its choice 0."""
+        rec = self.record
         if "error" in obj and obj["error"] is not None:
             err = obj["error"]
             message = err.get("message") if isinstance(err, dict) else None
-            rec.in_band_error = str(message) if message else json.dumps(err, ensure_ascii=False)[:500]
+            rec.in_band_error = _words(message if message else err, _WORDS)
         usage = obj.get("usage")
         if isinstance(usage, dict):
-            rec.usage = usage
+            rec.usage = _bounded_usage(usage)
         choices = obj.get("choices")
         if isinstance(choices, list):
             self._choices(t, choices, repeated)
@@ -191,13 +224,55 @@ class _Stream:
                 delta = choice.get("delta")
                 text = delta.get("content") if isinstance(delta, dict) else None
             if text:
-                self.text.append(str(text))
+                text = text if isinstance(text, str) else _words(text, _WORDS)
+                self.text_chars += len(text)
+                if self.text_chars > self.limits.text_chars:
+                    raise _Failed("protocol", self.limits.text_message(), "content_overflow")
+                self.text.append(text)
                 rec.t_content.append(t)
                 rec.repeated_events += repeated
                 if rec.t_first_content is None:
                     rec.t_first_content = t
             if choice.get("finish_reason") is not None:
-                rec.finish_reason = str(choice["finish_reason"])
+                rec.finish_reason = _words(choice["finish_reason"], _FINISH_CHARS)
+
+
+def _words(value: Any, limit: int) -> str:
+    """A target's value as at most ``limit`` characters of text: a string as sent, anything else as JSON;
+    one nested too deep to print (``RecursionError``) by its type. Never raises."""
+    if isinstance(value, str):
+        return _scrubbed(value[:limit])
+    try:
+        return _scrubbed(json.dumps(value, ensure_ascii=False)[:limit])
+    except (RecursionError, ValueError, TypeError):
+        return f"<a JSON {type(value).__name__} too deep to print>"
+
+
+def _scrubbed(text: str) -> str:
+    """``text`` with each lone UTF-16 surrogate (a JSON ``"\\ud800"``) replaced by U+FFFD: the journal is UTF-8."""
+    return text if text.isascii() else _SURROGATE.sub("\ufffd", text)
+
+
+def _bounded_usage(usage: dict[Any, Any]) -> dict[str, Any]:
+    """What a record keeps of a usage object: its first ``_USAGE_KEYS`` numeric fields, and of each nested
+    object (``prompt_tokens_details``) its numeric fields: a target's usage cannot grow the journal or nest
+    deeper than two levels. Pure."""
+    out: dict[str, Any] = {}
+    for key, value in itertools.islice(usage.items(), _USAGE_KEYS):
+        if not (isinstance(key, str) and key.isascii()):
+            continue
+        if isinstance(value, dict):
+            nested = {k: v for k, v in itertools.islice(value.items(), _USAGE_KEYS)
+                      if isinstance(k, str) and k.isascii() and _number(v)}
+            if nested:
+                out[key] = nested
+        elif _number(value):
+            out[key] = value
+    return out
+
+
+def _number(value: Any) -> bool:
+    return value is None or isinstance(value, (int, float))
 
 
 async def _paced(raw: AsyncIterator[bytes], plan: ClientPlan) -> AsyncIterator[bytes]:
@@ -282,11 +357,11 @@ class _Exchange:
         rec = self.record
         rec.t_headers = t
         rec.status = status
-        rec.server = headers.get("server")
-        rec.via = headers.get("via")
-        rec.content_encoding = headers.get("content-encoding")
-        rec.content_type = headers.get("content-type", "")
-        rec.x_accel_buffering = headers.get("x-accel-buffering")
+        rec.server = _header(headers, "server")
+        rec.via = _header(headers, "via")
+        rec.content_encoding = _header(headers, "content-encoding")
+        rec.content_type = _header(headers, "content-type") or ""
+        rec.x_accel_buffering = _header(headers, "x-accel-buffering")
         if self.plan.hangup_while_queued:
             self._resolve(_Hangup("while_queued"))
             return
@@ -386,6 +461,12 @@ class _Exchange:
             await self.waiter
 
 
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    """A header's value as a record keeps it: at most ``HEADER_VALUE_CHARS`` characters."""
+    value = headers.get(name)
+    return value if value is None or len(value) <= HEADER_VALUE_CHARS else value[:HEADER_VALUE_CHARS]
+
+
 def not_event_stream(content_type: str) -> str:
     """Why a 2xx response with this Content-Type (one ``foreign_content_type`` refuses) is not an event
     stream, in words. Pure."""
@@ -397,10 +478,10 @@ def _http_message(status: int, body: bytes) -> str:
         obj = json.loads(body)
         err = obj.get("error", obj) if isinstance(obj, dict) else obj
         if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])[:500]
+            return _words(err["message"], _WORDS)  # scrubbed: a JSON "\\ud800" would jam the journal
         if isinstance(err, str):
-            return err[:500]
-    except ValueError:
+            return _scrubbed(err[:_WORDS])
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the interpreter's stack
         pass
     text = body.decode("utf-8", errors="replace").strip()
     return text[:500] or f"HTTP {status}"
@@ -420,10 +501,12 @@ async def stream_request(http: H1Client, url: str, body: Mapping[str, Any], reco
     ``queued_grace_s``: a ``hangup_while_queued`` plan hangs up when the response headers arrive or
     after this long, whichever is first, and always before reading any body byte.
     ``max_event_bytes``: an SSE line or event longer than this fails the stream (``protocol``).
+    A stream carrying more than its ``max_tokens`` allows (``chaos.load.limits``) fails as ``protocol``
+    with cause ``content_overflow``, a response head past its bound with cause ``header_overflow``.
     """
     plan = plan or ClientPlan()
     fault = plan.faults[0] if plan.faults else ""
-    state = _Stream(record, max_event_bytes)
+    state = _Stream(record, max_event_bytes, ContentLimits.for_tokens(record.max_tokens or _asked_tokens(body)))
     hang_after = plan.hangup_after_s
     if plan.hangup_while_queued:
         hang_after = queued_grace_s if hang_after is None else min(hang_after, queued_grace_s)
@@ -451,6 +534,12 @@ async def stream_request(http: H1Client, url: str, body: Mapping[str, Any], reco
         return record
     finally:
         state.finish(record.t_end or time.monotonic_ns(), flush=False)
+
+
+def _asked_tokens(body: Mapping[str, Any]) -> int | None:
+    """The ``max_tokens`` (or ``max_completion_tokens``) a request body asks for, if it names one."""
+    value = body.get("max_tokens", body.get("max_completion_tokens"))
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 class _Attempt:
@@ -537,7 +626,7 @@ def _failure(exc: Exception) -> ErrorInfo:
     """A stream's failure in words: a protocol or body failure, a request this client cannot send, a
     client closed before the request got a connection, a connect that failed."""
     if isinstance(exc, _Failed):
-        return ErrorInfo(exc.kind, exc.message[:500], cause=exc.cause)
+        return ErrorInfo(exc.kind, _scrubbed(exc.message[:500]), cause=exc.cause)
     if isinstance(exc, ConnectionClosed):
         return ErrorInfo("connect", str(exc))
     if isinstance(exc, ValueError):  # a URL or header this client cannot send

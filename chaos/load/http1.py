@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 import httptools
 
 from chaos.host.tls import tls_context
+from chaos.load.limits import HEAD_BYTES, HEAD_FIELDS, head_message
 from chaos.load.sdk_headers import openai_python_headers
 from chaos.model.errors import ChaosError
 
@@ -46,6 +47,10 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 class ConnectionClosed(ChaosError):
     """The connection went away before the response was complete (a cut stream)."""
+
+
+class _HeadOverflow(Exception):
+    """Internal: raised from a parser callback when a response head passed ``HEAD_BYTES`` or ``HEAD_FIELDS``."""
 
 
 def may_reuse(status: int, *, keep_alive: bool, complete: bool, in_band_error: bool = False) -> bool:
@@ -110,7 +115,7 @@ class Connection(asyncio.Protocol):
     __slots__ = (
         "client", "origin", "transport", "parser", "sink", "t_read", "status", "headers", "keep_alive",
         "complete", "closed", "framed", "idle_since", "reading_paused", "served", "reused", "answered",
-        "label", "previous", "idle_s",
+        "label", "previous", "idle_s", "head_read", "head_fields", "head_bytes",
     )
 
     def __init__(self, client: H1Client, origin: tuple[str, str, int]) -> None:
@@ -134,6 +139,12 @@ class Connection(asyncio.Protocol):
         self.label = ""  # the request under way, in words (its id), for the next one's error message
         self.previous = ""  # the last completed response: its status and request (for a stale connection)
         self.idle_s = 0.0  # how long the connection lay idle before the request under way
+        # the response head so far (``HEAD_BYTES``, ``HEAD_FIELDS``): bytes read while it was not complete,
+        # header fields parsed and their size; httptools joins a header's pieces with ``+=``, so an
+        # endless header grows quadratically in time (14-16 s of loop lag) and without bound in memory
+        self.head_read = 0
+        self.head_fields = 0
+        self.head_bytes = 0
 
     # ---- use by the request side -----------------------------------------------------------------
 
@@ -157,6 +168,7 @@ class Connection(asyncio.Protocol):
         self.idle_s = time.monotonic() - self.idle_since if self.reused else 0.0
         self.answered = False
         self.label = label
+        self.head_read = self.head_fields = self.head_bytes = 0
         self.transport.write(payload)
 
     def pause_reading(self) -> None:
@@ -200,7 +212,15 @@ class Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._fail("protocol", "the server switched protocols (upgrade) on a streaming request")
         except httptools.HttpParserError as exc:
-            self._fail("protocol", f"malformed HTTP response: {exc}")
+            if isinstance(exc.__context__, _HeadOverflow):  # a callback's exception comes back as its context
+                self._fail("protocol", str(exc.__context__), "header_overflow")
+            else:
+                self._fail("protocol", f"malformed HTTP response: {exc}")
+            return
+        if not self.status and not self.closed:  # the head is not complete yet (interim 1xx heads count towards it too)
+            self.head_read += len(data)
+            if self.head_read > HEAD_BYTES:
+                self._fail("protocol", head_message(f"{HEAD_BYTES} bytes without its end"), "header_overflow")
 
     def eof_received(self) -> bool:
         return False  # close our side too
@@ -232,15 +252,21 @@ class Connection(asyncio.Protocol):
                 f"previous response was {self.previous or 'unknown'}, which ended {self.idle_s:.3f}s before this "
                 "request was written into it")
 
-    def _fail(self, kind: str, message: str) -> None:
+    def _fail(self, kind: str, message: str, cause: str | None = None) -> None:
         sink, self.sink = self.sink, None
         self.close()
         if sink is not None:
-            sink.on_failed(self.t_read, kind, message)
+            sink.on_failed(self.t_read, kind, message, cause)
 
     # ---- httptools callbacks (called from inside feed_data) ------------------------------------
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self.head_fields += 1
+        self.head_bytes += len(name) + len(value) + 4  # ": " and CRLF
+        if self.head_fields > HEAD_FIELDS:
+            raise _HeadOverflow(head_message(f"{HEAD_FIELDS} header fields"))
+        if self.head_bytes > HEAD_BYTES:  # one read (at most 256 KiB) may carry a whole head past the bound
+            raise _HeadOverflow(head_message(f"{HEAD_BYTES} bytes"))
         self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:

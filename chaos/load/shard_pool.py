@@ -17,6 +17,15 @@ shards write into the run directory; pods can share a volume) is merged: records
 lost are added, moved by the same offset, so the verifiers see one observation set. A note
 ``shards`` records each shard's offset, its error bound, the offset measured again at the end (the
 drift) and how many records came live, from the file, or are missing.
+
+Nothing a peer does can hold the coordinator. Before it has proved it holds the token a peer is
+nobody: its hello is read with a 16 KiB limit within ``HELLO_TIMEOUT_S``, and at most
+``UNAUTHENTICATED_MAX`` such connections are open at once (the next is closed unread). Every call
+has a deadline (a run's: until its end and ``call_grace_s``; a quick one or one at teardown:
+``call_grace_s``), and a shard that misses it is lost: recorded with why, its connection cut (a
+shard whose coordinator goes away stops its load), the run going on without it or failing as a
+lost shard fails it. A shard is lost too when its reader ends for any reason, and every message is
+parsed by a bounded decoder and every record checked field by field (``chaos.load.shard_records``).
 """
 
 from __future__ import annotations
@@ -40,10 +49,13 @@ from chaos.host.runfiles import open_append
 from chaos.load.clock import ClockOffset, Exchange, estimate, shift_record
 from chaos.load.lag import merged_lag, merged_send_delay, summed_stats
 from chaos.load.shard_process import API_KEY_ENV, TOKEN_ENV, shard_journal_name
+from chaos.load.shard_records import figures, ints, numbers, stream_record
 from chaos.load.wire import (
+    HELLO_MAX_BYTES,
     MAX_LINE_BYTES,
     PROTOCOL_VERSION,
     ProtocolError,
+    decode,
     encode,
     read_message,
     rule_to_json,
@@ -52,15 +64,21 @@ from chaos.load.wire import (
 from chaos.load.workload import LoadSettings, LoadSpecLike, LoadTarget
 from chaos.model.context import ClientPolicy, ClientRule
 from chaos.model.errors import SetupFailed
-from chaos.model.observations import Note, StreamRecord, from_json, iter_journal
+from chaos.model.observations import Note, StreamRecord
 
-__all__ = ["ShardPool", "merge_journal_shard", "shard_shares"]
+__all__ = ["JournalShard", "ShardPool", "merge_journal_shard", "read_journal_shard", "shard_shares"]
 
 SYNC_EXCHANGES = 16  # round trips at connection; the least delayed one sets the offset
 END_EXCHANGES = 8  # again at close: how far the clocks drifted during the run
-HELLO_TIMEOUT_S = 10.0
+HELLO_TIMEOUT_S = 5.0  # a shard says hello as soon as it connects; a nobody is not kept waiting on
+UNAUTHENTICATED_MAX = 64  # connections open before their hello: K shards connect in milliseconds each
+SYNC_TIMEOUT_S = 20.0  # the 16 round trips at connection, together
+CALL_GRACE_S = 10.0  # a quick call's whole deadline; a timed one's (run, drain) beyond its own time
+END_CLOCK_S = 10.0  # the closing round trips, all shards at once
 CLOSE_TIMEOUT_S = 15.0
+HANG_UP_S = 5.0  # for every connection's reader to end once it is closed
 LIFETIME_MARGIN_S = 120.0  # a shard stops on its own this long after the run's hard stop
+OFFSET_BOUND = 2**61  # ns (73 years): a clock offset this large is made up; stamps ± it stay within 2^62
 
 
 def shard_shares(spec: LoadSpecLike, count: int) -> list[LoadSettings]:
@@ -76,22 +94,47 @@ def shard_shares(spec: LoadSpecLike, count: int) -> list[LoadSettings]:
     ]
 
 
+@dataclass
+class JournalShard:
+    """What one journal shard holds for the run: its stream records not already seen, on the
+    coordinator's clock, and what could not be taken from it."""
+
+    records: list[StreamRecord] = field(default_factory=list)
+    refused: str | None = None  # the whole file: not this run's shard
+    dropped: int = 0  # lines that were not a valid record (a killed writer's half line, wrong field types)
+    dropped_why: str | None = None  # the first of them
+
+
+def read_journal_shard(path: Path, offset_ns: int, seen: set[str], run_id: str) -> JournalShard:
+    """The stream records of one journal shard not already ``seen``, moved onto the coordinator's clock;
+    every line decoded with the protocol's bounds and every record checked as a live one is."""
+    out = JournalShard()
+    with open(path, "rb") as f:
+        while line := f.readline(MAX_LINE_BYTES + 1):
+            if not line.strip():
+                continue
+            try:
+                if len(line) > MAX_LINE_BYTES:
+                    while line and not line.endswith(b"\n"):  # the rest of an overlong line, in bounded reads
+                        line = f.readline(MAX_LINE_BYTES + 1)
+                    raise ProtocolError(f"a line longer than {MAX_LINE_BYTES} bytes")
+                body = decode(line)
+                kind = body.get("type") if isinstance(body, dict) else None
+                if kind == "shard" and body.get("run_id") != run_id:
+                    return JournalShard(refused=f"{path.name} belongs to run {body.get('run_id')!r}, not {run_id!r}")
+                if kind == "stream" and body.get("id") not in seen:
+                    out.records.append(shift_record(stream_record(body), -offset_ns))
+            except (ProtocolError, TypeError) as exc:  # TypeError: an id that cannot be looked up (a list)
+                out.dropped += 1
+                out.dropped_why = out.dropped_why or str(exc)
+    return out
+
+
 def merge_journal_shard(path: Path, offset_ns: int, seen: set[str],
                         run_id: str) -> tuple[list[StreamRecord], str | None]:
-    """The stream records of one journal shard not already ``seen``, moved onto the coordinator's clock.
-
-    ``(records, None)``, or ``([], why)`` when the file is not this run's shard (another run id).
-    """
-    records: list[StreamRecord] = []
-    for body in iter_journal(path):
-        kind = body.get("type")
-        if kind == "shard" and body.get("run_id") != run_id:
-            return [], f"{path.name} belongs to run {body.get('run_id')!r}, not {run_id!r}"
-        if kind == "stream" and body.get("id") not in seen:
-            record = from_json(body)
-            assert isinstance(record, StreamRecord)
-            records.append(shift_record(record, -offset_ns))
-    return records, None
+    """``(records, None)`` of ``read_journal_shard``, or ``([], why)`` when the file is not this run's shard."""
+    shard = read_journal_shard(path, offset_ns, seen, run_id)
+    return shard.records, shard.refused
 
 
 def _dial_address(listen_host: str, port: int) -> str:
@@ -166,6 +209,10 @@ class ShardPool:
         self._all_here: asyncio.Event | None = None
         self._closed = False
         self._closing = False
+        self._unauthenticated = 0  # connections open that have not said a valid hello yet
+        self._accept_failed = False  # whether a hello has failed with an error of ours (said once on stderr)
+        self._load_until_ns: int | None = None  # the load's deadline as it stands (run, move_deadline)
+        self.call_grace_s = CALL_GRACE_S  # tests shorten it; a run keeps the default
         self.address = ""
         policy.on_change.append(self._rules_changed)
 
@@ -177,8 +224,9 @@ class ShardPool:
             raise SetupFailed(f"load.shard_launch external: set {TOKEN_ENV} here and in every shard (a random secret)")
         self._all_here = asyncio.Event()
         host, _, port = self.listen.rpartition(":")
+        # every connection starts at the hello's limit: raised to MAX_LINE_BYTES once its token checks out
         self._server = await asyncio.start_server(self._accept, host.strip("[]") or None, int(port),
-                                                  limit=MAX_LINE_BYTES)
+                                                  limit=HELLO_MAX_BYTES)
         bound = self._server.sockets[0].getsockname()
         self.address = f"{host or '0.0.0.0'}:{bound[1]}"
         if self.launch == "local":
@@ -225,23 +273,49 @@ class ShardPool:
         return ("; " + "; ".join(out)) if out else ""
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One connection: a nobody until its hello proves the token, then a shard until it is lost or closed."""
+        if self._unauthenticated >= UNAUTHENTICATED_MAX or self._closed:
+            writer.close()  # too many nobodies at once: closed unread (a shard retries)
+            return
+        self._unauthenticated += 1
+        try:
+            peer = await self._hello(reader, writer)
+        except Exception as exc:  # noqa: BLE001 - a bug of ours a nobody found: one line, never a traceback per peer
+            writer.close()
+            if not self._accept_failed:
+                self._accept_failed = True  # the first only: a peer repeating it cannot fill the runner's stderr
+                print(f"load shard coordinator: a connection's hello failed: {type(exc).__name__}: {exc}"[:300],
+                      file=sys.stderr, flush=True)
+            return
+        finally:
+            self._unauthenticated -= 1
+        if peer is not None:
+            await self._serve(peer)
+
+    async def _hello(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> _Peer | None:
+        """The peer once its hello (within ``HELLO_MAX_BYTES`` and ``HELLO_TIMEOUT_S``) is this run's, else None."""
         try:
             hello = await asyncio.wait_for(read_message(reader), HELLO_TIMEOUT_S)
-            peer = self._admit(hello, reader, writer)
-        except (ProtocolError, asyncio.TimeoutError, ConnectionError):
+        except (ProtocolError, asyncio.TimeoutError, OSError):
             writer.close()  # not a shard of this run: nothing to say to it
-            return
-        if peer is None:
-            return
+            return None
+        peer = self._admit(hello, reader, writer)
+        if peer is not None:
+            # it holds the token: a record may now be as long as the protocol allows. StreamReader has no
+            # public setter; its limit is read at each readuntil (and sets when reading pauses)
+            vars(reader)["_limit"] = MAX_LINE_BYTES
+        return peer
+
+    async def _serve(self, peer: _Peer) -> None:
+        """Welcome the shard, measure its clock, then read it until it ends; however it ends, it is recorded."""
         peer.send({"op": "welcome", "config": self._config(peer.index)})
         peer.task = asyncio.current_task()
         self._peers[peer.index] = peer
+        reading = asyncio.ensure_future(self._reader(peer))
         try:
-            reading = asyncio.ensure_future(self._read(peer))
             try:
-                peer.clock = await self._sync(peer, SYNC_EXCHANGES)
+                peer.clock = await asyncio.wait_for(self._sync(peer, SYNC_EXCHANGES), SYNC_TIMEOUT_S)
             except asyncio.TimeoutError:
-                reading.cancel()
                 raise ProtocolError("it did not answer the clock round trips") from None
             peer.send({"op": "offset", "offset_ns": peer.clock.offset_ns, "bound_ns": peer.clock.bound_ns})
             peer.send({"op": "phase", "name": self._phase})
@@ -249,10 +323,11 @@ class ShardPool:
                     and self._all_here is not None):
                 self._all_here.set()
             await reading
-        except (ProtocolError, ConnectionError) as exc:
-            self._lost(peer, f"load shard {peer.index} ({peer.host}, pid {peer.pid}): {exc}")
+        except Exception as exc:  # noqa: BLE001 - whatever ends a shard's connection, it is lost, with why
+            self._lost(peer, f"{self._who(peer)}: {exc}")
         finally:
-            writer.close()
+            reading.cancel()
+            peer.writer.close()
 
     def _admit(self, hello: dict[str, Any] | None, reader: asyncio.StreamReader,
                writer: asyncio.StreamWriter) -> _Peer | None:
@@ -260,13 +335,14 @@ class ShardPool:
         why = None
         if hello is None or hello.get("op") != "hello":
             why = "expected a hello"
-        elif not hmac.compare_digest(str(hello.get("token", "")).encode(), self.token.encode()):
+        elif not hmac.compare_digest(str(hello.get("token", "")).encode("utf-8", "surrogatepass"),
+                                     self.token.encode("utf-8", "surrogatepass")):
             why = "wrong shard token"
         elif hello.get("version") != PROTOCOL_VERSION:
             why = f"protocol version {hello.get('version')!r}, this coordinator speaks {PROTOCOL_VERSION}"
         elif hello.get("count") != self.count:
             why = f"this run has {self.count} shards, the shard was started with --count {hello.get('count')}"
-        elif not isinstance(hello.get("index"), int) or not 0 <= hello["index"] < self.count:
+        elif type(hello.get("index")) is not int or not 0 <= hello["index"] < self.count:
             why = f"shard index {hello.get('index')!r} is not in 0..{self.count - 1}"
         elif hello["index"] in self._peers or self._closed:
             why = f"shard {hello['index']} is already connected" if not self._closed else "the run is over"
@@ -275,7 +351,9 @@ class ShardPool:
             writer.close()
             return None
         assert hello is not None
-        return _Peer(int(hello["index"]), reader, writer, hello.get("pid"), str(hello.get("host", "?")))
+        pid = hello.get("pid")
+        return _Peer(int(hello["index"]), reader, writer, pid if type(pid) is int else None,
+                     str(hello.get("host", "?"))[:255])
 
     def _config(self, index: int) -> dict[str, Any]:
         return {
@@ -299,46 +377,70 @@ class ShardPool:
                 done.append(await asyncio.wait_for(fut, 5.0))
             finally:
                 peer.pongs.pop(seq, None)
-        return estimate(done)
+        clock = estimate(done)
+        if abs(clock.offset_ns) >= OFFSET_BOUND:  # no two monotonic clocks are 73 years apart: stamps made up
+            raise ProtocolError(f"{self._who(peer)} answered with a clock {clock.offset_ns / 1e9:.3g} s away")
+        return clock
 
     @property
     def _loop(self) -> asyncio.AbstractEventLoop:
         return asyncio.get_running_loop()
 
+    @staticmethod
+    def _who(peer: _Peer) -> str:
+        return f"load shard {peer.index} ({peer.host}, pid {peer.pid})"
+
+    async def _reader(self, peer: _Peer) -> None:
+        """``_read``, and the peer lost however it ends: an error of any kind (an ``OverflowError`` or a
+        ``RecursionError`` once ended the reader and left the shard counted alive, every call then
+        waiting on it), or the connection closed before the run closed it."""
+        try:
+            await self._read(peer)
+        except asyncio.CancelledError:
+            if not self._closing:
+                self._lost(peer, f"{self._who(peer)}: its connection was cut")
+            raise
+        except Exception as exc:  # noqa: BLE001 - any end of the reader is the end of the shard, recorded
+            why = str(exc) if isinstance(exc, ProtocolError) else f"its reader failed: {type(exc).__name__}: {exc}"
+            self._lost(peer, f"{self._who(peer)}: {why}"[:1000])
+        else:
+            if not self._closing:  # at close a shard hanging up is the end of the run, not a loss
+                self._lost(peer, f"{self._who(peer)} closed its connection")
+
     async def _read(self, peer: _Peer) -> None:
         while True:
             message = await read_message(peer.reader)
             if message is None:
-                if not self._closing:
-                    self._lost(peer, f"load shard {peer.index} ({peer.host}, pid {peer.pid}) closed its connection")
                 return
             try:
                 self._message(peer, message)
-            except (KeyError, TypeError, ValueError) as exc:
-                raise ProtocolError(f"shard {peer.index} sent a malformed {message.get('op')!r} message: "
-                                    f"{exc!r}") from None
+            except (KeyError, TypeError, ValueError, OverflowError) as exc:
+                raise ProtocolError(f"shard {peer.index} sent a malformed {str(message.get('op'))[:40]!r} "
+                                    f"message: {exc!r}"[:500]) from None
 
     def _message(self, peer: _Peer, message: dict[str, Any]) -> None:
         op = message["op"]
         if op == "record":
-            record = from_json(message["record"])
-            if not isinstance(record, StreamRecord):
-                raise ProtocolError(f"shard {peer.index} sent a {type(record).__name__} as a record")
-            assert peer.clock is not None
+            if peer.clock is None:
+                raise ProtocolError(f"shard {peer.index} sent a record before its clock was measured")
+            record = stream_record(message["record"])
             peer.live.add(record.id)
             self.sink(shift_record(record, -peer.clock.offset_ns))
         elif op == "pong":
             t3 = time.monotonic_ns()
+            stamps = [message["t0"], message["t1"], message["t2"]]
+            if not ints(stamps):  # a 400-digit stamp made an offset no float holds: OverflowError in the report
+                raise ProtocolError(f"shard {peer.index} sent pong stamps that are not ints within ±2^62 ns")
             fut = peer.pongs.get(int(message["seq"]))
             if fut is not None and not fut.done():
-                fut.set_result(Exchange(int(message["t0"]), int(message["t1"]), int(message["t2"]), t3))
+                fut.set_result(Exchange(stamps[0], stamps[1], stamps[2], t3))
         elif op == "activity":
             if peer.clock is not None:  # before its clock is measured it has no stream in flight yet
-                peer.activity = [int(t) - peer.clock.offset_ns for t in message["stamps"]]
+                peer.activity = [int(t) - peer.clock.offset_ns for t in numbers(message["stamps"], "activity")]
         elif op == "reply":
             self._reply(peer.index, message)
         else:
-            raise ProtocolError(f"unexpected message {op!r} from shard {peer.index}")
+            raise ProtocolError(f"unexpected message {str(op)[:40]!r} from shard {peer.index}")
 
     def _reply(self, i: int, message: dict[str, Any]) -> None:
         entry = self._pending.get(int(message["seq"]))
@@ -347,12 +449,15 @@ class ShardPool:
         fut, results, waiting = entry
         if not message.get("ok"):
             if not fut.done():
-                fut.set_exception(SetupFailed(f"load shard {i}: {message.get('value')}"))
+                fut.set_exception(SetupFailed(f"load shard {i}: {str(message.get('value'))[:500]}"))
             self._pending.pop(int(message["seq"]), None)
             return
-        self._lag[i] = list(message.get("lag", []))
-        self._send_delay[i] = {str(k): list(v) for k, v in dict(message.get("send_delay", {})).items()}
-        self._stats[i] = dict(message.get("stats", {}))
+        delays = message.get("send_delay", {})
+        if type(delays) is not dict:
+            raise ProtocolError(f"send_delay: expected an object, got {str(delays)[:40]!r}")
+        self._lag[i] = numbers(message.get("lag", []), "lag")
+        self._send_delay[i] = {str(k)[:200]: numbers(v, "send_delay") for k, v in delays.items()}
+        self._stats[i] = figures(message.get("stats", {}))
         results[i] = message.get("value")
         waiting.discard(i)
         if not waiting:
@@ -361,11 +466,19 @@ class ShardPool:
                 fut.set_result(results)
 
     def _lost(self, peer: _Peer, why: str) -> None:
+        """The shard is gone (the first reason is kept): its calls and round trips fail now, and its
+        connection is cut, so a shard still there notices and stops its load."""
+        if peer.index in self._dead:
+            return
         self._dead[peer.index] = why
+        for pong in peer.pongs.values():
+            if not pong.done():
+                pong.set_exception(ProtocolError(why))
         for seq, (fut, _results, waiting) in list(self._pending.items()):
             if peer.index in waiting and not fut.done():
                 fut.set_exception(SetupFailed(why + "; its journal shard keeps what it recorded"))
                 del self._pending[seq]
+        peer.writer.transport.abort()  # not close(): that would wait for a peer that reads nothing
 
     # ---- commands ------------------------------------------------------------------------------
 
@@ -376,17 +489,42 @@ class ShardPool:
         for peer in self._alive():
             peer.send(message)
 
-    async def _call(self, cmd: str, args: list[list[Any]] | list[Any]) -> list[Any]:
+    async def _call(self, cmd: str, args: list[list[Any]] | list[Any], *,
+                    until: Callable[[], int] | None = None) -> list[Any]:
+        """``cmd`` to every live shard, and every answer, each by ``until()`` (monotonic ns; re-read each
+        second, as a run's end moves; default ``call_grace_s`` from now): a shard that has not answered
+        by then is lost, and the call fails as a lost shard's does."""
         peers = self._alive()
         if not peers:
             raise SetupFailed("every load shard is gone: " + "; ".join(self._dead.values()))
+        if until is None:
+            end_ns = time.monotonic_ns() + int(self.call_grace_s * 1e9)
+            until = lambda: end_ns  # noqa: E731 - one deadline, read as a moving one is
         seq = next(self._seq)
         fut: asyncio.Future[list[Any]] = self._loop.create_future()
         self._pending[seq] = (fut, [None] * self.count, {p.index for p in peers})
         per_shard = bool(args) and isinstance(args[0], list)
         for peer in peers:
             peer.send({"op": "call", "seq": seq, "cmd": cmd, "args": args[peer.index] if per_shard else args})
-        return await fut
+        started = time.monotonic()
+        try:
+            while not fut.done():
+                remaining = (until() - time.monotonic_ns()) / 1e9
+                if remaining <= 0:
+                    self._missed(seq, f"did not answer {cmd!r} within {time.monotonic() - started:.1f}s")
+                    break
+                await asyncio.wait({fut}, timeout=min(remaining, 1.0))
+            return await fut
+        finally:
+            if not fut.done():  # cancelled: nobody waits for the answers any more
+                fut.cancel()
+                self._pending.pop(seq, None)
+
+    def _missed(self, seq: int, why: str) -> None:
+        """Every shard that has not answered call ``seq`` is lost."""
+        entry = self._pending.get(seq)
+        for index in sorted(entry[2]) if entry is not None else ():
+            self._lost(self._peers[index], f"{self._who(self._peers[index])} {why}")
 
     def last_activity(self) -> list[int]:
         """Every live shard's in-flight streams' last-byte stamps, as it last reported them, moved onto
@@ -405,29 +543,41 @@ class ShardPool:
         self._phase = name
         self._broadcast({"op": "phase", "name": name})
 
+    def _within(self, seconds: float) -> Callable[[], int]:
+        """A call's deadline: ``seconds`` of its own from now, and the grace beyond them."""
+        end_ns = time.monotonic_ns() + int((max(0.0, seconds) + self.call_grace_s) * 1e9)
+        return lambda: end_ns
+
     async def ready(self) -> None:
         """Every shard connected and its clock measured (``open`` waited for that already), and answering."""
         await self._call("lag", [])
 
     async def run(self, deadline_ns: int) -> None:
-        await self._call("run", [deadline_ns])  # on this clock; each shard moves it onto its own
+        """The load until ``deadline_ns`` (on this clock; each shard moves it onto its own); a shard must
+        answer by that deadline, as it stands then (``move_deadline``), and the grace."""
+        self._load_until_ns = deadline_ns
+        grace_ns = int(self.call_grace_s * 1e9)
+        await self._call("run", [deadline_ns],
+                         until=lambda: (self._load_until_ns or deadline_ns) + grace_ns)
 
     async def move_deadline(self, deadline_ns: int) -> None:
+        self._load_until_ns = deadline_ns
         await self._call("deadline", [deadline_ns])  # as run's: each shard moves it onto its own clock
 
     async def drain(self, timeout: float) -> int:
-        return sum(n or 0 for n in await self._call("drain", [timeout]))
+        return _count(await self._call("drain", [timeout], until=self._within(timeout)))
 
     async def start(self, fault: str, streams: int, prompt_chars: int, max_tokens: int,
                     settle_s: float = 0.0) -> int:
         from chaos.load.workload import split_evenly
 
         shares = split_evenly(streams, self.count)
-        return sum(n or 0 for n in await self._call(
-            "start", [[fault, shares[i], prompt_chars, max_tokens, settle_s] for i in range(self.count)]))
+        return _count(await self._call(
+            "start", [[fault, shares[i], prompt_chars, max_tokens, settle_s] for i in range(self.count)],
+            until=self._within(settle_s)))
 
     async def stop(self, fault: str) -> int:
-        return sum(n or 0 for n in await self._call("stop", [fault]))
+        return _count(await self._call("stop", [fault]))
 
     def lag_stats(self) -> dict[str, Any]:
         return merged_lag(self._lag, self.lag_threshold)
@@ -456,45 +606,70 @@ class ShardPool:
         self._merge()
 
     async def _end_clocks(self) -> None:
-        """Each live shard's clock measured once more, to see how far it drifted over the run."""
-        for peer in self._alive():
-            with contextlib.suppress(Exception):
-                peer.clock_end = await asyncio.wait_for(self._sync(peer, END_EXCHANGES), 10.0)
+        """Each live shard's clock measured once more, all at once, to see how far it drifted over the
+        run; one that does not answer within ``END_CLOCK_S`` is lost."""
+        peers = self._alive()
+        ends = await asyncio.gather(*(asyncio.wait_for(self._sync(p, END_EXCHANGES), END_CLOCK_S) for p in peers),
+                                    return_exceptions=True)
+        for peer, end in zip(peers, ends, strict=True):
+            if isinstance(end, ClockOffset):
+                peer.clock_end = end
+            else:
+                self._lost(peer, f"{self._who(peer)} did not answer the closing clock round trips within "
+                                 f"{END_CLOCK_S:g}s ({type(end).__name__}: {end})")
 
     async def _close_shards(self) -> None:
         """Ask the live shards to close; note how many records each says it wrote."""
         try:
             if self._alive():
-                replies = await asyncio.wait_for(self._call("close", []), CLOSE_TIMEOUT_S)
+                replies = await self._call("close", [], until=self._within(CLOSE_TIMEOUT_S - self.call_grace_s))
                 for peer in self._peers.values():
                     value = replies[peer.index]
-                    if isinstance(value, dict):
-                        peer.written = value.get("records")
-        except (asyncio.TimeoutError, SetupFailed):
-            pass
+                    if isinstance(value, dict) and type(value.get("records")) is int:
+                        peer.written = value["records"]
+        except SetupFailed:
+            pass  # the shards that did not answer are lost, and their journal shards are merged below
 
     async def _hang_up(self) -> None:
-        """Close every connection and the server; wait a little for each connection's reader to end."""
+        """Close every connection and the server; wait a little for each connection's reader to end, then
+        cut what is left (a peer that reads nothing keeps a closing connection open forever)."""
         for peer in self._peers.values():
             peer.writer.close()
         if self._server is not None:
             self._server.close()
+        tasks = [p.task for p in self._peers.values() if p.task is not None and p.task is not asyncio.current_task()]
+        if tasks:
+            await asyncio.wait(tasks, timeout=HANG_UP_S)
         for peer in self._peers.values():
-            if peer.task is not None and peer.task is not asyncio.current_task():
-                with contextlib.suppress(Exception, asyncio.CancelledError):
-                    await asyncio.wait_for(asyncio.shield(peer.task), 5.0)
+            peer.writer.transport.abort()
 
     def _stop_local(self) -> None:
-        """Our own shard processes: a closed one exits by itself; one that never joined or closed is stopped."""
+        """Our own shard processes: a closed one exits by itself; one that never joined or closed is stopped.
+        All are waited for together: ``CLOSE_TIMEOUT_S`` in all, then killed."""
         closed = {p.pid for p in self._peers.values() if p.written is not None}
         for proc in self._procs:
             if proc.pid not in closed and proc.poll() is None:
                 proc.terminate()  # still dialling, or cut off: by its pid, never by name
+        deadline = time.monotonic() + CLOSE_TIMEOUT_S
+        for proc in self._procs:
             try:
-                proc.wait(CLOSE_TIMEOUT_S)
+                proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+
+    def _merge_file(self, path: Path, peer: _Peer, entry: dict[str, Any]) -> None:
+        """The records only ``path`` holds, to the sink; what was taken and dropped, to ``entry``."""
+        assert peer.clock is not None
+        try:
+            shard = read_journal_shard(path, peer.clock.offset_ns, peer.live, self.run_id)
+        except OSError as exc:
+            shard = JournalShard(refused=f"{path.name}: {exc.strerror or exc}")
+        for record in shard.records:
+            self.sink(record)
+        entry.update(journal=path.name, records_from_journal=len(shard.records), refused=shard.refused)
+        if shard.dropped:  # a line that was not a valid record: counted and named, never judged
+            entry.update(records_dropped=shard.dropped, dropped_why=shard.dropped_why)
 
     def _merge(self) -> None:
         """Add what only the journal shards hold; say per shard what came how, and the clocks."""
@@ -503,6 +678,8 @@ class ShardPool:
             peer = self._peers.get(i)
             entry: dict[str, Any] = {"index": i, "connected": peer is not None}
             shards[str(i)] = entry
+            if peer is not None and peer.clock is None and i in self._dead:
+                entry["lost"] = self._dead[i]  # connected, and lost before its clock was measured
             if peer is None or peer.clock is None:
                 continue
             entry.update(host=peer.host, pid=peer.pid, clock=asdict(peer.clock), records_live=len(peer.live),
@@ -512,10 +689,7 @@ class ShardPool:
                 entry["drift_ns"] = peer.clock_end.offset_ns - peer.clock.offset_ns
             path = self.run_dir / shard_journal_name(i)
             if path.is_file():
-                added, why = merge_journal_shard(path, peer.clock.offset_ns, peer.live, self.run_id)
-                for record in added:
-                    self.sink(record)
-                entry.update(journal=path.name, records_from_journal=len(added), refused=why)
+                self._merge_file(path, peer, entry)
             else:
                 entry["journal"] = None  # elsewhere (a pod without a shared volume): the live records are all there is
             known = len(peer.live) + entry.get("records_from_journal", 0)
@@ -527,3 +701,8 @@ class ShardPool:
                 "clock": "shard stamps moved by -offset_ns onto the coordinator's monotonic clock; error within "
                          "±bound_ns",
             }))
+
+
+def _count(values: list[Any]) -> int:
+    """The streams several shards counted (drain, start, stop): what is not a count is not added."""
+    return sum(n for n in values if type(n) is int and 0 <= n < 2**31)

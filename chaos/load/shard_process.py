@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.host.journal_file import JournalFile
+from chaos.host.redact import redact, register_secret
 from chaos.load.clock import shift_record
 from chaos.load.generator import LoadGenerator
 from chaos.load.wire import (
@@ -91,9 +92,10 @@ class _Shard:
             self.writer.write(encode(message))
 
     def sink(self, record: StreamRecord) -> None:
-        """Every record: to the journal shard first (it survives a broken connection), then to the coordinator."""
+        """Every record: to the journal shard first (it survives a broken connection), then to the coordinator;
+        redacted before either (a target that echoes the API key must not have it written or sent on)."""
         record = shift_record(record, self.skew_ns)
-        line = to_json(record)
+        line = redact(to_json(record))
         if self.journal is not None:
             self.journal.write(line)
             self.written += 1
@@ -221,6 +223,36 @@ async def _connect(host: str, port: int, timeout: float) -> tuple[asyncio.Stream
             await asyncio.sleep(CONNECT_RETRY_S)
 
 
+async def _introduce(shard_args: tuple[str, int, int, Path, int], token: str, connect_timeout: float,
+                     ) -> tuple[_Shard, dict[str, Any]]:
+    """Connect and say hello until the coordinator answers (a coordinator with too many unproven
+    connections open closes a new one unread: the shard dials again, within ``connect_timeout``);
+    the shard and its welcome, or ``ShardLost`` when refused."""
+    coordinator, index, count, journal_dir, skew_ns = shard_args
+    host, _, port = coordinator.rpartition(":")
+    deadline = time.monotonic() + connect_timeout
+    while True:
+        reader, writer = await _connect(host.strip("[]"), int(port), max(0.0, deadline - time.monotonic()))
+        shard = _Shard(reader, writer, index, count, journal_dir, skew_ns)
+        try:
+            shard.send({"op": "hello", "token": token, "index": index, "count": count, "version": PROTOCOL_VERSION,
+                        "pid": os.getpid(), "host": socket.gethostname()})
+            await writer.drain()
+            welcome = await asyncio.wait_for(read_message(reader), WELCOME_TIMEOUT_S)
+        except (ConnectionError, ProtocolError):
+            welcome = None
+        except BaseException:
+            writer.close()
+            raise
+        if welcome is not None and welcome["op"] == "welcome":
+            return shard, welcome
+        writer.close()
+        if welcome is not None or time.monotonic() + CONNECT_RETRY_S > deadline:
+            why = (welcome or {}).get("why", "it closed the connection")
+            raise ShardLost(f"the coordinator at {coordinator} refused shard {index}: {why}")
+        await asyncio.sleep(CONNECT_RETRY_S)  # closed unanswered: busy, not refused
+
+
 async def run_shard(coordinator: str, *, index: int, count: int, token: str, journal_dir: Path,
                     target_url: str | None = None, api_key: str | None = None, connect_timeout: float = 300.0,
                     skew_ns: int = 0) -> str:
@@ -228,16 +260,10 @@ async def run_shard(coordinator: str, *, index: int, count: int, token: str, jou
     host, _, port = coordinator.rpartition(":")
     if not host or not port.isdigit():
         raise SetupFailed(f"--coordinator {coordinator!r}: expected HOST:PORT")
-    reader, writer = await _connect(host.strip("[]"), int(port), connect_timeout)
-    shard = _Shard(reader, writer, index, count, journal_dir, skew_ns)
+    register_secret(api_key)  # the journal shard, its records and what it prints are redacted as the runner's are
+    register_secret(token)
+    shard, welcome = await _introduce((coordinator, index, count, journal_dir, skew_ns), token, connect_timeout)
     try:
-        shard.send({"op": "hello", "token": token, "index": index, "count": count, "version": PROTOCOL_VERSION,
-                    "pid": os.getpid(), "host": socket.gethostname()})
-        await writer.drain()
-        welcome = await asyncio.wait_for(read_message(reader), WELCOME_TIMEOUT_S)
-        if welcome is None or welcome["op"] != "welcome":
-            why = (welcome or {}).get("why", "it closed the connection")
-            raise ShardLost(f"the coordinator at {coordinator} refused shard {index}: {why}")
         shard.setup(welcome["config"], target_url, api_key)
         lifetime = float(welcome["config"].get("lifetime_s", 3600.0))
         serving = asyncio.ensure_future(asyncio.wait_for(shard.serve(), lifetime))
@@ -266,9 +292,9 @@ async def run_shard(coordinator: str, *, index: int, count: int, token: str, jou
         if shard.journal is not None:
             shard.journal.write({"type": "shard-end", "records": shard.written}, durable=True)
             shard.journal.close()
-        writer.close()
+        shard.writer.close()
         with contextlib.suppress(Exception):
-            await writer.wait_closed()
+            await shard.writer.wait_closed()
 
 
 def _on_signals(task: asyncio.Future[str]) -> list[str]:

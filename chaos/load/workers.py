@@ -1,4 +1,4 @@
-"""``load.workers: N``: the generator in N spawned processes, driven like one ``LoadGenerator``.
+"""``load.workers: N``: the generator in N processes of its own, driven like one ``LoadGenerator``.
 
 Each worker gets its share of the load (concurrency, rate, max_requests and background streams
 divided as evenly as integers allow) and its own request ids and seeds (via its worker index).
@@ -6,6 +6,13 @@ Records come back over a pipe in batches (``chaos.load.uplink``: a worker never 
 the pipe) and go to the parent's sink as they arrive, so the observation set is one merged stream;
 the parent forwards phase changes and client-rule changes to every worker.
 Monotonic clocks are system-wide on Linux, so stamps from different workers are comparable.
+
+A worker is ``python -P -m chaos.load.worker_process``, an entry point of ours, never the caller's
+``__main__``: multiprocessing's spawn re-ran the caller's main module in the child, so a script
+calling ``chaos.run()`` without an ``if __name__ == "__main__":`` guard ran its body twice (and the
+run failed), and ``python -`` failed on ``<stdin>``. The child gets the parent's ``sys.path`` as
+its ``PYTHONPATH`` (it finds chaos where the parent did, as spawn's copy of ``sys.path`` did) and
+its settings as the first message down its command pipe.
 """
 
 from __future__ import annotations
@@ -16,10 +23,13 @@ import itertools
 import multiprocessing
 import multiprocessing.connection
 import os
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from chaos.host.cadence import sleep_to_next_tick
+from chaos.host.children import spawn
 from chaos.load.generator import LoadGenerator
 from chaos.load.lag import merged_lag, merged_send_delay, summed_stats
 from chaos.load.uplink import FrameReader, Uplink
@@ -32,6 +42,7 @@ from chaos.model.observations import StreamRecord
 __all__ = ["WorkerPool"]
 
 _CLOSE_TIMEOUT_S = 10.0
+_ENTRY = "chaos.load.worker_process"  # python -m this: the worker's main module, ours
 
 
 # ---- the worker process ------------------------------------------------------------------------
@@ -47,8 +58,9 @@ def _watch(loop: asyncio.AbstractEventLoop, conn: multiprocessing.connection.Con
     os.set_blocking(conn.fileno(), True)
 
 
-def _worker_main(inbox: multiprocessing.connection.Connection, outbox: multiprocessing.connection.Connection,
-                 config: dict[str, Any]) -> None:
+def serve_pipes(inbox_fd: int, outbox_fd: int) -> None:
+    """A worker process's main (``python -m chaos.load.worker_process INBOX_FD OUTBOX_FD``): commands
+    come down ``inbox_fd``, the first of them its settings; records and replies go up ``outbox_fd``."""
     import signal
 
     from chaos.load.loop import run
@@ -58,6 +70,12 @@ def _worker_main(inbox: multiprocessing.connection.Connection, outbox: multiproc
     # a KeyboardInterrupt here would only cut that short and print a traceback. SIGTERM still ends
     # it, and a parent that dies closes the pipe, which ends `serve`.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    inbox = multiprocessing.connection.Connection(inbox_fd, writable=False)
+    outbox = multiprocessing.connection.Connection(outbox_fd, readable=False)
+    try:
+        config = inbox.recv()
+    except EOFError:
+        return  # the parent went away before it sent the settings: nothing to run
     run(_worker(inbox, outbox, config))  # uvloop when installed: the worker's loop is ours to choose
 
 
@@ -185,10 +203,9 @@ class WorkerPool:
         self._unconfirmed: list[int] = []  # workers whose close reply did not arrive within _CLOSE_TIMEOUT_S
         conc = split_evenly(spec.concurrency, count) if spec.concurrency is not None else [None] * count
         reqs = split_evenly(spec.max_requests, count) if spec.max_requests is not None else [None] * count
-        ctx = multiprocessing.get_context("spawn")
         self._conns: list[multiprocessing.connection.Connection] = []  # parent → worker i (commands)
         self._inboxes: list[multiprocessing.connection.Connection] = []  # worker i → parent (records, replies)
-        self._procs: list[multiprocessing.process.BaseProcess] = []
+        self._procs: list[subprocess.Popen[bytes]] = []
         self._readers: list[asyncio.BaseTransport] = []
         for i in range(count):
             part = LoadSettings.of(
@@ -201,21 +218,41 @@ class WorkerPool:
             config = {
                 "spec": part, "target": target, "worker_index": i, "workers": count, "rules": dict(policy.rules),
             }
-            # one pipe per direction (see _watch): commands down, records and replies up
-            down_r, down_w = ctx.Pipe(duplex=False)
-            up_r, up_w = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_worker_main, args=(down_r, up_w, config), name=f"streamchaos-load-{i}",
-                               daemon=True)
-            proc.start()
-            down_r.close()
-            up_w.close()
-            self._conns.append(down_w)
-            self._inboxes.append(up_r)
-            self._procs.append(proc)
+            self._start_worker(config)
         policy.on_change.append(self._rules_changed)
         self._policy = policy
 
     # ---- plumbing ----
+
+    def _start_worker(self, config: dict[str, Any]) -> None:
+        # one pipe per direction (see _watch): commands down, records and replies up
+        down_r, down_w = multiprocessing.Pipe(duplex=False)
+        up_r, up_w = multiprocessing.Pipe(duplex=False)
+        try:
+            proc = _start_process(down_r.fileno(), up_w.fileno())
+        except BaseException:
+            for conn in (down_r, down_w, up_r, up_w):
+                conn.close()
+            self._kill_started()
+            raise
+        finally:
+            down_r.close()  # the child holds its own copies
+            up_w.close()
+        self._conns.append(down_w)
+        self._inboxes.append(up_r)
+        self._procs.append(proc)
+        try:
+            down_w.send(config)  # blocks only until the child reads, past the pipe's 64 KiB
+        except OSError:
+            pass  # it died at once: its uplink's end says so (_lost) at the first call
+
+    def _kill_started(self) -> None:
+        """A worker failed to start: the ones already started go (our own children, by pid)."""
+        for proc in self._procs:
+            proc.kill()
+            _exited_within(proc, 5)
+        for conn in (*self._conns, *self._inboxes):
+            conn.close()
 
     async def _attach(self) -> None:
         loop = asyncio.get_running_loop()
@@ -234,7 +271,7 @@ class WorkerPool:
         """Worker ``i``'s uplink closed: it exited (or closed after its last reply)."""
         if i in self._dead:
             return
-        code = self._procs[i].exitcode
+        code = self._procs[i].poll()
         self._dead[i] = f"load worker {i} (pid {self._procs[i].pid}) exited (code {code})"
         for seq, (fut, _results, waiting) in list(self._pending.items()):
             if i in waiting and not fut.done():
@@ -380,10 +417,9 @@ class WorkerPool:
         finally:
             loop = asyncio.get_running_loop()
             for proc in self._procs:
-                await loop.run_in_executor(None, proc.join, _CLOSE_TIMEOUT_S)
-                if proc.is_alive():
+                if not await loop.run_in_executor(None, _exited_within, proc, _CLOSE_TIMEOUT_S):
                     proc.kill()  # our own child, by its pid; it ignored a close request
-                    await loop.run_in_executor(None, proc.join, 5)
+                    await loop.run_in_executor(None, _exited_within, proc, 5)
             for transport in self._readers:
                 transport.close()
             for conn in self._inboxes:
@@ -392,3 +428,32 @@ class WorkerPool:
                 conn.close()
             self._dead.update({i: "closed" for i in range(self.count)})
 
+
+def _start_process(inbox_fd: int, outbox_fd: int) -> subprocess.Popen[bytes]:
+    """One worker process, from our entry point (see the module's docstring). ``-P``: nothing from the
+    working directory comes before the parent's path."""
+    if not sys.executable:
+        raise SetupFailed("cannot start the load process: sys.executable is empty (an embedded interpreter); "
+                          "set load.process: runner to run the load on the runner's loop")
+    env = dict(os.environ, PYTHONPATH=_parent_path())
+    try:
+        return spawn([sys.executable, "-P", "-m", _ENTRY, str(inbox_fd), str(outbox_fd)],
+                     pass_fds=(inbox_fd, outbox_fd), stdin=subprocess.DEVNULL, env=env)
+    except OSError as exc:
+        raise SetupFailed(f"cannot start the load process ({sys.executable}): {exc}") from exc
+
+
+def _parent_path() -> str:
+    """This process's ``sys.path`` as a ``PYTHONPATH``, relative entries (``''`` of ``-c``, stdin, a REPL)
+    made absolute; an entry holding the separator cannot be written there and is left out."""
+    cwd = os.getcwd()
+    entries = [os.path.join(cwd, p) for p in sys.path if isinstance(p, str)]
+    return os.pathsep.join(p for p in entries if os.pathsep not in p)
+
+
+def _exited_within(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return True

@@ -90,6 +90,7 @@ class ProxyInfo:
     upstream: str  # host:port of the target
     server: str  # embedded | binary | docker | external
     supports_buffer: bool = False  # the non-standard `buffer` toxic (embedded server only)
+    token: str | None = field(default=None, repr=False)  # the run's token of an embedded server: never printed
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@
     │   ├── FaultPermissionDenied the fault needs privileges this process lacks
     │   ├── FaultRefused         the system refused the fault's action (a disruption budget): nothing changed
     │   └── FaultRevertFailed    an inject succeeded but its revert did not (see the journal)
+    ├── ReportWriteFailed        a finished run's report file could not be written (which file, why)
+    ├── RollbackInProgress       another process is rolling the same run back (its pid)
     └── VerificationInconclusive the observations cannot decide a verdict
 
 SLA verdicts are result objects, never exceptions: a failing SLA is an outcome, not an error.
@@ -29,6 +31,8 @@ __all__ = [
     "FaultRevertFailed",
     "FaultUnsupported",
     "Problem",
+    "ReportWriteFailed",
+    "RollbackInProgress",
     "SetupFailed",
     "TargetNotAllowed",
     "TargetUnreachable",
@@ -125,3 +129,20 @@ class VerificationInconclusive(ChaosError):
     """The observations are not enough to decide a verdict."""
 
     exit_code = 3
+
+
+class ReportWriteFailed(ChaosError):
+    """A report file of a finished run could not be written; the message names each file and why.
+
+    Exit 4: the run's record (report.json, junit.xml) is part of what was asked for."""
+
+    exit_code = 4
+
+
+class RollbackInProgress(ChaosError):
+    """Another process holds the run's rollback lock; the message names its pid. Nothing was done.
+
+    Exit 4 from ``streamchaos rollback`` (this one did not roll back); the watchdog stands down (0)."""
+
+    exit_code = 4
+    holder: str = "unknown"  # the pid of the rollback in progress, as its lock file names it

@@ -96,8 +96,10 @@ class ErrorInfo:
     which: ``connect_timeout`` (the TCP connect's own limit: the request never reached the server),
     ``no_connection`` (the request timeout ran out before a connection was had: never sent), or
     ``request_timeout`` (sent, and no complete response within the request timeout: the client left
-    a request the server may still serve). None where the client could not tell, and in journals
-    written before it existed."""
+    a request the server may still serve). A ``protocol`` error's cause ``content_overflow``: the stream
+    carried more than its ``max_tokens`` allows (events, body bytes or content characters, the bounds
+    of ``chaos.load.limits``) and was cut; ``header_overflow``: the response head passed 64 KiB or 100
+    fields. None where the client could not tell, and in journals written before it existed."""
 
     kind: str
     message: str

@@ -86,8 +86,9 @@ class PrometheusExporter:
                  push_interval_s: float = 10.0, job: str = "streamchaos") -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-        if push_url is not None and not push_url.startswith(("http://", "https://")):
-            raise UsageError(f"--push-metrics {push_url}: expected an http:// or https:// Pushgateway URL")
+        push_auth: tuple[str, str] | None = None
+        if push_url is not None:
+            push_url, push_auth = _push_target(push_url)
         self.registry: CollectorRegistry = CollectorRegistry(auto_describe=True)
         r, stream_labels = self.registry, ("experiment", "phase")
         self.ttft = Histogram("streamchaos_ttft_seconds", METRICS["streamchaos_ttft_seconds"], stream_labels,
@@ -120,7 +121,8 @@ class PrometheusExporter:
         self._capacity: dict[str, Gauge] = {}  # made by the first capacity figures: a run exports none
         self.experiment = ""
         self.end_rule: EndRule = STRICT_END
-        self.push_url, self.job, self.push_interval_s = push_url, job, push_interval_s
+        self.push_url, self.job, self.push_interval_s = push_url, job, push_interval_s  # push_url: no userinfo
+        self._push_auth = push_auth
         self.push_errors: list[str] = []
         self._in_force: set[str] = set()
         self._stop = threading.Event()
@@ -156,7 +158,8 @@ class PrometheusExporter:
 
         try:
             push_to_gateway(self.push_url, job=self.job, registry=self.registry,
-                            grouping_key={"experiment": self.experiment or "unknown"}, timeout=5.0)
+                            grouping_key={"experiment": self.experiment or "unknown"}, timeout=5.0,
+                            handler=_direct_handler(self._push_auth))
             return True
         except Exception as exc:  # noqa: BLE001 - a Pushgateway that is down must not stop the run
             message = f"push to {self.push_url} failed: {exc}"
@@ -302,3 +305,52 @@ def _error_kinds(st: StreamRecord) -> list[str]:
     from sla.stream_errors import error_kinds
 
     return error_kinds(st)
+
+
+def _push_target(url: str) -> tuple[str, tuple[str, str] | None]:
+    """The ``--push-metrics`` URL without its userinfo, and the userinfo as (user, password).
+
+    The credentials then go only in an ``Authorization: Basic`` header to the Pushgateway itself: a
+    URL's ``user:password@`` is written into the request line an HTTP proxy reads, and into every
+    message that quotes the URL. ``UsageError`` for a URL that is not http(s) or has a bad port."""
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    if not url.startswith(("http://", "https://")):
+        shown = url.rsplit("@", 1)[-1] if "@" in url else url
+        raise UsageError(f"--push-metrics {shown}: expected an http:// or https:// Pushgateway URL")
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        raise UsageError(f"--push-metrics: the URL's port is not a port number ({parts.hostname})") from None
+    if parts.username is None and parts.password is None:
+        return url, None
+    host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname or ""
+    netloc = host if port is None else f"{host}:{port}"
+    auth = (unquote(parts.username or ""), unquote(parts.password or ""))
+    return urlunsplit(parts._replace(netloc=netloc)), auth
+
+
+def _direct_handler(auth: tuple[str, str] | None) -> Any:
+    """prometheus-client's push handler, over httpx straight to the Pushgateway.
+
+    ``trust_env=False``, as every other HTTP client of ours: an ``HTTP(S)_PROXY`` set for downloads
+    must not carry the push (nor, over plain http, read its Basic credentials in clear), and the
+    same TLS trust as the rest of the run. Redirects are not followed, so the credentials reach the
+    URL's own host and no other."""
+
+    def handler(url: str, method: str, timeout: float | None, headers: Sequence[tuple[str, str]],
+                data: bytes) -> Any:
+        def handle() -> None:
+            import httpx
+
+            from chaos.host.tls import tls_context
+
+            response = httpx.request(method, url, content=data, headers=list(headers), auth=auth, timeout=timeout,
+                                     trust_env=False, verify=tls_context(), follow_redirects=False)
+            if response.status_code >= 300:
+                raise OSError(f"the Pushgateway answered {response.status_code} {response.reason_phrase}")
+
+        return handle
+
+    return handler

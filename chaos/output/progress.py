@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TextIO
+from typing import Any, TextIO
 
 from chaos.execution.events import RunEvent, RunFinished, RunStarted, Stage, VerdictsReady
 from chaos.model.observations import FaultEvent, Note
@@ -42,7 +42,7 @@ def describe(event: RunEvent) -> str | None:
 
 def _note_line(note: Note) -> str | None:
     """The notes a person watching the run must see: which engine profile and why, what the preflight
-    dropped, a failing metrics scrape, a halt's cause."""
+    dropped, a failing metrics scrape, a halt's cause, an unguarded Toxiproxy."""
     data = note.data
     if note.topic == "engine_profile":
         prof = data.get("profile") or {}
@@ -66,7 +66,15 @@ def _note_line(note: Note) -> str | None:
                 f"({data.get('failures')} so far{every})")
     if note.topic == "halt":
         return f"  !! halt: {data.get('reason')}"
+    if note.topic == "proxy":
+        return _proxy_lines(data)
     return None
+
+
+def _proxy_lines(data: dict[str, Any]) -> str | None:
+    """A Toxiproxy's notes (a binary or container the run was told to use: its API is unguarded)."""
+    notes = [str(n) for n in data.get("notes") or () if n]
+    return "\n".join(f"  !! Toxiproxy ({data.get('server')} at {data.get('api_url')}): {n}" for n in notes) or None
 
 
 class ConsoleProgress:

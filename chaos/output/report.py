@@ -19,7 +19,8 @@ from chaos.execution.coverage import fault_times, phase_times
 from chaos.execution.events import RunEvent, RunFinished
 from chaos.execution.halt import top_errors
 from chaos.host.redact import redact, redact_bytes
-from chaos.host.runfiles import replace_file, write_new
+from chaos.host.runfiles import release_dir, replace_file, write_new
+from chaos.model.errors import ReportWriteFailed
 from chaos.model.observations import Observations
 from chaos.output.render import verdict_label, verdict_line, verdict_table
 from chaos.output.reports.phases import until_text
@@ -31,8 +32,8 @@ __all__ = ["ENVIRONMENT_NOTES", "ReportWriter", "environment", "fault_timeline",
            "report_dict", "write_reports"]
 
 # Notes that describe the environment rather than what happened (shown in the report's environment section).
-ENVIRONMENT_NOTES = ("target", "proxy", "engine_profile", "profile", "preflight", "warmup", "client_lag",
-                     "allowed_targets", "shards")
+ENVIRONMENT_NOTES = ("target", "proxy", "proxy_watch", "engine_profile", "profile", "preflight", "warmup",
+                     "client_lag", "allowed_targets", "shards")
 
 
 def fault_timeline(obs: Observations) -> list[dict[str, Any]]:
@@ -382,7 +383,8 @@ def _xml_text(body: str) -> bytes:
 def write_reports(result: Result, *, json_name: str = "report.json", html_name: str | None = "report.html",
                   junit_name: str | None = "junit.xml", replace: bool = False) -> None:
     """The run's report files, each created new (0600, never through a link; ``replace``: renamed over
-    an earlier one). Each is written even when another fails; the first failure is raised after."""
+    an earlier one). Each is written even when another fails; then a page's bug is raised as it is, and
+    files the host refused (a name taken, a full disk) as one ``ReportWriteFailed`` naming each (exit 4)."""
     out = Path(result.out_dir)
     write = replace_file if replace else write_new
     report = report_dict(result)
@@ -395,15 +397,29 @@ def write_reports(result: Result, *, json_name: str = "report.json", html_name: 
     if junit_name:
         pages.append((junit_name, lambda: _xml_text(ET.tostring(cast(ET.Element, _junit(result).getroot()),
                                                                 encoding="unicode"))))
-    failure: Exception | None = None
+    failures: list[str] = []
+    bug: Exception | None = None
     for name, render in pages:
         try:
             data = render()  # a credential a target echoed, a URL's userinfo: never written (chaos.host.redact)
             write(out / name, redact_bytes(data) if isinstance(data, bytes) else redact(data))
-        except Exception as exc:  # noqa: BLE001 - the other files are still written; raised below
-            failure = failure or exc
-    if failure is not None:
-        raise failure
+        except OSError as exc:  # the other files are still written; each one that was not is named below
+            failures.append(f"{out / name}: {_why_not_written(exc)}")
+        except Exception as exc:  # noqa: BLE001 - a page's bug: the other files are still written; raised below
+            bug = bug or exc
+    if bug is not None:
+        raise bug
+    if failures:
+        written = [name for name, _ in pages if not any(f.startswith(f"{out / name}:") for f in failures)]
+        raise ReportWriteFailed("could not write " + "; ".join(failures)
+                                + (f" (written: {', '.join(written)})" if written else ""))
+
+
+def _why_not_written(exc: OSError) -> str:
+    """Why a report file was not written, in words (its errno's text kept)."""
+    if isinstance(exc, FileExistsError):
+        return "something is already there (a file or a link, not written through); give a new --out"
+    return exc.strerror or str(exc)
 
 
 class ReportWriter:
@@ -416,5 +432,8 @@ class ReportWriter:
 
     def on_event(self, event: RunEvent) -> None:
         if isinstance(event, RunFinished):
-            write_reports(event.result, json_name=self.json_name, html_name=self.html_name, junit_name=self.junit_name,
-                          replace=self.replace)
+            try:
+                write_reports(event.result, json_name=self.json_name, html_name=self.html_name,
+                              junit_name=self.junit_name, replace=self.replace)
+            finally:  # the run's last files: its directory's descriptor is let go (chaos.host.runfiles)
+                release_dir(event.result.out_dir)

@@ -5,7 +5,10 @@ one it runs the builtin stack from this host's Python (``chaos.targets.host_imag
 shaped by the same keys as a builtin target. By default (``network: bridge``) the container gets a
 bridge network of the run's own (labelled like the container, removed with it) and its port is
 published on 127.0.0.1 only, so a server that binds 0.0.0.0 inside (vLLM's default) is not on the
-host's interfaces; ``network: host`` puts it on the host's network instead.
+host's interfaces; ``network: host`` puts it on the host's network instead. There whoever binds
+the port first answers it, so the port must be free before the container starts and the socket
+answering it held by the container's own processes before any request (the API key with it) goes
+there (``chaos.host.listeners``).
 
 The container is labelled with the run (``chaos.docker.containers.run_labels``) and journaled as a
 resource before it is created and again with its id, so ``streamchaos rollback`` (and the watchdog,
@@ -38,6 +41,7 @@ from chaos.docker.containers import (
     run_labels,
 )
 from chaos.host.capped import JSON_LIMIT, Capped, clip, get_capped
+from chaos.host.listeners import descendants, foreign_listener, listeners, listening
 from chaos.host.redact import register_secret
 from chaos.host.tls import tls_context
 from chaos.model.context import TargetInfo
@@ -74,7 +78,8 @@ SECTION = (
               "or host (the host's network: a server binding 0.0.0.0 listens on every interface)"),
     Param("port", "int", None, min=1, max=65535,
           doc="docker: the port the server listens on in the container (image default 8000)"),
-    Param("volumes", "str_list", (), doc="docker: bind mounts HOST:CONTAINER[:ro|rw], read-only unless :rw"),
+    Param("volumes", "str_list", (), doc="docker: bind mounts HOST:CONTAINER[:ro|rw], read-only unless :rw; "
+          "one host path may go to several container paths, each container path takes one"),
     Param("hardening", "choice", "default", choices=("default", "none"),
           doc="docker image targets: default drops NET_RAW, MKNOD, SYS_CHROOT, SETFCAP, SETPCAP, AUDIT_WRITE and sets "
               "no-new-privileges; none keeps Docker's defaults"),
@@ -98,7 +103,8 @@ def container_config(
     mounts: dict[str, dict[str, str]] | None = None, hardened_user: str | None = None,
     host_port: int | None = None,
 ) -> dict[str, Any]:
-    """Keyword arguments for ``client.containers.create``, from the target spec. Pure.
+    """Keyword arguments for ``client.containers.create``, from the target spec. Pure but for a
+    ``SetupFailed`` when two mounts claim one container path.
 
     ``host_port`` (bridge): the loopback port to publish ``port`` on; None lets Docker pick one,
     which it may change when the container is started again (``docker.kill`` with a restart).
@@ -106,10 +112,7 @@ def container_config(
     ``hardened_user`` (the host-Python stack): run as that uid:gid with a read-only root, a private
     /tmp, no capabilities and no new privileges.
     """
-    volumes = dict(mounts or {})
-    for text in spec.volumes:
-        host, inside, mode = parse_volume(text)
-        volumes[host] = {"bind": inside, "mode": mode}
+    volumes = _binds(mounts or {}, spec.volumes)
     config: dict[str, Any] = {
         "image": image,
         "name": name,
@@ -140,6 +143,22 @@ def container_config(
         # capabilities, audit writes, and gaining privileges through a setuid binary
         config.update(cap_drop=list(IMAGE_CAP_DROP), security_opt=["no-new-privileges"])
     return config
+
+
+def _binds(mounts: dict[str, dict[str, str]], volumes: tuple[str, ...] | list[str]) -> list[str]:
+    """``HOST:CONTAINER:MODE`` binds, the list form the SDK takes: its dict form is keyed by host path, so
+    one host path mounted twice (read-only here, writable there) would keep only one mount. ``mounts``
+    (the host-Python stack's own) first; a volume over a container path already taken is refused."""
+    binds: dict[str, str] = {}  # container path → its bind
+    for host, mount in mounts.items():
+        binds[mount["bind"]] = f"{host}:{mount['bind']}:{mount['mode']}"
+    for text in volumes:
+        host, inside, mode = parse_volume(text)
+        bind = f"{host}:{inside}:{mode}"
+        if binds.setdefault(inside, bind) != bind:  # one container path takes one mount (docker refuses two)
+            raise SetupFailed(f"target.volumes: {text!r} mounts at {inside}, where {binds[inside]} is mounted "
+                              "already; give it another container path")
+    return list(binds.values())
 
 
 def published_port(attrs: dict[str, Any], port: int) -> int | None:
@@ -211,7 +230,8 @@ class DockerTarget(Target):
                     "only", 1)
         else:
             root = f"http://127.0.0.1:{port}"
-            out.say(f"network host: the host's network, the server listening on port {port}", 1)
+            out.say(f"network host: the host's network, the server listening on port {port} (refused if another "
+                    "process holds it before the start or answers it before the container's server does)", 1)
         for problem in _dry_problems(spec):
             out.say(f"NOT POSSIBLE HERE: {problem}", 1)
             out.worst(4)
@@ -284,9 +304,11 @@ class DockerTarget(Target):
             self.port = spec.port or DEFAULT_IMAGE_PORT
             config = container_config(spec, image=image, port=self.port, labels=labels, name=name,
                                       host_port=_free_port())
-        for host in config["volumes"]:
+        for host, _, _ in map(parse_volume, spec.volumes):
             if not Path(host).exists():
                 raise SetupFailed(f"target.volumes: {host} does not exist on this host")
+        if spec.network == "host":
+            self._refuse_taken_port()
         # journaled (fsync'd) before it exists: rollback finds it by its labels even if we die right after
         self._planned = True
         self.record({"name": "target", "kind": RESOURCE_KIND, "action": "plan",
@@ -327,6 +349,30 @@ class DockerTarget(Target):
                     remove_container(container, None)
                 config["ports"] = {key: ("127.0.0.1", _free_port()) for key in config["ports"]}
         return container
+
+    def _refuse_taken_port(self) -> None:
+        """On the host's network whoever listens on the port first answers the run, API key and load: a
+        port already taken is refused before anything is created."""
+        taken = listeners(self.port)
+        if taken:
+            who = "; ".join(listener.describe() for listener in taken)
+            raise SetupFailed(f"port {self.port} (target.port) is already in use on this host: {who}. With "
+                              "target.network: host whoever listens there would receive the run's requests and "
+                              "its API key; stop that process, choose another target.port, or use network: bridge")
+
+    def _own_listener(self, root_pid: int | None) -> bool:
+        """Whether the container's processes (``root_pid``, its init seen from this host, and every process
+        below it) listen on the port: False while nothing listens there yet; ``SetupFailed`` when a socket
+        answering 127.0.0.1 on it is another process's (it bound first, and would get the key and the load)."""
+        if not listening(self.port):
+            return False
+        stranger = foreign_listener(self.port, descendants(root_pid) if root_pid else set())
+        if stranger is not None:
+            raise SetupFailed(f"port {self.port} on this host's network (target.network: host) is answered by "
+                              f"{stranger.describe()}, not by the target container {str(self.container_id)[:12]}: "
+                              "no request (nor the API key) was sent to it; stop that process, or choose another "
+                              "target.port")
+        return True
 
     @staticmethod
     def _make_network(client: Any, name: str, labels: dict[str, str]) -> None:
@@ -413,20 +459,27 @@ class DockerTarget(Target):
                     tail = await asyncio.to_thread(self._log_tail)
                     raise SetupFailed(f"the target container {facts['container']} is {facts['status']} (exit code "
                                       f"{facts['exit_code']}) before it answered; its last lines:\n{tail}")
-                port = facts.get("host_port") or self.port
-                root = f"http://127.0.0.1:{port}"
-                try:
-                    response = await get_capped(client, root + "/v1/models", limit=JSON_LIMIT, deadline=READ_DEADLINE_S)
-                    if response.status_code < 400:
-                        return await self._info(client, root, response, facts)
-                    last = f"HTTP {response.status_code}"
-                except httpx.HTTPError as exc:
-                    last = repr(exc)
+                root = f"http://127.0.0.1:{facts.get('host_port') or self.port}"
+                answer = await self._probe(client, root, facts)
+                if not isinstance(answer, str):
+                    return await self._info(client, root, answer, facts)
+                last = answer
                 if time.monotonic() > deadline:
                     tail = await asyncio.to_thread(self._log_tail)
                     raise SetupFailed(f"the target container {facts['container']} did not answer {root}/v1/models "
                                       f"within {self.spec.startup_timeout:g}s ({last}); its last lines:\n{tail}")
                 await asyncio.sleep(POLL_S)
+
+    async def _probe(self, client: httpx.AsyncClient, root: str, facts: dict[str, Any]) -> Capped | str:
+        """One readiness request: the answer, or why there is none yet. On the host's network it (and the
+        API key it carries) goes only where the container's own processes listen."""
+        if self.spec.network == "host" and not await asyncio.to_thread(self._own_listener, facts.get("pid")):
+            return f"nothing listens on 127.0.0.1:{self.port} yet"
+        try:
+            response = await get_capped(client, root + "/v1/models", limit=JSON_LIMIT, deadline=READ_DEADLINE_S)
+        except httpx.HTTPError as exc:
+            return repr(exc)
+        return response if response.status_code < 400 else f"HTTP {response.status_code}"
 
     async def _info(self, client: httpx.AsyncClient, root: str, models: Capped,
                     facts: dict[str, Any]) -> TargetInfo:

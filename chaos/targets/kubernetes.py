@@ -38,6 +38,7 @@ from chaos.host.cadence import next_tick
 from chaos.host.capped import METRICS_LIMIT, get_capped
 from chaos.host.tls import tls_context
 from chaos.k8s.client import CONTEXT_ENV, INCLUSTER_TOKEN, KUBECONFIG_ENV, KubeApi, config_source, default_namespace
+from chaos.k8s.errors import ServerErrors
 from chaos.k8s.relay import DirectDial, ForwardDial, Relay
 from chaos.k8s.watch import PodWatch
 from chaos.model.context import ClusterRef, TargetInfo
@@ -196,20 +197,27 @@ class KubernetesTarget(Target):
 
     async def _first_answer(self, remote: RemoteTarget, deadline: float) -> TargetInfo:
         """``/v1/models`` through the access path, tried until ``deadline``: a pod that just crashed still
-        counts as Ready until its probe fails, so one refused connection says little."""
+        counts as Ready until its probe fails, so one refused connection says little. A 401 or 403 stops
+        it at once; a 5xx the API server gives every attempt stops it after a few seconds (``ServerErrors``:
+        the tries spaced out, then the status and the server's message named)."""
         assert self.watch is not None
+        server_errors = ServerErrors()
         while True:
+            seen = self.relay.last_error if self.relay is not None else None
             try:
                 return await remote.start()
             except TargetUnreachable:
                 why = self.relay.last_error if self.relay is not None else None
+                fresh = why if why is not seen else None  # met by this attempt (a relay error is a new object)
+                if server_errors.failed(fresh, time.monotonic()) and isinstance(fresh, ChaosError):
+                    raise server_errors.given_up(fresh) from None
                 lasting = isinstance(why, ChaosError) and getattr(why, "http_status", None) in (401, 403)
                 left = deadline - time.monotonic()
                 if lasting or left <= 0:
                     if isinstance(why, ChaosError):
                         raise why from None  # what kept the relay from the pods (a 403 on port-forward, ...)
                     raise
-                await asyncio.sleep(min(0.5, left))
+                await asyncio.sleep(min(server_errors.pause_s(0.5), left))
                 await self.watch.wait_for(lambda w: bool(w.serving()), max(0.0, deadline - time.monotonic()))
 
     async def _access_url(self, cluster_ip: str | None, port_number: int | None) -> str:

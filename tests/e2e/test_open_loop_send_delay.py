@@ -35,5 +35,12 @@ def test_send_delay_is_reported_per_phase(chaos_run: Callable[..., Any]) -> None
     report = json.loads((result.out_dir / "report.json").read_text())
     assert report["load"]["client_lag"]["send_delay"]["one"]["samples"] == sent["one"]
     ttft = next(v for v in result.verdicts if v.sla == "ttft")
-    assert ttft.evidence["ttft_from_scheduled"]["p50"] >= ttft.evidence["ttft"]["p50"] > 0
+    # per stream, TTFT from the schedule is TTFT from the send plus the send's delay; but a send may
+    # leave a little before its scheduled time (12 of 74 in one run, up to 0.8 ms early: schedule_delay
+    # counts those as 0), so the p50s are ordered up to the earliest send, not exactly (once in CI
+    # 12.262 ms against 12.304 ms)
+    streams = [s for s in result.observations.population() if s.t_scheduled is not None and s.t_sent is not None]
+    early_s = max(0, *(s.t_scheduled - s.t_sent for s in streams)) / 1e9
+    assert ttft.evidence["ttft_from_scheduled"]["p50"] >= ttft.evidence["ttft"]["p50"] - early_s
+    assert ttft.evidence["ttft"]["p50"] > 0
     assert ttft.evidence["schedule_delay"]["p50"] >= 0

@@ -31,20 +31,26 @@ gives each pod its own loopback address as its pod IP (``127.X.Y.Z``; every proc
 host's network namespace, so an argument ``0.0.0.0`` -- all of the pod's interfaces -- becomes that
 address), expands ``$(VAR)`` and the downward API (``status.podIP``, ``metadata.name``...), probes
 ``readinessProbe.httpGet``/``tcpSocket`` every ``periodSeconds`` from the node (this process, to
-the pod's IP), restarts a container that exits after a CrashLoopBackOff wait (``restartCount``; a
-replacement can become Ready and drop again), and on delete sends SIGTERM to the container's first
-process, then SIGKILL to all of them after the grace period. So a deleted pod really cuts its
-streams, and its replacement really starts and becomes Ready.
+the pod's IP), restarts a container that exits (``restartCount``; a replacement can become Ready
+and drop again), and on delete sends SIGTERM to the container's first process, then SIGKILL to all
+of them after the grace period. So a deleted pod really cuts its streams, and its replacement
+really starts and becomes Ready.
 
 Where a fault or a verdict depends on it, it behaves as a real 1.36 cluster was seen to
 (reference/nvml-k8s.md, "How a real cluster behaved"): a delete with ``gracePeriodSeconds: 0``
 emits MODIFIED (``deletionTimestamp`` set) then DELETED at once, while the process keeps running,
-holding its connections and port, up to the kubelet's minimum grace (2 s); a new pod is Pending
+holding its connections and port, up to the kubelet's minimum grace (2 s); a first process without a
+SIGTERM handler is PID 1 of its container, which ignores the signal, so it lives out the whole grace
+(the fake reads its handlers from ``/proc/PID/status``); a crashed container restarts at once, then
+after CrashLoopBackOff waits of 10 s, 20 s... up to 300 s; a malformed label or field selector is a
+400 ``BadRequest``; a new pod is Pending
 until the scheduler binds it; a PodDisruptionBudget's status is written by its controller after a
 delay (until then, and while it allows none, an eviction is a 429), a pod that is Running but not
 Ready is evicted as ``unhealthyPodEvictionPolicy: IfHealthyBudget`` says; a deleted namespace stays
 Terminating a while. Each timing has an annotation to set it per object (``SCHEDULE_DELAY``,
-``CRASH_BACKOFF``, ``CRASH_BACKOFF_MAX``, ``PDB_SYNC``, ``NAMESPACE_FINALIZE`` below).
+``CRASH_BACKOFF``, ``CRASH_BACKOFF_MAX``, ``PDB_SYNC``, ``NAMESPACE_FINALIZE`` below; their defaults
+are the real cluster's), and ``PORTFORWARD_STATUS`` on a pod makes every port-forward to it a 500, as
+a node without an address made them.
 
 Run: ``python tests/k8s/fake_apiserver.py --dir DIR`` prints ``READY <port>`` once it listens and
 writes ``DIR/kubeconfig`` (admin). It stops its pods on SIGTERM/SIGINT, and they die with it.
@@ -118,11 +124,15 @@ EVENT_LOG = 4000  # watch events kept; an older resourceVersion gets 410 Expired
 MIN_GRACE_S = 2.0
 # Timings a real cluster has, each overridable per pod (or budget, or namespace) by an annotation:
 SCHEDULE_DELAY = "fake.streamchaos.dev/schedule-delay-s"  # a new pod is Pending this long before the scheduler binds it
-CRASH_BACKOFF = "fake.streamchaos.dev/crash-backoff-s"  # CrashLoopBackOff's first wait (doubling up to the most)
+# CrashLoopBackOff's first wait, after the restart at once the first crash gets (doubling up to the most)
+CRASH_BACKOFF = "fake.streamchaos.dev/crash-backoff-s"
 # the most (kubelet crashLoopBackOff.maxContainerRestartPeriod)
 CRASH_BACKOFF_MAX = "fake.streamchaos.dev/crash-backoff-max-s"
 PDB_SYNC = "fake.streamchaos.dev/pdb-sync-s"  # a new PodDisruptionBudget's status is first written this long after
 NAMESPACE_FINALIZE = "fake.streamchaos.dev/finalize-s"  # a deleted namespace stays Terminating at least this long
+# A pod whose port-forwards the API server answers with this HTTP status (500: a real 1.36 cluster did for
+# every attempt while the pod's node had no address), after both authorization checks pass
+PORTFORWARD_STATUS = "fake.streamchaos.dev/portforward-status"
 DEFAULTS = {SCHEDULE_DELAY: 0.2, CRASH_BACKOFF: 10.0, CRASH_BACKOFF_MAX: 300.0, PDB_SYNC: 1.0, NAMESPACE_FINALIZE: 1.0}
 POD_NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # what the ReplicaSet controller's suffixes are made of
 
@@ -168,14 +178,28 @@ def invalid(kind: Kind, name: str, field_path: str, message: str) -> ApiError:
 
 # --- label selectors -----------------------------------------------------------------------------------
 
-_SET_EXPR = re.compile(r"^\s*([A-Za-z0-9_./-]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
+_TOKEN = r"[^\s,=!()<>]+"  # what the API server's selector lexer reads as one identifier
+_SET_EXPR = re.compile(rf"^\s*({_TOKEN})\s+(in|notin)\s*\(([^()]*)\)\s*$")
+_COMPARE = re.compile(rf"^\s*({_TOKEN})\s*(==|=|!=|<|>)\s*({_TOKEN})?\s*$")
+_EXISTS = re.compile(rf"^\s*(!?)\s*({_TOKEN})\s*$")
+_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+_LABEL_KEY = re.compile(rf"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?{_NAME}$")
+_LABEL_VALUE = re.compile(rf"^({_NAME})?$")
+# the fields a field selector may name (anything else: 400 "field label not supported"), as dotted paths
+FIELDS = {"metadata.name", "metadata.namespace"}
+POD_FIELDS = FIELDS | {"spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName",
+                       "status.phase", "status.podIP", "status.nominatedNodeName"}
 
 
-def parse_selector(text: str | None) -> Callable[[dict[str, str]], bool]:
-    """A label selector string (equality and set based) as a predicate on a labels mapping."""
-    requirements: list[tuple[str, str, set[str]]] = []  # (key, operator, values)
+def bad_selector(text: str, why: str) -> ApiError:
+    """A selector the API server cannot parse: 400 BadRequest (a real 1.36 server; never an empty match)."""
+    return ApiError(400, "BadRequest", f"unable to parse requirement: {why} (in the selector {text!r})")
+
+
+def _split_terms(text: str) -> list[str]:
+    """The comma-separated terms of a selector, commas inside ``in (...)`` kept."""
     parts, depth, current = [], 0, ""
-    for ch in text or "":
+    for ch in text:
         depth += (ch == "(") - (ch == ")")
         if ch == "," and depth == 0:
             parts.append(current)
@@ -183,28 +207,82 @@ def parse_selector(text: str | None) -> Callable[[dict[str, str]], bool]:
         else:
             current += ch
     parts.append(current)
-    for part in (p.strip() for p in parts if p.strip()):
-        if m := _SET_EXPR.match(part):
-            requirements.append((m.group(1), m.group(2), {v.strip() for v in m.group(3).split(",")}))
-        elif "!=" in part:
-            key, value = (x.strip() for x in part.split("!=", 1))
-            requirements.append((key, "notin", {value}))
-        elif "=" in part:
-            key, value = (x.strip() for x in part.replace("==", "=").split("=", 1))
-            requirements.append((key, "in", {value}))
-        elif part.startswith("!"):
-            requirements.append((part[1:].strip(), "!exists", set()))
-        else:
-            requirements.append((part, "exists", set()))
+    return parts
+
+
+def _requirement(text: str, part: str) -> tuple[str, str, set[str]]:
+    """One term of a label selector as (key, operator, values); a malformed one is a 400."""
+    if m := _SET_EXPR.match(part):
+        key, op, values = m.group(1), m.group(2), [v.strip() for v in m.group(3).split(",")]
+    elif m := _COMPARE.match(part):
+        key, op, values = m.group(1), m.group(2), [m.group(3) or ""]
+        op = {"=": "in", "==": "in", "!=": "notin"}.get(op, op)
+        if op in ("<", ">") and not values[0].lstrip("-").isdigit():
+            raise bad_selector(text, f"for 'Gt', 'Lt' operators, the value must be an integer: {values[0]!r}")
+    elif m := _EXISTS.match(part):
+        key, op, values = m.group(2), "!exists" if m.group(1) else "exists", []
+    else:
+        raise bad_selector(text, f"cannot read {part.strip()!r}: expected KEY, !KEY, KEY=VALUE, KEY!=VALUE or "
+                           "KEY in (VALUES)")
+    if not _LABEL_KEY.match(key) or len(key.rsplit("/", 1)[-1]) > 63:
+        raise bad_selector(text, f"key: Invalid value: {key!r}: a qualified name must consist of alphanumeric "
+                           "characters, '-', '_' or '.', and must start and end with an alphanumeric character")
+    for value in values:
+        if not _LABEL_VALUE.match(value) or len(value) > 63:
+            raise bad_selector(text, f"values[0][{key}]: Invalid value: {value!r}: a valid label must be an empty "
+                               "string or consist of alphanumeric characters, '-', '_' or '.', and must start and "
+                               "end with an alphanumeric character")
+    return key, op, set(values)
+
+
+def parse_selector(text: str | None) -> Callable[[dict[str, str]], bool]:
+    """A label selector string (equality and set based) as a predicate on a labels mapping; a malformed
+    one is a 400 ``BadRequest`` (``ApiError``), as a real API server answers it."""
+    requirements: list[tuple[str, str, set[str]]] = []  # (key, operator, values)
+    if text and text.strip():
+        requirements = [_requirement(text, part) for part in _split_terms(text)]
+
+    def holds(labels: dict[str, str], key: str, op: str, values: set[str]) -> bool:
+        if op in ("<", ">"):
+            have = labels.get(key, "")
+            if not have.lstrip("-").isdigit():
+                return False
+            return int(have) < int(next(iter(values))) if op == "<" else int(have) > int(next(iter(values)))
+        return {"in": labels.get(key) in values, "notin": labels.get(key) not in values,
+                "exists": key in labels, "!exists": key not in labels}[op]
 
     def matches(labels: dict[str, str]) -> bool:
-        for key, op, values in requirements:
-            if (op == "in" and labels.get(key) not in values) or (op == "notin" and labels.get(key) in values) \
-                    or (op == "exists" and key not in labels) or (op == "!exists" and key in labels):
-                return False
-        return True
+        return all(holds(labels, key, op, values) for key, op, values in requirements)
 
     return matches
+
+
+def field_value(obj: dict[str, Any], path: str) -> str:
+    value: Any = obj
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return "" if value is None else str(value)
+
+
+def parse_field_selector(kind: Kind, text: str | None) -> Callable[[dict[str, Any]], bool]:
+    """A field selector (``metadata.name=web-1,status.phase!=Running``) as a predicate on an object. A
+    term without an operator, or a field the kind does not index, is a 400 ``BadRequest``."""
+    terms: list[tuple[str, bool, str]] = []  # (field, equal, value)
+    for part in _split_terms(text or "") if text and text.strip() else []:
+        m = re.fullmatch(r"\s*([A-Za-z0-9_.]+)\s*(==|=|!=)\s*([^,]*?)\s*", part)
+        if m is None:
+            raise ApiError(400, "BadRequest", f"invalid selector: {part.strip()!r}; can't understand {part.strip()!r}")
+        if m.group(1) not in (POD_FIELDS if kind.plural == "pods" else FIELDS):
+            raise ApiError(400, "BadRequest", f"field label not supported: {m.group(1)}")
+        terms.append((m.group(1), m.group(2) != "!=", m.group(3)))
+    return lambda obj: all((field_value(obj, f) == v) is equal for f, equal, v in terms)
+
+
+def object_filter(kind: Kind, query: Any) -> Callable[[dict[str, Any]], bool]:
+    """What a list or watch's ``labelSelector`` and ``fieldSelector`` select, as a predicate on an object;
+    both are parsed before anything is answered, so a malformed one is a 400 and never an empty list."""
+    labels, fields = parse_selector(query.get("labelSelector")), parse_field_selector(kind, query.get("fieldSelector"))
+    return lambda obj: labels((obj.get("metadata") or {}).get("labels") or {}) and fields(obj)
 
 
 def match_labels(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
@@ -267,7 +345,7 @@ def json_patch(target: Any, ops: list[dict[str, Any]]) -> Any:
 class Watcher:
     kind: Kind
     namespace: str | None
-    selector: Callable[[dict[str, str]], bool]
+    selector: Callable[[dict[str, Any]], bool]  # on the object: its labels and fields
     queue: asyncio.Queue[dict[str, Any] | None] = field(default_factory=asyncio.Queue)
 
 
@@ -305,7 +383,7 @@ class Store:
         ns = obj["metadata"].get("namespace")
         for w in list(self.watchers):
             if w.kind is kind and (w.namespace is None or w.namespace == ns) \
-                    and w.selector(obj["metadata"].get("labels") or {}):
+                    and w.selector(obj):
                 w.queue.put_nowait({"type": etype, "object": snapshot})
         self.changed.set()
 
@@ -380,10 +458,28 @@ class PodRuntime:
     probe_failed: int = 0
     next_probe: float = 0.0
     restart_at: float | None = None
-    backoff: float = 0.0  # the next CrashLoopBackOff wait (0: none yet)
+    backoff: float = 0.0  # the next CrashLoopBackOff wait (0: no crash yet, the first restarts at once)
     terminating_until: float | None = None
     started_at: float = 0.0
     probing: bool = False
+
+
+def handles_sigterm(pid: int) -> bool:
+    """Whether process ``pid`` has a SIGTERM handler (``SigCgt`` of ``/proc/PID/status``, bit 15).
+
+    A container's first process is PID 1 of its PID namespace, and the kernel delivers to it only the
+    signals it handles: without a handler (a bare ``python``, ``sh -c`` without ``trap``) the kubelet's
+    SIGTERM does nothing and the process runs until the SIGKILL at the end of the grace (seen on a real
+    1.36 node). Here the process is an ordinary one that SIGTERM would kill at once, so the kubelet
+    sends it only to a process that handles it. True where ``/proc`` cannot tell (the signal is sent)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return True
+    for line in status.splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    return True
 
 
 def _resolve_command(words: list[str]) -> list[str]:
@@ -430,6 +526,18 @@ def claim_octet() -> tuple[int, Any]:
             continue
         return octet, claim
     raise RuntimeError(f"every loopback octet 100..250 is claimed by another fake ({directory})")
+
+
+def crash_wait(runtime: PodRuntime, pod: dict[str, Any], now: float) -> float:
+    """Seconds before a crashed container starts again, as the kubelet's CrashLoopBackOff times it (seen
+    on a real 1.36 node): the first crash restarts at once, then 10 s, 20 s, 40 s... up to 300 s. A
+    container that ran 10 minutes starts from the beginning again. ``runtime.backoff`` is the next wait."""
+    first, most = timing(pod, CRASH_BACKOFF), timing(pod, CRASH_BACKOFF_MAX)
+    if not runtime.backoff or now - runtime.started_at > 600:
+        runtime.backoff = min(most, first)
+        return 0.0
+    wait, runtime.backoff = runtime.backoff, min(most, runtime.backoff * 2)
+    return wait
 
 
 class Kubelet:
@@ -616,12 +724,7 @@ class Kubelet:
                 runtime.ready = False
                 self._conditions(pod, ready=False)
                 self.store.update(KIND["pods"], pod)
-                # CrashLoopBackOff: the kubelet waits before each restart, doubling (10 s, 20 s, ... 300 s); a
-                # container that ran 10 minutes starts again from the first wait
-                first, most = timing(pod, CRASH_BACKOFF), timing(pod, CRASH_BACKOFF_MAX)
-                ran_long = now - runtime.started_at > 600
-                runtime.backoff = min(most, first if not runtime.backoff or ran_long else runtime.backoff * 2)
-                runtime.restart_at = now + runtime.backoff
+                runtime.restart_at = now + crash_wait(runtime, pod, now)
             elif now >= runtime.restart_at:
                 runtime.restart_at = None
                 self.start(pod)
@@ -633,9 +736,11 @@ class Kubelet:
 
     def terminate(self, pod: dict[str, Any], grace: int) -> None:
         """Stop a pod's container as the kubelet does: SIGTERM to its first process only, SIGKILL to all
-        at the end of the grace, which is never under ``MIN_GRACE_S`` for the process. With grace 0 the
-        API object goes at once (the caller has emitted MODIFIED), but the process keeps running, holding
-        its connections and port, until it exits or the minimum grace ends."""
+        at the end of the grace, which is never under ``MIN_GRACE_S`` for the process. A first process
+        without a SIGTERM handler is PID 1 of its container, which the kernel spares the signal: it lives
+        out the whole grace (``handles_sigterm``). With grace 0 the API object goes at once (the caller has
+        emitted MODIFIED), but the process keeps running, holding its connections and port, until it
+        exits or the minimum grace ends."""
         uid = pod["metadata"]["uid"]
         runtime = self.pods.get(uid)
         if runtime is None or runtime.process is None or runtime.process.poll() is not None:
@@ -643,7 +748,7 @@ class Kubelet:
             self.kill(uid)
             return
         now = time.monotonic()
-        if runtime.terminating_until is None:
+        if runtime.terminating_until is None and handles_sigterm(runtime.process.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(runtime.process.pid, signal.SIGTERM)
         until = now + max(float(grace), MIN_GRACE_S)
@@ -789,16 +894,19 @@ class Cluster:
                 ranked = sorted(active, key=lambda p: (pod_ready(p), -self.store.created.get(p["metadata"]["uid"], 0)))
                 for pod in ranked[: len(active) - replicas]:
                     self.delete_pod(pod, None)
+                active = [p for p in active if not p["metadata"].get("deletionTimestamp")]
+            # the controllers count active pods only (FilterActivePods): a terminating pod, which may live out
+            # its grace, is no longer one of the replicas
             ready = sum(1 for p in active if serving(p))
-            status = {"observedGeneration": dep["metadata"]["generation"], "replicas": len(pods),
+            status = {"observedGeneration": dep["metadata"]["generation"], "replicas": len(active),
                       "updatedReplicas": len(active), "readyReplicas": ready, "availableReplicas": ready,
                       "unavailableReplicas": max(0, replicas - ready)}
             status = {k: v for k, v in status.items() if v or k in ("observedGeneration", "replicas")}
             if dep.get("status") != status:
                 dep["status"] = status
                 self.store.update(KIND["deployments"], dep)
-            rs_status = {"replicas": len(pods), "readyReplicas": ready, "availableReplicas": ready,
-                         "fullyLabeledReplicas": len(pods), "observedGeneration": rs["metadata"]["generation"]}
+            rs_status = {"replicas": len(active), "readyReplicas": ready, "availableReplicas": ready,
+                         "fullyLabeledReplicas": len(active), "observedGeneration": rs["metadata"]["generation"]}
             if rs.get("status") != rs_status:
                 rs["status"] = rs_status
                 self.store.update(KIND["replicasets"], rs)
@@ -1027,8 +1135,8 @@ class Cluster:
                     return await self.watch(request, kind, namespace)
                 if query.get("sendInitialEvents") is not None:
                     raise ApiError(422, "Invalid", "sendInitialEvents is not supported by this server")
-                matches = parse_selector(query.get("labelSelector"))
-                items = [o for o in self.store.list(kind, namespace) if matches(o["metadata"].get("labels") or {})]
+                matches = object_filter(kind, query)
+                items = [o for o in self.store.list(kind, namespace) if matches(o)]
                 return self.respond({"kind": f"{kind.kind}List", "apiVersion": kind.api_version,
                                      "metadata": {"resourceVersion": str(self.store.rv)}, "items": items})
             raise ApiError(405, "MethodNotAllowed", "deletecollection is not supported by this server")
@@ -1231,7 +1339,7 @@ class Cluster:
         query = request.query
         if query.get("sendInitialEvents") is not None:
             raise ApiError(422, "Invalid", "sendInitialEvents is not supported by this server")
-        matches = parse_selector(query.get("labelSelector"))
+        matches = object_filter(kind, query)
         timeout = float(query.get("timeoutSeconds", 1800))
         bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
         since = query.get("resourceVersion", "")
@@ -1240,7 +1348,7 @@ class Cluster:
         expired = False
         if since in ("", "0"):
             initial = [{"type": "ADDED", "object": copy.deepcopy(o)} for o in self.store.list(kind, ns)
-                       if matches(o["metadata"].get("labels") or {})]
+                       if matches(o)]
         else:
             rv = int(since)
             oldest = self.store.log[0][0] if self.store.log else self.store.rv
@@ -1249,7 +1357,7 @@ class Cluster:
             else:
                 initial = [{"type": etype, "object": obj} for erv, etype, k, obj in self.store.log
                            if erv > rv and k is kind and (ns is None or obj["metadata"].get("namespace") == ns)
-                           and matches(obj["metadata"].get("labels") or {})]
+                           and matches(obj)]
         self.store.watchers.add(watcher)
         response = web.StreamResponse(status=200,
                                       headers={"Content-Type": "application/json", "Cache-Control": "no-cache"})
@@ -1287,6 +1395,11 @@ class Cluster:
     async def portforward(self, request: web.Request, ns: str, name: str) -> web.StreamResponse:
         """``pods/portforward`` over WebSocket (v4.channel.k8s.io): one connection per requested port."""
         pod = self.store.must(KIND["pods"], ns, name)
+        failing = ((pod["metadata"].get("annotations") or {}).get(PORTFORWARD_STATUS) or "").strip()
+        if failing:  # the upgrade reaches the handler, which cannot reach the pod's node
+            raise ApiError(int(failing), "InternalError", "Internal error occurred: no preferred addresses found; "
+                           "known addresses: []", {"causes": [{"message": "no preferred addresses found; "
+                                                               "known addresses: []"}]})
         if pod["status"].get("phase") != "Running" or not pod["status"].get("podIP"):
             raise ApiError(400, "BadRequest", f"pod {name} is not running (phase {pod['status'].get('phase')})")
         ports = [int(port) for value in request.query.getall("ports", []) for port in value.split(",")]

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 import pytest
-from clusters import ClusterUnderTest, fake_only
+from clusters import MOCK_POD, ClusterUnderTest, fake_only
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
@@ -167,3 +167,97 @@ def test_a_pod_is_a_real_process_that_a_delete_ends(cluster: ClusterUnderTest, n
             return True
 
     cluster.wait(refused, 10, "the deleted pod's process to stop listening")
+
+
+# A first process that exits on SIGTERM; the plain mock has no handler (a bare `python` as PID 1).
+HANDLED_POD = ["python", "-c", "import os, signal, sys; signal.signal(signal.SIGTERM, lambda *a: os._exit(0)); "
+               "from chaos.load.mock import main; main(sys.argv[1:])", *MOCK_POD[3:]]
+
+
+def answers(ip: str) -> bool:
+    try:
+        socket.create_connection((ip, 8000), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+@fake_only  # the pods' IPs: reached here only on the fake
+def test_a_first_process_without_a_sigterm_handler_lives_out_its_grace(cluster: ClusterUnderTest,
+                                                                       namespace: str) -> None:
+    """A real kubelet signals only the container's first process, PID 1 of its namespace, which the
+    kernel spares a signal it has no handler for: a grace-0 delete left it answering 2.0 s more (the
+    kubelet's minimum grace), then SIGKILL. One that handles SIGTERM goes at once."""
+    cluster.deploy(namespace, "plain", replicas=1, grace_s=0, service=False)
+    cluster.deploy(namespace, "handled", replicas=1, grace_s=0, service=False, command=HANDLED_POD)
+    (plain,), (handled,) = cluster.wait_ready(namespace, "plain", 1), cluster.wait_ready(namespace, "handled", 1)
+    for pod in (plain, handled):
+        cluster.core.delete_namespaced_pod(pod["metadata"]["name"], namespace, grace_period_seconds=0)
+    deleted = time.monotonic()
+    time.sleep(0.8)
+    assert answers(plain["status"]["podIP"])  # still serving after its pod left the API
+    cluster.wait(lambda: not answers(handled["status"]["podIP"]), 1.0, "the handled pod's process to exit")
+    cluster.wait(lambda: not answers(plain["status"]["podIP"]), 6, "the plain pod's process to be killed")
+    assert time.monotonic() - deleted >= 1.8  # at the end of the kubelet's 2 s minimum grace
+
+
+# A container that exits 1 s after it starts, every time.
+CRASHING = ["python", "-c", "import sys, time; time.sleep(1.0); sys.exit(1)"]
+
+
+@fake_only  # the fake counts a restart at the crash, a real kubelet at the new start
+def test_a_crashed_container_restarts_at_once_then_waits(cluster: ClusterUnderTest, namespace: str) -> None:
+    """A real kubelet restarted a crashed container at once, then after ~10 s and ~20 s."""
+    cluster.deploy(namespace, "web", replicas=1, command=CRASHING, service=False)
+
+    def restarts() -> int:
+        statuses = [(p["status"].get("containerStatuses") or [{}])[0] for p in cluster.pods(namespace, "web")]
+        return max((int(s.get("restartCount", 0)) for s in statuses), default=0)
+
+    created = time.monotonic()
+    cluster.wait(lambda: restarts() >= 2, 8, "a second crash: the first was restarted at once")
+    assert time.monotonic() - created < 8
+    time.sleep(2.5)
+    assert restarts() == 2  # then the back-off: not restarted at once again
+    (pod,) = cluster.pods(namespace, "web")
+    assert pod["status"]["containerStatuses"][0]["state"]["waiting"]["reason"] == "CrashLoopBackOff"
+
+
+async def test_a_malformed_selector_is_a_400_and_the_client_says_so(cluster: ClusterUnderTest, namespace: str) -> None:
+    """A real API server answers a selector it cannot parse with 400 BadRequest, never an empty list."""
+    from chaos.k8s.client import KubeApi
+    from chaos.model.errors import SetupFailed
+
+    for selector in ({"label_selector": "app=a b"}, {"field_selector": "status.phase"},
+                     {"label_selector": "app in (a b)", "watch": True, "timeout_seconds": 1}):
+        with pytest.raises(ApiException) as bad:
+            cluster.core.list_namespaced_pod(namespace, **selector)
+        assert bad.value.status == 400 and status(bad.value)["reason"] == "BadRequest", selector
+    api = await KubeApi.connect(str(cluster.kubeconfig))
+    try:
+        with pytest.raises(SetupFailed) as refused:
+            await api.list_pods(namespace, {"app": "a b"})  # validation keeps these out of experiments
+    finally:
+        await api.close()
+    said = str(refused.value)
+    assert said.startswith(f"the API server rejected list pods in namespace {namespace} as a bad request (400 ")
+    assert "a b" in said
+
+
+def test_the_generated_role_reads_only_the_service_its_experiment_names(cluster: ClusterUnderTest,
+                                                                        namespace: str) -> None:
+    from clusters import _client, kube_experiment
+
+    from chaos.k8s.manifests import experiment_rules
+
+    for name in ("web", "billing"):
+        cluster.core.create_namespaced_service(namespace, {
+            "metadata": {"name": name}, "spec": {"selector": {"app": name}, "ports": [{"port": 8000}]}})
+    config = cluster.runner_kubeconfig(namespace, experiment_rules(kube_experiment(namespace), in_cluster=False))
+    runner = client.CoreV1Api(_client(config))
+    assert runner.read_namespaced_service("web", namespace).spec.selector == {"app": "web"}
+    for refused in (lambda: runner.read_namespaced_service("billing", namespace),
+                    lambda: runner.list_namespaced_service(namespace)):
+        with pytest.raises(ApiException) as denied:
+            refused()
+        assert denied.value.status == 403 and status(denied.value)["reason"] == "Forbidden"

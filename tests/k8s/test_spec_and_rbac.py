@@ -148,7 +148,7 @@ def grants(rules: list[Rule]) -> set[tuple[str, ...]]:
 
 def test_rules_are_exactly_what_the_target_and_faults_call() -> None:
     watch = {("", "pods", "list"), ("", "pods", "watch")}  # never `get`: no pod is read by name
-    service = {("", "services", "get")}
+    service = {("", "services", "get", "web")}  # the Service it names, and no other
     forward = {("", "pods/portforward", "create"), ("", "pods/portforward", "get")}
     plain = experiment(TARGET)
     assert grants(experiment_rules(plain)) == watch | service
@@ -185,6 +185,19 @@ def test_a_scale_role_names_its_deployment_and_no_other() -> None:
     assert any(r.covers("apps", "deployments/scale", "update", "web") for r in rules)
     assert not any(r.covers("apps", "deployments/scale", "update", "prod-db") for r in rules)
     assert '    resourceNames: ["web"]\n    verbs: ["update"]' in render_rbac(exp)
+
+
+def test_the_role_reads_only_the_service_the_target_names() -> None:
+    """The target reads its Service by name only (never a list), so the grant names it: a Role that let
+    the runner read every Service of the namespace would be wider than what it calls."""
+    exp = experiment("  kind: kubernetes\n  kubernetes: {namespace: demo, service: vllm-prod}\n")
+    role = rbac_documents(exp)[1]
+    (services,) = [r for r in role["rules"] if r["resources"] == ["services"]]
+    assert services == {"apiGroups": [""], "resources": ["services"], "resourceNames": ["vllm-prod"], "verbs": ["get"]}
+    rules = experiment_rules(exp)
+    assert any(r.covers("", "services", "get", "vllm-prod") for r in rules)
+    assert not any(r.covers("", "services", "get", "billing") or r.covers("", "services", "list") for r in rules)
+    assert '    resources: ["services"]\n    resourceNames: ["vllm-prod"]\n    verbs: ["get"]' in render_rbac(exp)
 
 
 def test_merged_rules_unite_verbs_and_keep_every_reason() -> None:

@@ -1,9 +1,11 @@
 """Phases that run until decided: the alpha spending, the looks, and why the spent interval is needed.
 
-Pure: synthetic observations and a seeded simulation, no run."""
+Pure: synthetic observations and a seeded simulation, no run (one look runs on asyncio, about 1 s)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -191,3 +193,82 @@ def test_the_run_s_verdict_is_the_deciding_look_s_own_data_and_spending() -> Non
     assert sequential_view(kv.spec, obs, "b") is obs  # a kind that needs what follows the phase sees it all
     unlimited = replace(obs, phases=[replace(obs.phases[0], t_decided=None)])
     assert judge_entry(entry, unlimited, "b").samples == 120  # without the cut: both halves
+
+
+# A planted buffering server's run (beside two busy processes) whose only look decided its whole-run TTFT
+# fail while the run's verdict came out inconclusive: (sent ms, TTFT ms, ended ms), in send order; the look
+# was taken at 7382 ms, and the last four streams, in flight then, ended while the load drained.
+BUFFERED = [(1382, 1300, 2682), (1382, 982, 2364), (1382, 1396, 2780), (1382, 1127, 2509), (2366, 886, 3253),
+            (2516, 872, 3388), (2684, 841, 3526), (2781, 1055, 3836), (3254, 1172, 4427), (3390, 998, 4388),
+            (3532, 1130, 4662), (3838, 1430, 5268), (4390, 1162, 5552), (4429, 1569, 5998), (4664, 1450, 6114),
+            (5270, 1322, 6592), (5554, 2029, 7583), (6001, 1524, 7524), (6117, 1879, 7996), (6594, 1450, 8044)]
+
+
+def test_a_whole_run_entry_the_last_phase_s_look_decided_keeps_that_decision() -> None:
+    """An entry over the whole run is judged at the last phase's looks; the run's verdict judges the streams
+    that had ended by the deciding look, as a phase-scoped one does. Over all 20 the four drained ones (all
+    above the median) raise the autocorrelation, so the same p50 has no lower bound: inconclusive."""
+    exp = experiment_from_dict({
+        "name": "buffer", "phases": [{"name": "steady", "duration": {"min": "6s", "max": "30s"}}],
+        "sla": [{"kind": "ttft", "quantile": "p50", "budget": "150ms"}]})
+    streams = [StreamRecord(id=f"s{i}", phase="steady", t_sent=sent * MS, t_first_byte=(sent + ttft) * MS,
+                            t_first_event=(sent + ttft) * MS, t_first_content=(sent + ttft) * MS,
+                            t_content=[(sent + ttft) * MS], t_end=end * MS, status=200, finish_reason="length",
+                            done_seen=True, events=1, text="a") for i, (sent, ttft, end) in enumerate(BUFFERED)]
+    t_look = 7382 * MS
+    obs = Observations()
+    obs.add(PhaseWindow("steady", 0, None, 0))
+    for stream in streams:
+        if stream.t_end is not None and stream.t_end <= t_look:  # the journal at the look: the ended streams
+            obs.add(stream)
+    entries = counted_entries(exp, exp.phase("steady"))
+    assert [(e.name, p) for e, p in entries] == [("ttft", None)]
+    looked = look(entries, snapshot(obs, "steady", 1, t_look), judge_entry)
+    assert looked.statuses == ("fail",)
+    for stream in streams[16:]:  # drained after the phase stopped
+        obs.add(stream)
+    obs.add(PhaseWindow("steady", 0, t_look + 6 * MS, 0, looks=1, stopped_by="decided", t_decided=t_look))
+    verdict = judge_entry(exp.sla[0], obs, None)
+    assert (verdict.status, verdict.samples) == ("fail", 16), verdict.evidence
+    assert verdict.evidence["sequential"]["ended_after_the_deciding_look"] == 4
+    fixed = replace(obs, phases=[replace(obs.phases[-1], looks=0, stopped_by=None, t_decided=None)])
+    assert judge_entry(exp.sla[0], fixed, None).samples == 20  # a phase of fixed length: every stream
+    at_max = replace(obs, phases=[replace(obs.phases[-1], stopped_by="max")])  # no look stopped it: every stream
+    assert judge_entry(exp.sla[0], at_max, None).samples == 20
+
+
+def test_a_look_judges_every_stream_that_ended_by_it_even_one_whose_record_comes_later() -> None:
+    """A load process sends its records every 0.5 s: a stream that ended 50 ms before the look reaches the
+    journal 250 ms after it. The look judges it, as the run's verdict (every stream ended by the look) will;
+    a stream that ended after the look is in the journal by then but judged by neither."""
+    from chaos.execution.sequential import LookState, run_looks, sequential_view
+    from chaos.model.verdict import Verdict
+
+    exp = experiment_from_dict({"name": "late", "phases": [{"name": "p", "duration": {"min": "200ms", "max": "3s"}}],
+                                "sla": [{"kind": "errors", "budget": "0%"}]})
+    judged: list[set[str]] = []
+
+    def judge(entry: object, obs: Observations, phase: str | None) -> Verdict:
+        judged.append({s.id for s in sequential_view(exp.sla[0].spec, obs, phase).streams})
+        return Verdict("errors", phase, "pass", 0.0, 0.0, "ratio", 0, {})
+
+    async def scenario() -> LookState:
+        t0 = time.monotonic_ns()
+        obs = Observations()
+        obs.add(PhaseWindow("p", t0, None, t0))
+        before, after = (replace(_streams("p", [40.0])[0], id=name, t_end=t0 + ms * MS)
+                         for name, ms in (("before", 150), ("after", 300)))
+
+        async def deliver() -> None:  # both records in one later frame, as the uplink sends them
+            await asyncio.sleep(0.45)
+            obs.add(before)
+            obs.add(after)
+
+        state = LookState()
+        delivery = asyncio.create_task(deliver())
+        await run_looks(exp, exp.phase("p"), lambda: obs, t0, lambda line: None, state, judge)
+        await delivery
+        return state
+
+    state = asyncio.run(scenario())
+    assert judged == [{"before"}] and state.stopped_by == "decided" and state.looks == 1

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from chaos.execution.proxy import EMBEDDED_READY, resolve_server
+from chaos.execution.proxy import EMBEDDED_READY, ToxiproxyServer, resolve_server
 from chaos.host.children import first_line, spawn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -164,18 +164,25 @@ def test_huge_names_and_addresses_are_refused(strict: str) -> None:
 
 
 @pytest.fixture
-def runner_spawned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def runner_spawned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ToxiproxyServer]:
     monkeypatch.delenv("TOXIPROXY_URL", raising=False)
     server = resolve_server("embedded", None, 7, tmp_path / "log", listen="127.0.0.1:0")
     try:
-        yield server.url
+        yield server
     finally:
         server.stop()
 
 
+def as_the_runner(server: ToxiproxyServer) -> httpx.Client:
+    """A client holding the run's token, as the runner's own (``tests/toxiproxy/test_run_token.py``:
+    without it, nothing passes)."""
+    return httpx.Client(base_url=server.url, timeout=10, headers={"Authorization": f"Bearer {server.token}"})
+
+
 @pytest.mark.parametrize("listen", ["0.0.0.0:0", ":0", "[::]:0", "127.0.0.1:1", "localhost:80"])
-def test_runner_spawned_server_refuses_wide_and_privileged_listens(runner_spawned: str, listen: str) -> None:
-    with httpx.Client(base_url=runner_spawned, timeout=10) as c:
+def test_runner_spawned_server_refuses_wide_and_privileged_listens(runner_spawned: ToxiproxyServer,
+                                                                   listen: str) -> None:
+    with as_the_runner(runner_spawned) as c:
         r = c.post("/proxies", json={"name": "wide", "listen": listen, "upstream": "127.0.0.1:9"})
         assert r.status_code == 403, r.text
         assert r.json() == {"error": r.json()["error"], "status": 403} and "allowed" in r.json()["error"]
@@ -194,7 +201,7 @@ def test_runner_spawned_server_allows_the_listen_the_experiment_asks_for(tmp_pat
     monkeypatch.delenv("TOXIPROXY_URL", raising=False)
     server = resolve_server("embedded", None, 7, tmp_path / "log", listen="0.0.0.0:0")
     try:
-        with httpx.Client(base_url=server.url, timeout=10) as c:
+        with as_the_runner(server) as c:
             r = c.post("/proxies", json={"name": "asked", "listen": "0.0.0.0:0", "upstream": "127.0.0.1:9"})
             assert r.status_code == 201 and r.json()["listen"].startswith("[::]:")
             r = c.post("/proxies", json={"name": "priv", "listen": "127.0.0.1:1", "upstream": "127.0.0.1:9"})

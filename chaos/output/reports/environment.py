@@ -1,6 +1,7 @@
 """The environment a run ran in: versions, host, seed, the target and its engine profile, the path's
-hops (each with its effective configuration), the proxy and why that one was chosen, the warm-up and
-the load generator's own lag. Pure: report dict → HTML."""
+hops (each with its effective configuration), the proxy and why that one was chosen, how often the
+run read its proxy back (a change it did not make halts it), the warm-up and the load generator's own
+lag. Pure: report dict → HTML."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ _SECTIONS = (
     ("profile", "engine profile"),
     ("preflight", "preflight"),
     ("proxy", "proxy (and why this one)"),
+    ("proxy_watch", "proxy watch (the run reading its proxy back: reads, and reads the server did not answer)"),
     ("warmup", "warm-up request"),
     ("client_lag", "load generator's own event-loop lag"),
     ("shards", "load shards: clock offsets (shard − coordinator, ± bound), records live and merged"),

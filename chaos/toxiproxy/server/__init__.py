@@ -1,7 +1,8 @@
 """Embedded Toxiproxy: an asyncio server API-compatible with Toxiproxy 2.12.0.
 
-Used when no ``toxiproxy-server`` binary or Docker is available, so network faults still act on
-real TCP connections. Stdlib only. ``/version`` reports ``2.12.0``.
+The server a run starts unless it is named another (``proxy.server: auto`` with no URL): guarded by
+the run's token (``guard``), so network faults act on real TCP connections through a Toxiproxy only
+the run configures. Stdlib only. ``/version`` reports ``2.12.0``.
 
 Modules: ``api`` (HTTP API), ``proxy`` (listeners, connection pump), ``link`` (per-direction
 toxic chain), ``toxics`` (one class per toxic), ``server`` (:class:`EmbeddedToxiproxy`,

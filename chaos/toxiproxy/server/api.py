@@ -21,6 +21,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
+from .guard import fixed_addresses, refusal
 from .limits import MAX_PROXIES, MAX_TOXICS, Limits, check_address, check_name
 from .proxy import ApiError, Proxy, not_found, resolved_string
 from .toxics import TOXICS, ToxicSpec
@@ -35,6 +36,7 @@ REASONS = {
     201: "Created",
     204: "No Content",
     400: "Bad Request",
+    401: "Unauthorized",
     403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
@@ -340,6 +342,9 @@ class Api:
             return r
         if headers.get("user-agent", "").startswith("Mozilla/"):
             return Reply(403, b"User agent not allowed\n", "text/plain; charset=utf-8", nosniff=True)
+        refused = refusal(self.server.token, path, headers)  # a run's server: only the run's token
+        if refused is not None:
+            return error_reply(*refused)
         handler, args = r
         try:
             async with self.lock:
@@ -434,6 +439,8 @@ class Api:
                 if same:
                     done.append(existing)
                     continue
+                if self.server.token is not None:  # a run's server: its proxies stay where the run put them
+                    return self._populate_error(ApiError(403, fixed_addresses(name)), done)
                 existing.stop()
             p = Proxy(self.server, name, listen, upstream)
             if f.get("enabled", True):
@@ -478,6 +485,8 @@ class Api:
         except ValueError as e:
             raise ApiError(500, str(e)) from None
         if new_listen != p.listen or upstream != p.upstream:
+            if self.server.token is not None:  # a run's server: never moved, by the run or anyone else
+                raise ApiError(403, fixed_addresses(name))
             p.stop()
             p.listen, p.upstream = listen, upstream
         if enabled != p.enabled:

@@ -12,6 +12,7 @@ import threading
 from typing import Any
 
 from .api import Api, refuse_connection, serve_connection
+from .guard import TOKEN_ENV, token_from_environment
 from .limits import Limits, ListenPolicy
 from .proxy import ApiError, Proxy
 
@@ -22,6 +23,9 @@ class EmbeddedToxiproxy:
     ``seed`` seeds one ``random.Random`` per server; every connection and toxic derives its own
     generator from it (and the proxy name, connection number, direction and toxic name), so
     jitter, toxicity draws and slicer sizes replay for the same seed and traffic.
+
+    ``token``: a run's server (``chaos.toxiproxy.server.guard``): every route but ``/version`` wants
+    ``Authorization: Bearer <token>``, and proxies keep their listen and upstream.
     """
 
     def __init__(
@@ -29,8 +33,10 @@ class EmbeddedToxiproxy:
         seed: int | None = None,
         config: str | list[dict[str, Any]] | None = None,
         limits: Limits | None = None,
+        token: str | None = None,
     ) -> None:
         self.limits = limits or Limits()
+        self.token = token
         self.connections = 0
         self.rng = random.Random(seed)
         self.seed: int = seed if seed is not None else random.SystemRandom().getrandbits(63)
@@ -94,9 +100,10 @@ class ToxiproxyThread:
         seed: int | None = None,
         config: str | list[dict[str, Any]] | None = None,
         limits: Limits | None = None,
+        token: str | None = None,
     ) -> None:
         self.host, self.port = host, port
-        self.server = EmbeddedToxiproxy(seed=seed, config=config, limits=limits)
+        self.server = EmbeddedToxiproxy(seed=seed, config=config, limits=limits, token=token)
         self.url: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -164,7 +171,10 @@ def _positive(text: str) -> float:
 def main(argv: list[str] | None = None) -> int:
     """``python -m chaos.toxiproxy.server [--host H] [--port P] [--seed N] [--config FILE]``."""
     ap = argparse.ArgumentParser(prog="streamchaos toxiproxy serve",
-                                 description="Embedded API-compatible Toxiproxy (2.12.0)")
+                                 description="Embedded API-compatible Toxiproxy (2.12.0)",
+                                 epilog=f"With {TOKEN_ENV} set (at least 16 characters), every route but /version "
+                                        "wants 'Authorization: Bearer <token>', and proxies keep their listen and "
+                                        "upstream.")
     ap.add_argument("--host", "-host", default="127.0.0.1")
     ap.add_argument("--port", "-port", type=int, default=8474)
     ap.add_argument("--seed", "-seed", type=int, default=None)
@@ -183,9 +193,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--max-connections must be at least 1")
     limits = Limits(request_timeout=args.request_timeout, max_connections=args.max_connections,
                     listen=ListenPolicy(args.loopback_only, set(args.allow_listen)))
+    try:
+        token = token_from_environment()  # from the environment, never argv: a run's server takes only its orders
+    except ValueError as e:
+        print(f"toxiproxy: cannot start: {e}", file=sys.stderr, flush=True)
+        return 1
 
     async def run() -> int:
-        srv = EmbeddedToxiproxy(seed=args.seed, config=args.config, limits=limits)
+        srv = EmbeddedToxiproxy(seed=args.seed, config=args.config, limits=limits, token=token)
         try:
             url = await srv.start(args.host, args.port)
         except (OSError, ApiError, ValueError) as e:

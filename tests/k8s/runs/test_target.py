@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import httpx
 import pytest
 from clusters import MOCK_POD, ClusterUnderTest, fake_only, kube_experiment, started_target
+from fake_apiserver import PORTFORWARD_STATUS
 
 from chaos.k8s.manifests import experiment_rules
 from chaos.k8s.rbac import Rule
@@ -122,6 +124,30 @@ async def test_a_missing_right_is_named_with_the_grant_that_allows_it(cluster: C
     with pytest.raises(SetupFailed) as forward:
         await started_target(cluster, namespace, experiment, rules=no_forward)
     assert "refused to create pods/portforward web-" in str(forward.value) and "403" in str(forward.value)
+
+
+@fake_only  # PORTFORWARD_STATUS: the fake's stand-in for a node without an address
+async def test_a_port_forward_the_api_server_fails_every_time_stops_start_up_early(
+        cluster: ClusterUnderTest, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real 1.36 cluster answered 500 to every port-forward while the pod's node had no address, and a
+    run retried 908 times in two minutes before exit 4. As on a 401/403, start-up stops early (after 5
+    attempts over 5 s, spaced out: tests/k8s/test_real_cluster_rules.py; here shortened) and names the
+    status and the API server's message."""
+    monkeypatch.setattr("chaos.k8s.errors.SERVER_ERROR_SPAN_S", 1.5)
+    monkeypatch.setattr("chaos.k8s.errors.SERVER_ERROR_PAUSE_S", (0.2, 0.4, 0.8))
+    cluster.deploy(namespace, "web", replicas=1, annotations={PORTFORWARD_STATUS: "500"})
+    cluster.wait_ready(namespace, "web", 1)
+    started = time.monotonic()
+    with pytest.raises(SetupFailed) as stopped:
+        await started_target(cluster, namespace, kube_experiment(namespace, startup_timeout="20s"))
+    took = time.monotonic() - started
+    said = str(stopped.value)
+    assert "pods/portforward web-" in said and "HTTP 500 InternalError" in said
+    assert "no preferred addresses found" in said and "consecutive attempts" in said
+    assert took < 10, took  # not startup_timeout
+    forwards = [r for r in cluster.audit(namespace=namespace)
+                if r["resource"] == "pods/portforward" and r["user"].startswith("system:serviceaccount:")]
+    assert 0 < len(forwards) <= 30  # each attempt: get + create, the upgrade and the Status body read back
 
 
 # A pod that ignores SIGTERM, so it stays terminating (and answering) for its whole grace period.
