@@ -84,7 +84,7 @@ def _reserve_as_hog(phase: dict[str, Any], fault: dict[str, Any], device: str) -
     fault.update(method="hog", hog_streams=4, hog_prompt_chars=1500, hog_max_tokens=400)
     if device == "cpu":
         # under the hog, vLLM on one CPU core answered in 2.2 s (TTFT p50): a 6 s phase gave 16
-        # TTFTs worth 4, too few to bound a p50; 15 s gives ~40 (kv-pressure's own is 14 s now)
+        # TTFTs worth 4, too few to bound a p50; 15 s gives ~40 (kv-pressure's own runs 6-20 s until decided)
         duration = phase["duration"]
         if isinstance(duration, dict):  # {min, max}: a phase that runs until decided
             duration["min"] = format_duration(max(parse_duration(duration["min"]), HOG_PHASE_MIN_CPU_S))

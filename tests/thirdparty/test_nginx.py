@@ -40,12 +40,14 @@ def test_smoke_fails_behind_a_buffering_nginx(builtin_stack: StackProcess, nginx
     # responses drift together, so beside two busy processes and the suite 228 TTFTs were worth 12
     # independent ones (tau 19), one short of what bounds a p75 and twice what bounds a p50. So the
     # point stands decided: ttft passes, streaming fails. 16 s, not smoke's 8: a CI run beside two busy
-    # processes read the p50 inconclusive (too few independent TTFTs in 8 s, every one far inside 5 s)
+    # processes read the p50 inconclusive (too few independent TTFTs in 8 s, every one far inside 5 s).
+    # Until decided, 6 s to 30 s, not a fixed 16 s: a quiet box decides at its first look (the suite's time),
+    # a busy one gets more than 16 s for the looks' price in samples
     generous = tmp_path / "smoke-generous-ttft.yaml"
     smoke = Path("experiments/smoke.yaml").read_text()
     assert "quantile: p75\n    budget: 500ms" in smoke and "duration: 8s\n" in smoke
     generous.write_text(smoke.replace("quantile: p75\n    budget: 500ms", "quantile: p50\n    budget: 5s", 1)
-                        .replace("duration: 8s\n", "duration: 16s\n", 1))
+                        .replace("duration: 8s\n", "duration: {min: 6s, max: 30s}\n", 1))
     code, report, text = _run(nginx(builtin_stack.url, "buffering"), str(generous), tmp_path / "run")
     streaming = _verdict(report, "streaming")
     assert streaming["status"] == "fail", streaming
