@@ -240,13 +240,13 @@ async def test_one_read_carrying_a_whole_oversized_head_is_cut() -> None:
     head = b"HTTP/1.1 200 OK\r\nX-Big: " + b"b" * (HEAD_BYTES + 10) + b"\r\n\r\n"
     with hostile(once(head + TOKEN)) as url:
         rec = await fetch(url)
-    overflow(rec, "header_overflow")
+    assert str(HEAD_BYTES) in overflow(rec, "header_overflow") and rec.status is None
 
 
 async def test_endless_interim_heads_are_cut() -> None:
     with hostile(endless(b"", b"HTTP/1.1 100 Continue\r\n\r\n")) as url, LagProbe() as lag:
         rec = await fetch(url)
-    overflow(rec, "header_overflow")
+    assert str(HEAD_BYTES) in overflow(rec, "header_overflow") and rec.status is None
     assert lag.worst < 1.0, lag.worst
 
 
