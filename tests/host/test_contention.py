@@ -224,7 +224,11 @@ def test_the_real_proc_tells_the_runs_cpu_from_a_neighbours_and_sees_the_run_wai
     # work they could not (1.32 cores before the hogs, 1.56 after, 2.0 busy).
     assert crowded[RUN] <= alone[RUN] + 0.2, (alone, crowded)
     assert crowded[NEIGHBOUR] >= 2 * crowded[RUN], (alone, crowded)
-    assert crowded[WAIT] >= alone[WAIT] + 0.1, (alone, crowded)
+    # and it sees our child wait: one of at least cpus + 2 busy processes, it waits more than it runs. Not
+    # always "0.1 of a core more than alone": on a box the suite already saturates, our child alone waited
+    # 0.76 of a core and ran 0.29 (a single thread: run + wait near 1), so the hogs could add at most 0.05
+    assert crowded[WAIT] > crowded[RUN], (alone, crowded)
+    assert crowded[WAIT] >= min(alone[WAIT] + 0.1, 0.5), (alone, crowded)
     assert alone[BUSY] >= alone[RUN] and crowded[BUSY] >= crowded[NEIGHBOUR]
 
 

@@ -104,3 +104,54 @@ def test_a_few_buffered_streams_within_budget_pass_and_short_streams_are_not_jud
 def test_too_few_judged_streams_are_inconclusive(synth: Any) -> None:
     verdict = sla.judge(synth.obs([_held(synth, 0)]), "streaming", {})
     assert verdict.status == "inconclusive" and "needed" in verdict.evidence["reason"]
+
+
+def _host(synth: Any, busy_cores: float, end_s: float) -> dict[str, Any]:
+    """A 2-core host's samples every 0.5 s over one phase, ``busy_cores`` of it busy throughout."""
+    from chaos.host.contention import BUSY, CONTENTION_NOTE, NEIGHBOUR, RUN, WAIT
+    metrics = [sample for name, value in ((BUSY, busy_cores), (RUN, 0.05), (NEIGHBOUR, busy_cores - 0.05),
+                                          (WAIT, 0.25))
+               for sample in synth.steps(name, 0.5, end_s, 0.5, lambda t, v=value: v)]
+    return {"metrics": metrics, "phases": [synth.phase("baseline", 0.0, end_s)],
+            "notes": [synth.note(CONTENTION_NOTE, 0.0, cpus=2, period_s=0.5, target_processes_known=False)]}
+
+
+def _starved(synth: Any, i: int) -> Any:
+    """A stream an unbuffered nginx relayed on a saturated host, as measured: its first token on its own
+    and on time, then irregular bunches, 8 or more a read on average (first read 1-2 events at the median,
+    the first token at 0.14-0.24 of the stream's time)."""
+    return synth.stream(f"st{i}", sent=i * 0.3, ttft=0.05, gaps=_bunched([1, 9, 12, 10], 0.06), tokens=32)
+
+
+@pytest.mark.parametrize(("busy_cores", "status"), [(2.0, "inconclusive"), (1.1, "fail")])
+def test_bunches_after_a_first_token_on_its_own_are_undecided_only_on_a_saturated_host(
+        synth: Any, busy_cores: float, status: str) -> None:
+    """An unbuffered nginx beside the suite and two busy processes: 51% of its streams came 8 or more events
+    a read. Nothing held them; the host starved the hops. On a host with CPU to spare the same streams fail:
+    a hop bunches them."""
+    streams = [_starved(synth, i) for i in range(20)]
+    verdict = sla.judge(synth.obs(streams, **_host(synth, busy_cores, 7.0)), "streaming", {})
+    assert verdict.status == status, verdict.evidence
+    assert verdict.figure == pytest.approx(1.0) and verdict.evidence["marked"] == 0
+    if status == "inconclusive":
+        assert verdict.evidence["saturated_host"]["busy_cores"] == pytest.approx(2.0)
+        assert "saturated (2.00 of 2 cores busy)" in verdict.evidence["reason"], verdict.evidence["reason"]
+    else:
+        assert "being buffered" in verdict.evidence["reason"]
+
+
+@pytest.mark.parametrize("shape", ["whole", "late first token", "steady batches"])
+def test_a_buffers_mark_fails_on_a_saturated_host_too(synth: Any, shape: str) -> None:
+    """A buffer holds the first bytes too: a first read of 8 or more events (nginx buffering: 20 of 32), a
+    first token after half the stream's time, or steady batches each fail however busy the host."""
+    if shape == "whole":
+        streams = [_held(synth, i) for i in range(20)]
+    elif shape == "late first token":  # 2 events in the first read, but at 0.8 of the stream's time
+        streams = [synth.stream(f"l{i}", sent=i * 0.3, ttft=0.4, gaps=_bunched([2, 10, 10, 10], 0.03), tokens=32)
+                   for i in range(20)]
+    else:
+        streams = [synth.stream(f"b{i}", sent=i * 0.3, ttft=0.08, gaps=_bunched([4] * 8, 0.08), tokens=32)
+                   for i in range(20)]
+    verdict = sla.judge(synth.obs(streams, **_host(synth, 2.0, 7.0)), "streaming", {})
+    assert verdict.status == "fail", verdict.evidence
+    assert verdict.evidence["marked"] == 20 and "being buffered" in verdict.evidence["reason"]

@@ -64,8 +64,15 @@ def test_smoke_passes_behind_an_unbuffered_nginx(builtin_stack: StackProcess, ng
                                                  tmp_path: Path) -> None:
     code, report, text = _run(nginx(builtin_stack.url, "streaming"), "experiments/smoke.yaml", tmp_path / "run")
     streaming = _verdict(report, "streaming")
-    # the evidence in the message: CI once read `fail` here beside vLLM's tests, and passed alone
-    assert streaming["status"] == "pass", (streaming["evidence"], report["load"].get("client_lag"), report["host"])
+    seen = (streaming["evidence"], report["load"].get("client_lag"), report["host"])
+    # never a fail. CI read `fail` here twice, the host saturated (2.0 of 2 cores busy): 24 of 178 and 79 of
+    # 154 streams came 8 or more events a read, bunched by a starved host; what no buffer did is undecided
+    # there (sla/streaming.py), and decided on a box with CPU to spare
+    if streaming["status"] == "inconclusive":
+        assert streaming["evidence"]["saturated_host"]["busy_cores"] >= 0.95 * report["host"]["cpus"], seen
+        assert code == 3, text
+        return
+    assert streaming["status"] == "pass", seen
     assert code == 0, text
 
 
