@@ -25,8 +25,9 @@ starved host bunches events too, but after a first token that came on its own an
 suite and two busy processes (2.0 of 2 cores busy), an unbuffered nginx's streams came 8 or more a read
 for 13% and 51% of them, their first read 1 to 2 events at the median and their first token at 0.14 and
 0.24 of the stream's time. When the streams over budget are all bunched so, without a buffer's mark, and
-the host was saturated (``SATURATED_SHARE`` of its cores busy over the judged phase), the verdict is
-inconclusive and says why; on a host with CPU to spare it fails, as a hop that bunches them would.
+the host was saturated (``chaos.host.contention.SATURATED_SHARE`` of its cores busy over the judged
+phase), the verdict is inconclusive and says why; on a host with CPU to spare it fails, as a hop that
+bunches them would.
 
 The figure is the share of judged streams that were buffered, against ``budget`` (default 10%);
 the evidence gives TTFT / e2e, events per read and the inter-token gap medians of the judged
@@ -46,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from chaos.host.contention import CONTENTION_NOTE, phase_contention
+from chaos.host.contention import HOST_SATURATED, saturated_host
 from chaos.model.context import HaltSpec
 from chaos.model.observations import NS, Observations, StreamRecord
 from chaos.model.params import Param, Schema
@@ -55,7 +56,7 @@ from sla.common import MAX_IDS
 from sla.proxy_fix import PathFacts, buffering_fix
 from sla.relay import PATH_TOPIC
 
-__all__ = ["buffered", "buffers_mark", "saturated_host", "stream_signs", "Streaming"]
+__all__ = ["buffered", "buffers_mark", "stream_signs", "Streaming"]
 
 SCHEMA = Schema(
     (
@@ -117,24 +118,6 @@ def buffers_mark(signs: Mapping[str, float], min_events_per_read: float, min_bat
     return buffered({**signs, "events_per_read": 0.0}, min_events_per_read, min_batch_events)
 
 
-def saturated_host(obs: Observations, phase: str | None) -> dict[str, Any] | None:
-    """The host's busy cores over ``phase`` (None: every phase) when at least ``SATURATED_SHARE`` of its
-    cores were busy (``chaos.host.contention``'s samples), else None. Pure."""
-    notes = obs.notes_on(CONTENTION_NOTE)
-    if not notes:
-        return None
-    cpus = int(notes[-1].data.get("cpus") or 0)
-    per_phase = [c for name, c in phase_contention(obs).items() if phase is None or name == phase]
-    intervals = sum(c.intervals for c in per_phase)
-    if cpus <= 0 or not intervals:
-        return None
-    busy = sum(c.busy * c.intervals for c in per_phase) / intervals
-    wait = sum(c.wait * c.intervals for c in per_phase) / intervals
-    if busy < SATURATED_SHARE * cpus:
-        return None
-    return {"cpus": cpus, "busy_cores": round(busy, 3), "run_wait_cores": round(wait, 3)}
-
-
 def _median(values: list[float]) -> float | None:
     return float(np.median(values)) if values else None
 
@@ -145,9 +128,6 @@ STEADY_READS = 3  # batches are judged steady over at least this many reads
 # writes 4 at a time gives 4s; a saturated host bunches tokens irregularly (1 to 12 an nginx read, beside
 # two busy processes: 11-18% of a healthy smoke's streams had 80% of their reads at 4 or more)
 STEADY_SPREAD = 1.0
-# a host this busy starves whatever relays the stream (measured: 1.998-2.001 of 2 cores beside the suite and
-# two busy loops; 1.11-1.16 for the same run on a quiet box)
-SATURATED_SHARE = 0.95
 
 
 @verifier
@@ -220,14 +200,15 @@ class Streaming(SlaSpec):
             return Verdict("streaming", phase, "inconclusive", None, budget, "fraction", len(judged), evidence)
         share = len(held) / len(judged)
         status: Status = "pass" if share <= budget else "fail"
-        marked = [st.id for st, sg in held if buffers_mark(sg, self.min_events_per_read, self.min_batch_events)]
-        evidence["marked"] = len(marked)
-        host = saturated_host(obs, phase) if status == "fail" and len(marked) / len(judged) <= budget else None
+        marked = sum(1 for _, sg in held if buffers_mark(sg, self.min_events_per_read, self.min_batch_events))
+        evidence["marked"] = marked  # held streams with a buffer's own mark: these fail on any host
+        host = saturated_host(obs, phase) if status == "fail" and marked / len(judged) <= budget else None
         if host is not None:
             evidence["saturated_host"] = host
+            evidence["inconclusive_cause"] = HOST_SATURATED
             evidence["reason"] = (
-                f"undecided: {len(held)} of {len(judged)} streams came {self.min_events_per_read:g} or more content "
-                f"events per read, but only {len(marked)} with a buffer's mark (a first read of "
+                f"{len(held)} of {len(judged)} streams came {self.min_events_per_read:g} or more content "
+                f"events per read, but only {marked} with a buffer's mark (a first read of "
                 f"{self.min_events_per_read:g} or more events, a first token after half the stream's time, or "
                 f"steady batches); the rest came bunched after a first token that arrived on its own and on time "
                 f"({evidence['first_share_p50']:.0%} of the stream's time at the median), and the host was "

@@ -8,20 +8,21 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from chaos.execution.sequential import sequential_evidence, sequential_spec, sequential_view
-from chaos.host.contention import contention_shift
+from chaos.host.contention import HOST_SATURATED, contention_shift
 from chaos.model.observations import Observations
 from chaos.model.verdict import Verdict
 
 if TYPE_CHECKING:
     from chaos.model.experiment import Experiment, SlaCheck, SlaEntry
 
-__all__ = ["CLIENT_SATURATED", "HOST_CHANGED", "client_lateness", "judge_all", "judge_entry"]
+__all__ = ["CLIENT_SATURATED", "HOST_CHANGED", "HOST_SATURATED", "client_lateness", "judge_all", "judge_entry"]
 
 # Which verdicts a saturated load generator or a busier host can falsify is the kind's own fact
 # (``SlaSpec.timing``, and ``SlaSpec.lateness_explains`` for how): its own lag inflates every
 # measured time, and a client that reads late finds several events waiting in one read.
 CLIENT_SATURATED = "load generator saturated"  # the two causes of an inconclusive this module gives
 HOST_CHANGED = "host contention changed"
+# ... and the one a verifier gives itself (``streaming``, ``relay``): a saturated host bunched the events
 
 
 def client_lateness(client_lag: dict[str, Any], phase: str | None) -> tuple[bool, float, str]:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from chaos.execution.verify import CLIENT_SATURATED, HOST_CHANGED
+from chaos.execution.verify import CLIENT_SATURATED, HOST_CHANGED, HOST_SATURATED
 from chaos.model.observations import Observations
 from chaos.pytest_plugin import failure_message
 
@@ -128,10 +128,21 @@ def check_event_loop_stall(result: Any) -> None:
     stalled = {phase: sum(1 for g in gaps(result.observations, phase) if g >= 120)
                for phase in ("baseline", "stalls", "recovery")}
     # 5 stalls hit every stream in flight; a stall left in force after the revert would stall recovery as
-    # often. A box that takes the CPU makes such gaps too (a CI run beside two busy processes and the
-    # suite: 4 in the 3 s baseline, 9 in the 3 s recovery, 16 in the stalls), so recovery is judged
-    # against the baseline, which lasts as long
-    assert stalled["stalls"] >= 5 and stalled["recovery"] <= max(4, 3 * stalled["baseline"]), stalled
+    # often, per second, as it did the stalls phase. A box that takes the CPU makes such gaps too (CI runs
+    # beside two busy processes and the suite: 4 in the 3 s baseline, 9 in the 3 s recovery, 16 in the
+    # stalls; and 0, 7 and 24), so recovery is judged against the baseline, which lasts as long, or at
+    # most 60% of the stalls phase's rate
+    seconds = {phase: _phase_seconds(result.observations, phase) for phase in stalled}
+    rates = {phase: stalled[phase] / seconds[phase] for phase in stalled}
+    assert stalled["stalls"] >= 5, (stalled, seconds)
+    assert (stalled["recovery"] <= max(4, 3 * stalled["baseline"])
+            or rates["recovery"] <= 0.6 * rates["stalls"]), (stalled, seconds)
+
+
+def _phase_seconds(obs: Observations, phase: str) -> float:
+    window = obs.phase(phase)
+    assert window is not None and window.t_end is not None, phase
+    return (window.t_end - window.t_start) / 1e9
 
 
 def check_kv_pressure(result: Any) -> None:
@@ -239,7 +250,8 @@ def box_noise_only(result: Any) -> bool:
     never a fail, never an inconclusive for want of samples (a real defect of the experiment)."""
     failing = result.failing()
     return result.status == "completed" and bool(failing) and all(
-        v.status == "inconclusive" and v.evidence.get("inconclusive_cause") in (CLIENT_SATURATED, HOST_CHANGED)
+        v.status == "inconclusive"
+        and v.evidence.get("inconclusive_cause") in (CLIENT_SATURATED, HOST_CHANGED, HOST_SATURATED)
         for v in failing)
 
 
@@ -270,8 +282,9 @@ def test_shipped_experiment_runs_green(chaos_run: Callable[..., Any], path: Path
             pytest.skip(f"no Docker here: {reason}")
     result = chaos_run(path)
     if not result.ok and box_noise_only(result):
-        # the tool itself said the box, not the stack, decided it (a saturated load generator, or a
-        # neighbour that took the host between the phases compared): one more run, said in the log
+        # the tool itself said the box, not the stack, decided it (a saturated load generator, a neighbour
+        # that took the host between the phases compared, or a saturated host that bunched the events):
+        # one more run, said in the log
         print(f"rerun: {path.stem} was inconclusive because of this box: {failure_message(result)}")
         result = chaos_run(path)
     if not result.ok:

@@ -254,3 +254,48 @@ def test_compare_events_classifies_regions_between_anchors() -> None:
     assert not compare_events(sent, sent).altered
     assert dict(compare_events(sent, sent[:5], client_left=True).kinds) == {}
     assert dict(compare_events(sent, sent[:5]).kinds) == {"dropped": 3}
+
+
+def _host(busy_cores: float) -> dict[str, Any]:
+    """A 2-core host's samples every 0.5 s over one 5 s phase, ``busy_cores`` of it busy throughout."""
+    from chaos.host.contention import BUSY, CONTENTION_NOTE, NEIGHBOUR, RUN, WAIT
+    from chaos.model.observations import MetricSample, PhaseWindow
+    values = {BUSY: busy_cores, RUN: 0.05, NEIGHBOUR: busy_cores - 0.05, WAIT: 0.25}
+    return {"metrics": [MetricSample(name, {}, value, T0 + k * S // 2) for name, value in values.items()
+                        for k in range(1, 11)],
+            "phases": [PhaseWindow("baseline", T0, T0 + 5 * S)],
+            "notes": [PATH, Note(CONTENTION_NOTE, T0, {"cpus": 2, "period_s": 0.5, "target_processes_known": False})]}
+
+
+def _bunched_stream(rid: str, seq: int) -> list[TapRecord]:
+    """A stream whose 8 events, 20 ms apart, came out of the gateway together 170 ms late."""
+    sent = events(tag=rid)
+    return across(sent, at_ms(sent, [310.0 + i * 0.01 for i in range(len(sent))]), rid, seq)
+
+
+@pytest.mark.parametrize(("busy_cores", "bunched", "dropped", "status"), [
+    (2.0, 1, False, "inconclusive"),  # a starved nginx: a few streams bunched, nothing else altered
+    (1.1, 1, False, "fail"),  # ... the same with CPU to spare: the hop did it
+    (2.0, 1, True, "fail"),  # ... an event dropped as well: no host explains that
+    (2.0, 10, False, "fail"),  # every stream bunched: a buffer, however busy the host
+])
+def test_a_few_bunched_streams_on_a_saturated_host_are_undecided(busy_cores: float, bunched: int, dropped: bool,
+                                                                status: str) -> None:
+    """Beside the suite and two busy processes (2.0 of 2 cores busy) an unbuffered nginx collapsed the gaps of 4
+    of 268 streams; a buffering gateway collapses every stream's."""
+    taps = intact(10 - bunched)
+    for k in range(bunched):
+        taps += _bunched_stream(f"b{k}", 20 + k)
+    if dropped:
+        broken = events(tag="x", lag_ms=0.3)
+        del broken[2]
+        taps += across(events(tag="x"), broken, "x", 40)
+    host = _host(busy_cores)
+    obs = Observations(experiment="synthetic", t0=T0, taps=taps, notes=host["notes"], metrics=host["metrics"],
+                       phases=host["phases"])
+    verdict = sla.judge(obs, "relay", {"over": "gw"})
+    assert verdict.status == status, verdict.evidence
+    assert verdict.evidence["by_kind"]["buffered"]["streams"] == bunched
+    if status == "inconclusive":
+        assert "saturated host (2.00 of 2 cores busy)" in verdict.evidence["reason"], verdict.evidence["reason"]
+        assert verdict.figure == pytest.approx(0.1)

@@ -69,6 +69,7 @@ def test_smoke_passes_behind_an_unbuffered_nginx(builtin_stack: StackProcess, ng
     # 154 streams came 8 or more events a read, bunched by a starved host; what no buffer did is undecided
     # there (sla/streaming.py), and decided on a box with CPU to spare
     if streaming["status"] == "inconclusive":
+        assert streaming["evidence"]["inconclusive_cause"] == "host saturated", seen
         assert streaming["evidence"]["saturated_host"]["busy_cores"] >= 0.95 * report["host"]["cpus"], seen
         assert code == 3, text
         return
