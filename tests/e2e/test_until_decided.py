@@ -46,8 +46,9 @@ def test_a_phase_stops_when_decided_and_one_that_cannot_decide_stops_at_max(tmp_
     assert cannot is not None and decides is not None
     assert cannot.t_end is not None and cannot.t_in_force is not None
     assert decides.t_end is not None and decides.t_in_force is not None
-    # the p99 of a few dozen TTFTs never decides: every look taken, the phase ran to its max
-    assert (cannot.looks, cannot.stopped_by) == (len(look_offsets(1.0, 3.0)), "max")
+    # the p99 of a few dozen TTFTs never decides: the phase ran to its max, every look taken (on a starved box
+    # a look still judging at max is the last: test_sequential.py)
+    assert cannot.stopped_by == "max" and 1 <= cannot.looks <= len(look_offsets(1.0, 3.0)), cannot
     assert 2.9 <= (cannot.t_end - cannot.t_in_force) / NS < 6.0
     # the p50 decides at a look far before 30 s; the load stopped with the phase, not at its max
     assert decides.stopped_by == "decided" and 1 <= decides.looks <= 4

@@ -272,3 +272,30 @@ def test_a_look_judges_every_stream_that_ended_by_it_even_one_whose_record_comes
 
     state = asyncio.run(scenario())
     assert judged == [{"before"}] and state.stopped_by == "decided" and state.looks == 1
+
+
+def test_a_look_still_judging_at_the_phases_max_ends_the_phase_there() -> None:
+    """On a starved box scipy's import and a look's judging took a 3 s phase to 7.7 s. A look never carries
+    the phase past its max: the look that runs into it counts as the last, stopped by max."""
+    from chaos.execution.sequential import LookState, run_looks
+    from chaos.model.verdict import Verdict
+
+    exp = experiment_from_dict({"name": "slow", "phases": [{"name": "p", "duration": {"min": "200ms", "max": "1s"}}],
+                                "sla": [{"kind": "errors", "budget": "0%"}]})
+
+    def judge(entry: object, obs: Observations, phase: str | None) -> Verdict:
+        time.sleep(2.0)  # a look's judging on a starved box, in its thread
+        return Verdict("errors", phase, "pass", 0.0, 0.0, "ratio", 0, {})
+
+    async def scenario() -> tuple[LookState, float, list[str]]:
+        t0 = time.monotonic_ns()
+        obs = Observations()
+        obs.add(PhaseWindow("p", t0, None, t0))
+        state, lines = LookState(), []
+        await run_looks(exp, exp.phase("p"), lambda: obs, t0, lines.append, state, judge)
+        return state, (time.monotonic_ns() - t0) / 1e9, lines
+
+    state, took_s, lines = asyncio.run(scenario())
+    assert state.stopped_by == "max" and state.looks == 1, (state, lines)
+    assert 0.95 <= took_s < 1.6, took_s  # its 1 s max, not the 2.2 s the look needed
+    assert lines[-1].startswith("phase p: look 1 at 0.2s was still judging at its max (1s)"), lines

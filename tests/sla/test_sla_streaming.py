@@ -123,13 +123,20 @@ def _starved(synth: Any, i: int) -> Any:
     return synth.stream(f"st{i}", sent=i * 0.3, ttft=0.05, gaps=_bunched([1, 9, 12, 10], 0.06), tokens=32)
 
 
+def _queued(synth: Any, i: int) -> Any:
+    """A serial engine's stream on a saturated host (``transformers serve``): its first token late from
+    queueing (0.78 of the stream's time) but alone in its read, then bunches."""
+    return synth.stream(f"q{i}", sent=i * 0.3, ttft=0.8, gaps=_bunched([1, 9, 12, 10], 0.07), tokens=32)
+
+
+@pytest.mark.parametrize("shape", ["nginx", "queued"])
 @pytest.mark.parametrize(("busy_cores", "status"), [(2.0, "inconclusive"), (1.1, "fail")])
 def test_bunches_after_a_first_token_on_its_own_are_undecided_only_on_a_saturated_host(
-        synth: Any, busy_cores: float, status: str) -> None:
+        synth: Any, busy_cores: float, status: str, shape: str) -> None:
     """An unbuffered nginx beside the suite and two busy processes: 51% of its streams came 8 or more events
-    a read. Nothing held them; the host starved the hops. On a host with CPU to spare the same streams fail:
-    a hop bunches them."""
-    streams = [_starved(synth, i) for i in range(20)]
+    a read; a serial engine 11%. Nothing held them; the host starved the hops. On a host with CPU to spare
+    the same streams fail: a hop bunches them."""
+    streams = [(_starved if shape == "nginx" else _queued)(synth, i) for i in range(20)]
     verdict = sla.judge(synth.obs(streams, **_host(synth, busy_cores, 7.0)), "streaming", {})
     assert verdict.status == status, verdict.evidence
     assert verdict.figure == pytest.approx(1.0) and verdict.evidence["marked"] == 0
@@ -140,14 +147,14 @@ def test_bunches_after_a_first_token_on_its_own_are_undecided_only_on_a_saturate
         assert "being buffered" in verdict.evidence["reason"]
 
 
-@pytest.mark.parametrize("shape", ["whole", "late first token", "steady batches"])
+@pytest.mark.parametrize("shape", ["whole", "first buffer", "steady batches"])
 def test_a_buffers_mark_fails_on_a_saturated_host_too(synth: Any, shape: str) -> None:
-    """A buffer holds the first bytes too: a first read of 8 or more events (nginx buffering: 20 of 32), a
-    first token after half the stream's time, or steady batches each fail however busy the host."""
+    """A buffer holds the first bytes too: a first read of 8 or more events (nginx buffering: 20 of 32), or
+    steady batches, each fail however busy the host."""
     if shape == "whole":
         streams = [_held(synth, i) for i in range(20)]
-    elif shape == "late first token":  # 2 events in the first read, but at 0.8 of the stream's time
-        streams = [synth.stream(f"l{i}", sent=i * 0.3, ttft=0.4, gaps=_bunched([2, 10, 10, 10], 0.03), tokens=32)
+    elif shape == "first buffer":  # a buffer's worth first, early in the stream, then irregular bunches
+        streams = [synth.stream(f"l{i}", sent=i * 0.3, ttft=0.05, gaps=_bunched([9, 3, 12, 8], 0.05), tokens=32)
                    for i in range(20)]
     else:
         streams = [synth.stream(f"b{i}", sent=i * 0.3, ttft=0.08, gaps=_bunched([4] * 8, 0.08), tokens=32)

@@ -66,6 +66,11 @@ def test_shipped_experiments_judge_transformers_serve_right(transformers_serve: 
             assert reason.startswith("transformers serve exports no Prometheus metrics, so "), reason
             assert "HTTP 404" in reason and "metrics_url" not in reason, reason
             continue
+        if v["sla"] == "streaming" and v["status"] == "inconclusive":
+            # a serial engine on a saturated host bunches a few streams (11% of 97 beside the suite and two
+            # busy processes), none with a buffer's mark: undecided there, never a fail
+            assert v["evidence"]["inconclusive_cause"] == "host saturated", v["evidence"]
+            continue
         assert v["status"] == "pass", (key, v["figure"], v["evidence"])
     assert report["load"]["complete"] > 0
 
