@@ -110,7 +110,7 @@ def buffers_mark(signs: Mapping[str, float], min_events_per_read: float, min_bat
     """Whether a stream judged ``buffered`` carries a buffer's own mark: its first content read held
     ``min_events_per_read`` events or more (a buffer holds the first bytes too), or it came in steady
     batches (a hop's writes; a starved host bunches irregularly). Without it, the events were bunched
-    after a first token that came on its own, which a starved host does as well. Not a late first token:
+    after a smaller first read, as a starved host bunches them too. Not a late first token:
     a queueing engine's comes late and alone. Pure."""
     if signs["first_read_events"] >= min_events_per_read:
         return True
@@ -209,8 +209,8 @@ class Streaming(SlaSpec):
                 f"{len(held)} of {len(judged)} streams came {self.min_events_per_read:g} or more content "
                 f"events per read, but only {marked} with a buffer's mark (a first read of "
                 f"{self.min_events_per_read:g} or more events, or steady batches); the rest came bunched after a "
-                f"first token that arrived on its own (its read {evidence['first_read_share_p50']:.0%} of the "
-                f"stream's content at the median), and the host was "
+                f"first read of fewer events (it carried {evidence['first_read_share_p50']:.0%} of a stream's "
+                f"content at the median), and the host was "
                 f"saturated ({host['busy_cores']:.2f} of {host['cpus']} cores busy), which bunches them so too: "
                 f"rerun on a host with CPU to spare")
             return Verdict("streaming", phase, "inconclusive", share, budget, "fraction", len(judged), evidence)
