@@ -18,16 +18,17 @@ slow serial engine (``transformers serve``) 1.0-2.6. TTFT / end-to-end alone doe
 apart: a server that queues requests has it near 0.8 with every event in its own read. A stream
 with fewer than ``min_events`` content events is not judged.
 
-A buffer holds a stream's first bytes as it holds the rest: a stream it held carries its mark, its first
-content read ``min_events_per_read`` events or more (nginx buffering: 20 of 32), or steady batches. A
-starved host bunches events too, but after a first token that came on its own: beside the suite and two
-busy processes (2.0 of 2 cores busy), an unbuffered nginx's streams came 8 or more a read for 13% and
-51% of them, their first read 1 to 2 events at the median; a serial engine (``transformers serve``)
-11% of its streams, its first token late from queueing (0.78 of the stream's time) but alone in its
-read. When the streams over budget are all bunched so, without a buffer's mark, and
-the host was saturated (``chaos.host.contention.SATURATED_SHARE`` of its cores busy over the judged
-phase), the verdict is inconclusive and says why; on a host with CPU to spare it fails, as a hop that
-bunches them would.
+A buffer holds every stream it relays, the first bytes as the rest: measured, nginx buffering 353 of
+353 streams held, gzip 443 of 443, HAProxy's defaults 485 of 488, each held stream with a buffer's
+mark: its first content read ``min_events_per_read`` events or more (nginx buffering: 20 of 32), or
+steady batches. A starved host bunches some streams: beside the suite and two busy processes (2.0 of 2
+cores busy) an unbuffered nginx's streams came 8 or more events a read for 13%, 15% and 51% of them
+(their first read 1 to 2 events at the median, but most of the bunched ones' first read large: the
+response's start is where a starved nginx falls behind), a serial engine (``transformers serve``) 11%.
+So on a saturated host (``chaos.host.contention.SATURATED_SHARE`` of its cores busy over the judged
+phase) the verdict fails only when ``SATURATED_FAIL_SHARE`` of the judged streams or more were held
+with a buffer's mark; less is inconclusive and says why (a hop that buffers only some streams, one
+replica of two, is then undecided there: rerun on a host with CPU to spare, where it fails).
 
 The figure is the share of judged streams that were buffered, against ``budget`` (default 10%);
 the evidence gives TTFT / e2e, events per read and the inter-token gap medians of the judged
@@ -127,6 +128,9 @@ STEADY_READS = 3  # batches are judged steady over at least this many reads
 # writes 4 at a time gives 4s; a saturated host bunches tokens irregularly (1 to 12 an nginx read, beside
 # two busy processes: 11-18% of a healthy smoke's streams had 80% of their reads at 4 or more)
 STEADY_SPREAD = 1.0
+# on a saturated host a fail needs this share of the judged streams held with a buffer's mark: real buffers
+# held 99-100% (nginx, gzip, HAProxy), a starved host bunched 11-51%
+SATURATED_FAIL_SHARE = 0.75
 
 
 @verifier
@@ -201,18 +205,18 @@ class Streaming(SlaSpec):
         status: Status = "pass" if share <= budget else "fail"
         marked = sum(1 for _, sg in held if buffers_mark(sg, self.min_events_per_read, self.min_batch_events))
         evidence["marked"] = marked  # held streams with a buffer's own mark: these fail on any host
-        host = saturated_host(obs, phase) if status == "fail" and marked / len(judged) <= budget else None
+        host = (saturated_host(obs, phase) if status == "fail" and marked / len(judged) < SATURATED_FAIL_SHARE
+                else None)
         if host is not None:
             evidence["saturated_host"] = host
             evidence["inconclusive_cause"] = HOST_SATURATED
             evidence["reason"] = (
                 f"{len(held)} of {len(judged)} streams came {self.min_events_per_read:g} or more content "
-                f"events per read, but only {marked} with a buffer's mark (a first read of "
-                f"{self.min_events_per_read:g} or more events, or steady batches); the rest came bunched after a "
-                f"first read of fewer events (it carried {evidence['first_read_share_p50']:.0%} of a stream's "
-                f"content at the median), and the host was "
-                f"saturated ({host['busy_cores']:.2f} of {host['cpus']} cores busy), which bunches them so too: "
-                f"rerun on a host with CPU to spare")
+                f"events per read, {marked} of them with a buffer's mark (a first read of "
+                f"{self.min_events_per_read:g} or more events, or steady batches), on a saturated host "
+                f"({host['busy_cores']:.2f} of {host['cpus']} cores busy), where a starved hop bunches some "
+                f"streams so too; a buffer holds every stream it relays ({SATURATED_FAIL_SHARE:.0%} or more "
+                f"with its mark decide a fail here): rerun on a host with CPU to spare")
             return Verdict("streaming", phase, "inconclusive", share, budget, "fraction", len(judged), evidence)
         if status == "fail":
             # the hop that holds the streams names itself (or not) in the headers most of them came with

@@ -89,6 +89,8 @@ def test_a_restart_moves_the_loads_deadline_with_the_runs(tmp_path: Path) -> Non
     during, after = seen["after restart"]  # today: none, the load stopped at `first` whatever the restart took
     assert during - first >= int((ALLOWANCE_S + START_GRACE_S - 0.5) * S)  # not cut mid-restart
     assert after - first >= int((RESTART_S - 0.05) * S) and after - first < int((RESTART_S + 0.5) * S)
-    assert len(seen["next phase"]) == 3 and seen["next phase"][-1] >= after  # each phase before the last
+    # each phase before the last passes the moved stop on. Within 1 ms, not to the nanosecond: each pass turns
+    # the loop's float deadline into monotonic ns afresh (CI read it 1.07 us short)
+    assert len(seen["next phase"]) == 3 and seen["next phase"][-1] >= after - 1_000_000, (seen, after)
     assert len(seen["last phase"]) == 4  # the last phase's end, and nothing after it
     assert seen["last phase"][-1] < seen["next phase"][-1] - 5 * S
