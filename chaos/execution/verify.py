@@ -22,7 +22,8 @@ __all__ = ["CLIENT_SATURATED", "HOST_CHANGED", "HOST_SATURATED", "client_latenes
 # measured time, and a client that reads late finds several events waiting in one read.
 CLIENT_SATURATED = "load generator saturated"  # the two causes of an inconclusive this module gives
 HOST_CHANGED = "host contention changed"
-# ... and the one a verifier gives itself (``streaming``, ``relay``): a saturated host bunched the events
+# HOST_SATURATED (chaos.host.contention), re-exported: the cause a verifier gives itself (``streaming``,
+# ``relay``) when a saturated host, not the path, may have bunched the events
 
 
 def client_lateness(client_lag: dict[str, Any], phase: str | None) -> tuple[bool, float, str]:

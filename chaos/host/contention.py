@@ -56,11 +56,11 @@ __all__ = [
     "SATURATED_SHARE",
     "contention_shift",
     "host_contention",
-    "saturated_host",
     "parse_proc_stat",
     "parse_process_stat",
     "parse_schedstat",
     "phase_contention",
+    "saturated_host",
 ]
 
 HOST_PERIOD_S = 2.0
