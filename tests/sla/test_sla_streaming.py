@@ -139,7 +139,7 @@ def _starved_at_the_start(synth: Any, i: int) -> Any:
 
 @pytest.mark.parametrize("shape", ["nginx", "queued", "bunched from the start"])
 @pytest.mark.parametrize(("busy_cores", "status"), [(2.0, "inconclusive"), (1.1, "fail")])
-def test_bunches_after_a_first_token_on_its_own_are_undecided_only_on_a_saturated_host(
+def test_bunched_streams_too_few_for_a_buffer_are_undecided_only_on_a_saturated_host(
         synth: Any, busy_cores: float, status: str, shape: str) -> None:
     """An unbuffered nginx beside the suite and two busy processes: 51% of its streams came 8 or more events
     a read; a serial engine 11%. Nothing held them; the host starved the hops. On a host with CPU to spare
