@@ -536,7 +536,7 @@ class Relay(SlaSpec):
             return verdict("inconclusive", None, n, f"{n} stream(s) compared across {sides.shown}, at least "
                            f"{self.min_samples} needed")
         share = evidence["altered_streams"] / n
-        if share > self.budget and share < SCATTERED_SHARE and _only_bunched(judged):
+        if share > self.budget and share < SCATTERED_SHARE and set(evidence["by_kind"]) == {"buffered"}:
             host = saturated_host(obs, phase)
             if host is not None:
                 evidence["saturated_host"] = host
@@ -547,9 +547,3 @@ class Relay(SlaSpec):
                     f"{host['cpus']} cores busy), where a starved hop bunches a few streams too; a buffer holds "
                     f"every stream it relays: rerun on a host with CPU to spare"))
         return verdict("pass" if share <= self.budget else "fail", share, n)
-
-
-def _only_bunched(judged: _Judged) -> bool:
-    """Whether every altered stream was altered by its timing alone (``buffered``). Pure."""
-    return all(not any(count for kind, count in d.kinds.items() if kind != "buffered")
-               for _, d in judged.streams if d.altered)

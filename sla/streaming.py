@@ -100,8 +100,11 @@ def stream_signs(stream: StreamRecord) -> dict[str, float] | None:
 def buffered(signs: Mapping[str, float], min_events_per_read: float, min_batch_events: int = 0) -> bool:
     """Whether a stream's signs say it was held and forwarded whole (or in a few big pieces), or in
     steady batches of ``min_batch_events`` or more (0: not judged). Pure."""
-    if signs["events_per_read"] >= min_events_per_read:
-        return True
+    return signs["events_per_read"] >= min_events_per_read or _steady_batches(signs, min_batch_events)
+
+
+def _steady_batches(signs: Mapping[str, float], min_batch_events: int) -> bool:
+    """Whether nearly every read carried ``min_batch_events`` or more, in steady sizes (0: not judged). Pure."""
     return bool(min_batch_events and signs["content_reads"] >= STEADY_READS
                 and signs["batch_p20"] >= min_batch_events
                 and signs.get("batch_p80", signs["batch_p20"]) - signs["batch_p20"] <= STEADY_SPREAD)
@@ -113,9 +116,7 @@ def buffers_mark(signs: Mapping[str, float], min_events_per_read: float, min_bat
     batches (a hop's writes; a starved host bunches irregularly). Without it, the events were bunched
     after a smaller first read, as a starved host bunches them too. Not a late first token:
     a queueing engine's comes late and alone. Pure."""
-    if signs["first_read_events"] >= min_events_per_read:
-        return True
-    return buffered({**signs, "events_per_read": 0.0}, min_events_per_read, min_batch_events)
+    return signs["first_read_events"] >= min_events_per_read or _steady_batches(signs, min_batch_events)
 
 
 def _median(values: list[float]) -> float | None:
