@@ -92,11 +92,12 @@ def test_a_kv_leak_before_the_first_token_fails_kv_cleanup_and_a_blocking_clean_
 
 
 def test_blocks_freed_late_after_each_hang_up_fail_from_the_hang_up(planted_cleanup: Any, tmp_path: Path) -> None:
-    """Blocks freed 4 s after each hang-up are back before the end of load (5 s of recovery): only the time
-    from the last hang-up shows them (measured: the load's level regained 2.9 s to 4.8 s after it, within
-    its band before the last hang-ups' few blocks came back)."""
-    url = planted_cleanup("late_free", "--free-after", "4", "--kv-blocks", "4096")
-    by = judge(shortened("disconnect-storm", STORM), tmp_path, url)
+    """Blocks freed 6 s after each hang-up are back before the end of load (7 s of recovery): only the time
+    from the last hang-up shows them. At the 2 s deadline every hang-up of the storm's last 4 s still
+    holds its blocks (freed after 4 s, a saturated CI box once saw the level back within 2 s: too few
+    blocks held at the deadline to stand above the load's own level)."""
+    url = planted_cleanup("late_free", "--free-after", "6", "--kv-blocks", "4096")
+    by = judge(shortened("disconnect-storm", {**STORM, "recovery": 7}), tmp_path, url)
     kv = by["kv_cleanup"]
     assert kv.status == "fail", kv.evidence
     after = next(p for p in kv.evidence["check_points"] if p["kind"] == "after_hangups")

@@ -162,9 +162,10 @@ def test_each_gateway_streams_event_by_event_from_its_shipped_config(kind: str, 
           f"{stream.spread_s * 1000:.0f} ms")
     assert stream.status == 200 and stream.done and stream.error is None
     assert stream.events >= 10
-    # event by event: each in a read of its own (nginx buffering gives 1-3 reads: the test below). Not
-    # their spread in time: beside busy neighbours the stack itself can write a whole stream in a burst
-    assert len(stream.reads) >= stream.events / 2, (len(stream.reads), stream.events)
+    # event by event, not held: a buffering gateway gives 1-3 reads (nginx: the test below). Not one read
+    # per event nor their spread in time: on a saturated box the stack writes events in bursts that the
+    # gateway forwards as they come (measured on CI: 18 reads for 39 events through HAProxy)
+    assert len(stream.reads) >= max(6, stream.events / 4), (len(stream.reads), stream.events)
 
 
 def test_nginx_gzip_over_its_buffering_turns_the_stream_into_one_read(stack: StackProcess, tmp_path: Path) -> None:
