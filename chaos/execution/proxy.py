@@ -198,7 +198,7 @@ def embedded_command(seed: int, listen: str) -> list[str]:
     """The embedded server's command line: loopback API, and proxies only on loopback, unprivileged
     ports, or the one ``listen`` the experiment asked for (``proxy.listen``)."""
     return [sys.executable, "-m", "chaos.toxiproxy.server", "--host", "127.0.0.1", "--port", "0", "--seed", str(seed),
-            "--loopback-only", "--allow-listen", listen]
+            "--loopback-only", "--allow-listen", listen, "--exit-with-parent", str(os.getpid())]
 
 
 def _start_embedded(seed: int, log: Path, listen: str) -> ToxiproxyServer:

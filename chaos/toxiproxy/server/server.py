@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import signal
 import sys
@@ -168,6 +169,19 @@ def _positive(text: str) -> float:
     return value
 
 
+PARENT_POLL_S = 0.5  # --exit-with-parent: how often the parent id is read
+
+
+async def _exit_with_parent(stop: asyncio.Event, parent: int) -> None:
+    # a run killed outright (SIGKILL, OOM) cannot stop the server it started in a session of its own;
+    # watching the parent id works however it went (PR_SET_PDEATHSIG fires when the starting thread ends)
+    while os.getppid() == parent and not stop.is_set():
+        await asyncio.sleep(PARENT_POLL_S)
+    if not stop.is_set():
+        print(f"toxiproxy: parent process {parent} is gone: shutting down", file=sys.stderr, flush=True)
+        stop.set()
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m chaos.toxiproxy.server [--host H] [--port P] [--seed N] [--config FILE]``."""
     ap = argparse.ArgumentParser(prog="streamchaos toxiproxy serve",
@@ -188,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                          "except --allow-listen")
     ap.add_argument("--allow-listen", action="append", default=[], metavar="HOST:PORT",
                     help="a listen address allowed despite --loopback-only (repeatable)")
+    ap.add_argument("--exit-with-parent", type=int, default=None, metavar="PID",
+                    help="stop once process PID is no longer this server's parent (the run that started it)")
     args = ap.parse_args(argv)
     if args.max_connections < 1:
         ap.error("--max-connections must be at least 1")
@@ -214,7 +230,11 @@ def main(argv: list[str] | None = None) -> int:
                 loop.add_signal_handler(sig, stop.set)
             except (NotImplementedError, RuntimeError):  # pragma: no cover - not main thread / Windows
                 pass
+        watch = (asyncio.create_task(_exit_with_parent(stop, args.exit_with_parent))
+                 if args.exit_with_parent else None)
         await stop.wait()
+        if watch is not None:
+            watch.cancel()
         await srv.stop()
         return 0
 
