@@ -23,6 +23,7 @@ from chaos.host.runfiles import release_dir, replace_file, write_new
 from chaos.model.errors import ReportWriteFailed
 from chaos.model.observations import Observations
 from chaos.output.render import verdict_label, verdict_line, verdict_table
+from chaos.output.reports.engine_phases import engine_phases
 from chaos.output.reports.phases import until_text
 
 if TYPE_CHECKING:
@@ -198,6 +199,8 @@ def report_dict(result: Result) -> dict[str, Any]:
             "client_lag": result.client_lag,
         },
         "errors": {"top": top_errors(stream_errors(population))},
+        # per phase: the prefix cache's hit rate, TTFT's time queued and in prefill (the engine's counters)
+        "engine_phases": engine_phases(obs),
         "halt": halt_facts(obs),
         # each entry's parameters, parsed: what the report's CDFs rebuild its spec from (``spec.samples``)
         "sla": [{"name": e.name, "kind": e.kind, "params": e.spec.params} for e in result.experiment.sla],

@@ -40,6 +40,13 @@ KEPT_PREFIXES = (
     "vllm:gpu_cache_usage_perc",
     "vllm:num_preemptions",
     "vllm:request_success",
+    # the prefix cache's hit rate and TTFT's queue/prefill split, per phase (chaos.output.reports.engine_phases)
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:request_queue_time_seconds_sum",
+    "vllm:request_queue_time_seconds_count",
+    "vllm:request_prefill_time_seconds_sum",
+    "vllm:request_prefill_time_seconds_count",
     "sglang:num_running_reqs",
     "sglang:num_queue_reqs",
     "sglang:token_usage",
