@@ -7,6 +7,11 @@ come free (finished or preempted requests) until it holds the target or is rever
 ``method: hog`` asks the runner's ``BackgroundLoad`` for long-prompt, long-output streams that hold
 KV on any engine, vLLM included, and are kept out of the SLA population (aborted on revert).
 Either way the engine must queue or preempt the real load: the evidence records the engine state.
+
+``kv.prefix_flush`` empties the builtin engine's prefix cache through the admin API (vLLM's
+``/reset_prefix_cache``): every free cached block is evicted and held ones serve no further hit, so the
+requests that follow compute their shared prefixes again. A flush cannot be undone; its revert is a
+no-op that says so (the cache refills by itself as requests recompute their prefixes).
 """
 
 from __future__ import annotations
@@ -29,13 +34,15 @@ from faults.server import describe_no_admin, require_admin
 if TYPE_CHECKING:
     from chaos.model.experiment import Experiment
 
-__all__ = ["KvPressure"]
+__all__ = ["KvPrefixFlush", "KvPressure"]
 
 TOPUP_INTERVAL_S = 0.02  # how often a short reservation tries again to take freed blocks
 TOPUP_STOP_TIMEOUT_S = 2.0  # a reserve call answers in ms; a hung one is cancelled (the release count still tells)
 
 _STATE_KEYS = ("kv_blocks_used", "kv_blocks_total", "kv_blocks_reserved", "num_running", "num_waiting",
                "num_preemptions")
+_CACHE_KEYS = ("kv_blocks_cached", "kv_blocks_used", "prefix_cache_queries_total", "prefix_cache_hits_total",
+               "prefix_caching")
 _HOG_ALTERNATIVE = "kv.pressure with method: hog"
 HOG_SETTLE_MAX_S = 10.0  # the longest a hog inject waits for its streams to hold their blocks
 
@@ -217,3 +224,109 @@ class _Hog(Injection):
 
 def _pick(state: Mapping[str, Any]) -> dict[str, Any]:
     return {k: state[k] for k in _STATE_KEYS if k in state}
+
+
+@register
+@dataclass(frozen=True, kw_only=True)
+class KvPrefixFlush(Fault):
+    """Empty the builtin engine's prefix cache, once at inject or again every ``every``."""
+
+    kind = "kv.prefix_flush"
+    summary = "empty the builtin engine's prefix cache (vLLM's /reset_prefix_cache): shared prefixes are recomputed"
+    schema = Schema(
+        params=(
+            Param("every", "duration", min=0.01,
+                  doc="flush again at this interval while the fault is in force; unset: once, at inject"),
+        ),
+    )
+
+    every: float | None
+
+    def problems(self, experiment: Experiment) -> list[tuple[str, str]]:
+        target = getattr(experiment, "target", None)
+        kind = getattr(target, "kind", None)
+        if kind == "vllm":
+            return [("", "kv.prefix_flush acts on the builtin engine's prefix cache through its admin API; vLLM's "
+                         "own cache is flushed by its POST /reset_prefix_cache (VLLM_SERVER_DEV_MODE=1), not by this "
+                         "fault")]
+        if kind == "builtin" and not getattr(target, "prefix_caching", True):
+            return [("", "target.prefix_caching is false: there is no prefix cache to flush; set it true (the "
+                         "default)")]
+        return []
+
+    def activate(self, ctx: RunContext) -> Injection:
+        return _Flush(self, ctx, require_admin(self.kind, ctx, "kv.pressure (which evicts cached blocks as it "
+                                                               "reserves them)"))
+
+    def describe(self, scene: Scene) -> FaultAccount:
+        admin = scene.target.admin_url
+        when = f"every {self.every:g}s while in force" if self.every else "once, when the phase starts"
+        return FaultAccount(
+            changes=(f"empties the builtin stack's prefix cache through its admin API at {admin or '(none)'}, {when}: "
+                     "free cached blocks are evicted, held ones serve no further hit"),
+            undo="nothing to undo (a flush cannot be undone): the cache refills as requests recompute their prefixes",
+            refused=None if admin else describe_no_admin(self.kind, scene, "kv.pressure"),
+        )
+
+    @classmethod
+    def rollback(cls, undo: Mapping[str, Any]) -> dict[str, Any]:
+        return {"skipped": "a prefix-cache flush cannot be undone; the cache refills by itself"}
+
+
+class _Flush(Injection):
+    """One flush at inject, then one every ``every`` seconds until revert."""
+
+    def __init__(self, fault: KvPrefixFlush, ctx: RunContext, admin_url: str) -> None:
+        super().__init__(fault, ctx)
+        self.spec = fault
+        self.admin_url = admin_url
+        self._repeat: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+        self.flushes = 0
+        self.evicted = 0  # free cached blocks evicted, over every flush
+
+    def plan(self) -> dict[str, Any]:
+        return {"admin_url": self.admin_url, "note": "a flush cannot be undone; nothing to roll back"}
+
+    async def _flush(self, admin: AdminClient) -> dict[str, int]:
+        result = await admin.reset_prefix_cache()
+        self.flushes += 1
+        self.evicted += result["evicted"]
+        return result
+
+    async def inject(self) -> dict[str, Any]:
+        async with AdminClient(self.admin_url, self.ctx.target.admin_token) as admin:
+            before = await admin.state()
+            if before.get("prefix_caching") is False:
+                raise FaultUnsupported("kv.prefix_flush: the builtin stack runs without prefix caching "
+                                       "(--no-prefix-caching), so there is no cache to flush")
+            result = await self._flush(admin)
+            after = await admin.state()
+        evidence: dict[str, Any] = {"evicted": result["evicted"], "forgotten_held": result["forgotten_held"],
+                                    "before": _pick_cache(before), "after": _pick_cache(after)}
+        if self.spec.every:
+            self._stop = asyncio.Event()
+            self._repeat = asyncio.create_task(self._again(self.spec.every))
+            evidence["every_s"] = self.spec.every
+        return evidence
+
+    async def _again(self, every: float) -> None:
+        async with AdminClient(self.admin_url, self.ctx.target.admin_token) as admin:
+            while not self._stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), every)
+                if not self._stop.is_set():
+                    await self._flush(admin)
+
+    async def revert(self) -> dict[str, Any]:
+        repeat, self._repeat = self._repeat, None
+        if repeat is not None:
+            self._stop.set()  # between calls, not mid-call: the tally stays exact
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(repeat, TOPUP_STOP_TIMEOUT_S)
+        return {"flushes": self.flushes, "evicted_total": self.evicted,
+                "note": "nothing undone: a flush cannot be; the cache refills as requests recompute their prefixes"}
+
+
+def _pick_cache(state: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: state[k] for k in _CACHE_KEYS if k in state}

@@ -42,6 +42,7 @@ from chaos.hops.streamhop.rules import (
     MAX_NAME,
     MAX_SECONDS,
     MIN_KEEPALIVE_S,
+    SILENCE_DURING,
     STATUS_CODES,
 )
 from chaos.host.procs import start_time
@@ -329,24 +330,37 @@ class Silence(StreamFault):
     kind = "stream.silence"
     rule_kind = "silence"
     summary = ("after N events, nothing for a time (events queue, then flow), with or without SSE keep-alive "
-               "comments: a mid-stream pause")
+               "comments: a mid-stream pause, or one inside the reasoning phase only")
     schema = Schema((
-        Param("after_events", "int", 1, min=0, doc="events relayed before the silence (comments not counted)"),
+        Param("after_events", "int", 1, min=0,
+              doc="events relayed before the silence (comments not counted); with during: reasoning, reasoning "
+                  "events"),
         Param("seconds", "duration", required=True, max=MAX_SECONDS, doc="how long nothing is written"),
+        Param("during", "choice", "any", choices=SILENCE_DURING,
+              doc="any: after after_events events of any kind; reasoning: after after_events reasoning events "
+                  "(delta.reasoning_content or delta.reasoning), before the next one, so the silence lies inside "
+                  "the reasoning phase (a stream whose reasoning ends first is not silenced)"),
         KEEPALIVE, HOP, SHARE,
     ))
 
     after_events: int
     seconds: float
+    during: str
     keepalive: float | None
 
     def param_problems(self) -> list[tuple[str, str]]:
         return _keepalive_problems(self.keepalive, self.seconds, "silence")
 
     def rule_params(self) -> dict[str, Any]:
-        return {"after_events": self.after_events, "seconds": self.seconds, "keepalive_s": self.keepalive}
+        return {"after_events": self.after_events, "seconds": self.seconds, "keepalive_s": self.keepalive,
+                "during": self.during}
 
     def effect(self) -> str:
+        if self.during == "reasoning":
+            return (f"after {self.after_events} reasoning events, before the next one, no event reaches the client "
+                    f"for {format_duration(self.seconds)} (later events queue at the hop, then flow), with "
+                    f"{_keepalive_words(self.keepalive)}; a stream with no more reasoning events than that is not "
+                    "silenced")
         return (f"after {self.after_events} events, no event reaches the client for {format_duration(self.seconds)} "
                 f"(later events queue at the hop, then flow), with {_keepalive_words(self.keepalive)}")
 

@@ -19,6 +19,7 @@ from sla import (  # noqa: F401  (registers)
     abort_path,
     abort_propagation,
     capacity,
+    context_kept,
     early_close,
     fluidity,
     goodput,
@@ -30,6 +31,7 @@ from sla import (  # noqa: F401  (registers)
     stream_errors,
     streaming,
     throughput,
+    tool_calls,
     ttft,
 )
 from sla.base import REGISTRY, SlaSpec, Status, Verdict, verifier

@@ -159,7 +159,8 @@ def holds_of(stream: StreamRecord, taps: Sequence[TapRecord], path: Sequence[Pat
     went on past the last tap (it closed its upstream too), so what lies behind it was owed a hold. Pure
     but for ``walk``."""
     assert stream.hangup is not None
-    early = stream.t_first_content is None or stream.t_first_content > stream.hangup.t
+    first = stream.t_first_token  # a reasoning token is a token: the engine was already generating
+    early = first is None or first > stream.hangup.t
     rid = stream.id
     close: int = stream.hangup.t  # when the boundary in front closed its upstream connection
     outer: str | None = None
@@ -351,8 +352,8 @@ def _hung(obs: Observations, phase: str | None) -> list[StreamRecord]:
 def _walk_evidence(obs: Observations, hung: Sequence[StreamRecord], walk: _Walk, budget_ns: int) -> dict[str, Any]:
     out: dict[str, Any] = {
         "seen_at_a_stream_hop": len(hung) - walk.unseen,
-        "before_first_token": sum(1 for st in hung if st.t_first_content is None
-                                  or (st.hangup is not None and st.t_first_content > st.hangup.t)),
+        "before_first_token": sum(1 for st in hung if st.t_first_token is None
+                                  or (st.hangup is not None and (st.t_first_token or 0) > st.hangup.t)),
         "hops": _per_hop(walk.holds, budget_ns, walk.unmeasured),
         "hangup_to_upstream_closed": {hop: _stats_s(v) for hop, v in walk.closed_after.items()},
     }

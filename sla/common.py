@@ -139,12 +139,14 @@ def stream_end(stream: StreamRecord) -> int | None:
         for t in (stream.t_sent, stream.t_headers, stream.t_first_byte, stream.t_first_event, stream.t_first_content)
         if t is not None
     ]
-    stamps.extend(stream.t_content[-1:])
+    for events in (stream.t_content, stream.t_reasoning, stream.t_tool_calls):  # the last token of each kind
+        stamps.extend(events[-1:])
     return max(stamps) if stamps else None
 
 
 def content_less_reason(stream: StreamRecord) -> str:
-    """Why a stream produced no content: its error kind, an in-band error, or an empty completion."""
+    """Why a stream produced no content (no token, or no output: the caller says which it lacks): its error
+    kind, an in-band error, or an empty completion (one that finished with nothing, or with reasoning only)."""
     if stream.error is not None:
         return stream.error.kind
     if stream.in_band_error is not None:
@@ -165,7 +167,7 @@ WAITING_HANGUPS = frozenset({"after_time", "read_timeout"})
 
 
 def ended_waiting(stream: StreamRecord) -> bool:
-    """Whether the stream ended while waiting for its next content: its wait is right-censored
+    """Whether the stream ended while waiting for its next token or output: its wait is right-censored
     (what it waited for would have come later, if at all)."""
     if stream.t_sent is None or stream.t_end is None:
         return False

@@ -25,7 +25,14 @@ What the other tools do was read from their sources:
 
 Our clock: ``t_sent`` is stamped when the request reaches the socket (httpx's trace hook), so
 connection set-up and the client's own pool queueing are not in any of ours; a content event is
-an SSE event whose ``text`` (completions) or ``delta.content`` (chat) is non-empty.
+an SSE event whose ``text`` (completions) or ``delta.content`` (chat) is non-empty. A token event is a
+content event, a reasoning event (``delta.reasoning_content`` or ``delta.reasoning``, vLLM's reasoning
+streams) or a tool-call fragment (``delta.tool_calls``): ``t_first_token`` is the first of them,
+``t_first_output`` the first that a user sees (content or a tool call, not reasoning), ``t_tokens`` all
+of them in time order. For a stream without reasoning or tool calls every one of these is its content's.
+Reasoning models were read in AIPerf (TTFT counts the first token of any kind, TTFO the first
+non-reasoning one, PR #359) and GuideLLM (``first_token_iteration`` counts reasoning, PR #742;
+``first_output_token_iteration`` does not).
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ __all__ = [
     "e2e_ns",
     "output_tokens",
     "tpot_ns",
+    "ttfo_ns",
     "ttft_ns",
     "ttst_ns",
 ]
@@ -80,7 +88,7 @@ DEFINITIONS: dict[str, MetricDefinition] = {
     d.name: d
     for d in (
         MetricDefinition(
-            "ttft", "time to first token", "t_first_content - t_sent", "request",
+            "ttft", "time to first token of any kind (reasoning counts)", "t_first_token - t_sent", "request",
             (
                 Equivalent("vLLM bench serve", "TTFT", "close",
                            "its clock starts before the connection; on chat it stops at the role-only first chunk"),
@@ -89,7 +97,17 @@ DEFINITIONS: dict[str, MetricDefinition] = {
             ),
         ),
         MetricDefinition(
-            "ttst", "time to second token", "t_content[1] - t_content[0]", "request with 2+ content events",
+            "ttfo", "time to first visible output: content or a tool call, not reasoning (ttft with to: output)",
+            "t_first_output - t_sent", "request",
+            (
+                Equivalent("vLLM bench serve", "", "different", "its TTFT stops at the first chunk, reasoning or not"),
+                Equivalent("AIPerf", "Time to First Output Token (TTFO)", "same"),
+                Equivalent("GuideLLM", "TTFOT", "close",
+                           "from its first_output_token_iteration (first non-reasoning content); tool calls aside"),
+            ),
+        ),
+        MetricDefinition(
+            "ttst", "time to second token", "t_tokens[1] - t_tokens[0]", "request with 2+ token events",
             (
                 Equivalent("vLLM bench serve", "", "different", "the first entry of its ITL list"),
                 Equivalent("AIPerf", "Time to Second Token (TTST)", "same"),
@@ -98,7 +116,7 @@ DEFINITIONS: dict[str, MetricDefinition] = {
         ),
         MetricDefinition(
             "tpot", "time per output token, first token excluded",
-            "(t_content[-1] - t_first_content) / (tokens - 1); tokens = usage.completion_tokens, else content events",
+            "(t_tokens[-1] - t_first_token) / (tokens - 1); tokens = usage.completion_tokens, else token events",
             "request with 2+ tokens",
             (
                 Equivalent("vLLM bench serve", "TPOT", "same"),
@@ -108,8 +126,9 @@ DEFINITIONS: dict[str, MetricDefinition] = {
             ),
         ),
         MetricDefinition(
-            "itl", "inter-token (inter-chunk) gap", "t_content[i+1] - t_content[i], every gap",
-            "gap between content events",
+            "itl", "inter-token (inter-chunk) gap",
+            "t_tokens[i+1] - t_tokens[i], every gap (within: content or reasoning: that kind's stamps only)",
+            "gap between token events",
             (
                 Equivalent("vLLM bench serve", "ITL", "same", "it also times chunks with empty text"),
                 Equivalent("AIPerf", "Inter Chunk Latency (ICL)", "same"),
@@ -117,7 +136,7 @@ DEFINITIONS: dict[str, MetricDefinition] = {
             ),
         ),
         MetricDefinition(
-            "e2e", "end-to-end latency", "t_content[-1] - t_sent", "complete request",
+            "e2e", "end-to-end latency", "t_tokens[-1] - t_sent", "complete request",
             (
                 Equivalent("vLLM bench serve", "E2EL", "close", "its clock starts before the connection"),
                 Equivalent("AIPerf", "Request Latency", "same"),
@@ -132,38 +151,47 @@ DEFINITIONS: dict[str, MetricDefinition] = {
 
 
 def ttft_ns(stream: StreamRecord) -> int | None:
+    """Send to the first token of any kind (reasoning counts)."""
     return stream.ttft_ns
 
 
+def ttfo_ns(stream: StreamRecord) -> int | None:
+    """Send to the first visible output (content or a tool call)."""
+    return stream.ttfo_ns
+
+
 def ttst_ns(stream: StreamRecord) -> int | None:
-    """First to second content event (AIPerf's TTST); None with fewer than two."""
-    stamps = stream.t_content
+    """First to second token event (AIPerf's TTST); None with fewer than two."""
+    stamps = stream.t_tokens
     return stamps[1] - stamps[0] if len(stamps) >= 2 else None
 
 
 def output_tokens(stream: StreamRecord) -> int:
-    """Generated tokens: ``usage.completion_tokens`` when the server reported at least as many as
-    there were content events (a chunk may carry several tokens), else the content events."""
+    """Generated tokens, reasoning included: ``usage.completion_tokens`` when the server reported at least
+    as many as there were token events (a chunk may carry several tokens), else the token events."""
     reported = (stream.usage or {}).get("completion_tokens")
-    events = len(stream.t_content)
+    events = stream.token_events
     if isinstance(reported, int) and not isinstance(reported, bool) and reported >= events:
         return reported
     return events
 
 
 def e2e_ns(stream: StreamRecord) -> int | None:
-    """Send to the last content event; None without content."""
-    if stream.t_sent is None or not stream.t_content:
+    """Send to the last token event; None without one."""
+    stamps = stream.t_tokens
+    if stream.t_sent is None or not stamps:
         return None
-    return stream.t_content[-1] - stream.t_sent
+    return stamps[-1] - stream.t_sent
 
 
 def tpot_ns(stream: StreamRecord) -> float | None:
-    """(last content - first content) / (tokens - 1); None below two tokens."""
+    """(last token - first token) / (tokens - 1), reasoning included, as the token count is; None below
+    two tokens."""
     tokens = output_tokens(stream)
-    if tokens < 2 or stream.t_first_content is None or not stream.t_content:
+    stamps = stream.t_tokens
+    if tokens < 2 or not stamps:
         return None
-    return (stream.t_content[-1] - stream.t_first_content) / (tokens - 1)
+    return (stamps[-1] - stamps[0]) / (tokens - 1)
 
 
 # -- rendering -----------------------------------------------------------------------------------
@@ -193,7 +221,8 @@ def definition_line(name: str) -> str:
 
 def definitions_text() -> str:
     """The definitions for ``streamchaos list slas``."""
-    lines = ["Metric definitions (t_sent: request at the socket; content: an SSE event with non-empty text)", ""]
+    lines = ["Metric definitions (t_sent: request at the socket; a token event: an SSE event with non-empty content, "
+             "reasoning or a tool-call fragment; t_tokens: every token event's stamp)", ""]
     for d in DEFINITIONS.values():
         lines.append(f"{d.name}  {d.title}")
         lines.append(f"    {d.stamps}  (one sample per {d.per})")

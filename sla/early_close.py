@@ -86,7 +86,7 @@ def short_length(stream: StreamRecord, ignore_eos: bool) -> str | None:
         return None
     tokens, counted = usage_tokens(stream), "usage.completion_tokens"
     if tokens is None:
-        tokens, counted = len(stream.t_content), "content events"
+        tokens, counted = stream.token_events, "token events"  # reasoning and tool-call fragments count too
     if tokens >= stream.max_tokens:
         return None
     return (f"finish_reason length after {tokens} of max_tokens {stream.max_tokens} ({counted}) although the "

@@ -78,7 +78,8 @@ def usage_tokens(stream: StreamRecord) -> int | None:
 
 def _over_usage(stream: StreamRecord) -> bool:
     tokens = usage_tokens(stream)
-    return tokens is not None and len(stream.t_content) > tokens
+    # events that carried a token: content and reasoning (a tool call's first and last fragments carry none)
+    return tokens is not None and len(stream.t_content) + len(stream.t_reasoning) > tokens
 
 
 def _problems(stream: StreamRecord, rule: EndRule = STRICT_END) -> list[str]:

@@ -8,6 +8,10 @@ exact block count: must return to exactly its baseline), ``vllm:kv_cache_usage_p
 ``tgi_batch_current_max_tokens`` (tokens: tolerance scaled by ``tgi_batch_max_total_tokens`` when
 scraped, else exact); running requests from ``vllm:num_requests_running``,
 ``sglang:num_running_reqs``, ``tgi_batch_current_size``, ``llamacpp:requests_processing`` (exact).
+A prefix cache leaves freed blocks cached: none of these series counts them (the builtin stack's
+gauge counts blocks held by requests plus reserved ones; vLLM V1's ``kv_cache_usage_perc`` counts a
+cached block with no holder as free), so a warm cache is no leak, while a block an aborted request
+still holds is one, cached or not (tests/e2e/test_planted_prefix_cache.py plants that).
 An inconclusive verdict for a missing series says why the scrapes failed (``scrape_error`` notes:
 HTTP 401 wants ``target.metrics_auth``, 404 has no metrics there, a refused connection).
 Every label set is judged on its own (one engine of several may leak). A missing series is

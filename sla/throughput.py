@@ -1,10 +1,11 @@
 """`throughput`: tokens or completed requests per second over a phase's window, against a floor.
 
-Tokens are counted where they arrived: each content event inside the window counts, and when a
-stream reported ``usage.completion_tokens`` its tokens are spread over its content events (a
-chunk can carry several tokens), so a stream straddling the window edge counts only its inside
-part. Requests count when they completed (``StreamRecord.complete``) inside the window. Without a
-closed window, or with no streams, there is nothing to divide by: inconclusive.
+Tokens are counted where they arrived: each token event (content, reasoning, a tool-call fragment)
+inside the window counts, and when a stream reported ``usage.completion_tokens`` its tokens are
+spread over its token events (a chunk can carry several tokens), so a stream straddling the window
+edge counts only its inside part. Requests count when they completed (``StreamRecord.complete``)
+inside the window. Without a closed window, or with no streams, there is nothing to divide by:
+inconclusive.
 """
 
 from __future__ import annotations
@@ -43,12 +44,13 @@ def window(obs: Observations, phase: str | None) -> tuple[int, int] | None:
 
 def _tokens_in(stream: StreamRecord, t0: int, t1: int) -> tuple[float, bool]:
     """(tokens of ``stream`` that arrived in [t0, t1], whether usage counts were used)."""
-    inside = sum(1 for t in stream.t_content if t0 <= t <= t1)
+    stamps = stream.t_tokens  # reasoning and tool-call fragments are generated tokens too, as usage counts them
+    inside = sum(1 for t in stamps if t0 <= t <= t1)
     if not inside:
         return 0.0, False
     reported = (stream.usage or {}).get("completion_tokens")
-    if isinstance(reported, (int, float)) and not isinstance(reported, bool) and reported >= len(stream.t_content):
-        return reported * inside / len(stream.t_content), True
+    if isinstance(reported, (int, float)) and not isinstance(reported, bool) and reported >= len(stamps):
+        return reported * inside / len(stamps), True
     return float(inside), False
 
 

@@ -79,6 +79,6 @@ def test_list_slas_names_each_metric_with_its_stamps_and_other_tools_names(capsy
     assert "goodput" in out and "fluidity" in out
     section = out[out.index("Metric definitions"):]
     assert "tpot  time per output token" in section
-    assert "(t_content[-1] - t_first_content) / (tokens - 1)" in section
+    assert "(t_tokens[-1] - t_first_token) / (tokens - 1)" in section
     assert "AIPerf:            Inter Token Latency (ITL)" in section
     assert "vLLM bench serve:  ITL" in section

@@ -149,6 +149,11 @@ class AdminClient:
         """Return every reserved block to the pool; the number released."""
         return int((await self._call("DELETE", "/kv/reserve"))["released"])
 
+    async def reset_prefix_cache(self) -> dict[str, int]:
+        """Empty the engine's prefix cache: ``{"evicted": free cached blocks, "forgotten_held": held ones}``."""
+        body = await self._call("POST", "/kv/reset_prefix_cache")
+        return {"evicted": int(body["evicted"]), "forgotten_held": int(body["forgotten_held"])}
+
 
 def admin_delete_sync(admin_url: str, path: str, token: str | None) -> dict[str, Any] | None:
     """``DELETE admin_url + path`` for a rollback in another process; None when the stack is gone.

@@ -312,8 +312,18 @@ def _load(exp: Experiment, proxy: ProxyInfo | None, hops: tuple[HopInfo, ...], t
         via = f"through the path, to hop {hops[0].name!r} first"
     else:
         via = f"through proxy {proxy.proxy_name!r}" if proxy else f"to {target.base_url}"
-    out.say(f"load: {shape}; {load.endpoint}, {tokens} tokens each, {via}"
+    made = f"{tokens} tokens each"
+    if load.workload.kind == "trace":  # each request's own output length (ShareGPT: capped)
+        made = "as many tokens as the trace says"
+    if load.concurrency is None and load.rate is None:  # a Mooncake trace: its timestamps are the schedule
+        shape = "open loop at the trace's timestamps"
+    out.say(f"load: {shape}; {load.endpoint}, {made}, {via}"
             + (f"; at most {load.max_requests} requests" if load.max_requests else ""))
+    from chaos.load.workloads import workload_line
+
+    line = workload_line(load.workload)
+    if line:
+        out.say(line, 1)
     shards = getattr(load, "shards", 1)
     if shards > 1:
         launch = getattr(load, "shard_launch", "local")

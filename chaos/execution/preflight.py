@@ -72,6 +72,9 @@ class PreflightResult:
             "attempts": self.attempts, "ttft_s": None if rec.ttft_ns is None else round(rec.ttft_ns / 1e9, 4),
             "content_type": rec.content_type, "sent": sent_fields(self.load),  # sent: what early_close reads
             **({"cut": self.cut} if self.cut else {}), **({"warning": self.warning} if self.warning else {}),
+            # a reasoning model, or tool calls: what the target streams besides content
+            **({"reasoning_events": len(rec.t_reasoning)} if rec.t_reasoning else {}),
+            **({"tool_call_events": len(rec.t_tool_calls)} if rec.t_tool_calls else {}),
         }
 
 
@@ -196,11 +199,11 @@ async def _send_once(url: str, body: Mapping[str, Any], api_key: str | None,
         task = asyncio.create_task(stream_request(http, url, body, record, request_timeout=timeout))
         while not task.done():
             await asyncio.wait({task}, timeout=_POLL_S)
-            first = record.t_first_content
+            first = record.t_first_token  # reasoning or a tool call streams no content first
             if task.done() or first is None:
                 continue
             since_s = (time.monotonic_ns() - first) / 1e9
-            if should_cut(since_s, len(record.t_content), limit):
+            if should_cut(since_s, record.token_events, limit):
                 task.cancel()  # the client's own hang-up: the connection closes, the server sees the disconnect
                 await asyncio.wait({task})  # its record closed; a cancellation of our own still reaches us
                 record.error = None  # the cancellation was ours, not a failure of the stream
@@ -268,7 +271,7 @@ def _check_event_stream(record: StreamRecord, url: str) -> None:
         got = "no Content-Type and no SSE event"
     else:
         return
-    parsed = (f"{record.events} SSE events, {len(record.t_content)} with content, "
+    parsed = (f"{record.events} SSE events, {record.token_events} with tokens, "
               f"[DONE] {'seen' if record.done_seen else 'not seen'}")
     raise PreflightRefused(
         f"the target's answer to the load's request is not an event stream: HTTP {status} with {got} from {url}, "
@@ -281,7 +284,7 @@ def _check_parsed(record: StreamRecord, url: str) -> None:
     (malformed, or nested deeper than Python's reader goes: 100,000 brackets) and carried nothing else:
     every stream of the run would be judged broken, and this says why now. Raises ``PreflightRefused``
     (exit 4); a stream with one such event among readable ones goes on (the integrity verdicts count it)."""
-    read = record.t_content or record.finish_reason is not None or record.usage is not None
+    read = record.token_events or record.finish_reason is not None or record.usage is not None
     if record.json_errors == 0 or record.error is not None or read or record.in_band_error is not None:
         return
     raise PreflightRefused(
@@ -293,7 +296,7 @@ def _check_parsed(record: StreamRecord, url: str) -> None:
 def _parsed_nothing(record: StreamRecord) -> bool:
     """No event of the stream carried what a completion stream sends: no content, no finish_reason,
     no usage, no error event, no [DONE] (a web page served without a Content-Type). Pure."""
-    return not (record.done_seen or record.t_content or record.finish_reason is not None
+    return not (record.done_seen or record.token_events or record.finish_reason is not None
                 or record.usage is not None or record.in_band_error is not None)
 
 

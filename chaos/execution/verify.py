@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from chaos.execution.sequential import sequential_evidence, sequential_spec, sequential_view
 from chaos.host.contention import HOST_SATURATED, contention_shift
 from chaos.model.observations import Observations
+from chaos.model.turns import turn_view
 from chaos.model.verdict import Verdict
 
 if TYPE_CHECKING:
@@ -63,7 +64,10 @@ def judge_entry(entry: SlaEntry, obs: Observations, phase: str | None, *,
     inconclusive — the host first (a neighbour that took the CPU slows the load generator too),
     then the load generator's own lateness (a slow client is never mistaken for a slow server)."""
     spec = sequential_spec(entry.spec, obs, phase)  # a phase that ran until decided: each look's spending
+    obs = turn_view(obs, entry.turns)  # `turns:` (chaos.model.turns): the streams of those turns only
     found = sequential_evidence(spec.judge(sequential_view(spec, obs, phase), phase), obs, phase)
+    if entry.turns is not None:
+        found = replace(found, evidence={**found.evidence, "turns": entry.turns.text()})
     cause = _host_cause(spec, found, obs) or _client_cause(spec, found, client_lag or {}, phase)
     status, evidence = ((found.status, found.evidence) if cause is None
                         else ("inconclusive", {**found.evidence, **cause}))

@@ -16,6 +16,7 @@ from chaos.model.experiment import (
     SafetySpec,
     SlaEntry,
     TargetSpec,
+    WorkloadSpec,
 )
 
 from .loader import experiment_from_dict, load_experiment, parse_experiment, validate_file
@@ -31,6 +32,7 @@ __all__ = [
     "SafetySpec",
     "SlaEntry",
     "TargetSpec",
+    "WorkloadSpec",
     "experiment_from_dict",
     "load_experiment",
     "parse_experiment",

@@ -12,7 +12,7 @@ import os
 import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeGuard
 
@@ -35,10 +35,13 @@ from chaos.model.experiment import (
     TargetSpec,
 )
 from chaos.model.params import Schema, suggest
+from chaos.model.turns import Turns, parse_turns
 from chaos.model.units import format_duration
 
 from . import sections
-from .yamlpos import DEFAULT_BUDGET, KeyPath, Mark, YamlSyntaxError, load_located, render_path, too_large
+from .parsing import _Context, _describe, _Found, _mapping, _parse, _positive, _reject
+from .workload_section import chat_extras, parse_workload
+from .yamlpos import DEFAULT_BUDGET, KeyPath, YamlSyntaxError, load_located, render_path, too_large
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -48,7 +51,6 @@ if TYPE_CHECKING:
 
 __all__ = ["experiment_from_dict", "load_experiment", "parse_experiment", "read_text_bounded", "validate_file"]
 
-At = Literal["key", "value"]
 _MIX_TOLERANCE = 1e-6
 _SCRAPE_BOUNDS = (0.1, 1.0)
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
@@ -152,131 +154,6 @@ def read_text_bounded(path: str) -> str:
     except OSError as exc:
         raise ExperimentInvalid([Problem(path, 0, 0, "",
                                          f"cannot read the experiment file: {exc.strerror or exc}")]) from None
-
-
-@dataclass
-class _Found:
-    path: KeyPath
-    message: str
-    mark: Mark | None = None  # known position; otherwise derived from the path
-    at: At = "value"
-
-
-@dataclass
-class _Context:
-    """Collects problems with their key paths and turns them into located ``Problem``s."""
-
-    file: str
-    keys: dict[KeyPath, Mark]
-    values: dict[KeyPath, Mark]
-    unreadable: set[KeyPath]  # values the YAML layer already reported; do not report them twice
-    found: list[_Found] = field(default_factory=list)
-    # problems about an unreadable value, not reported again: still problems, so a section that had one
-    # is not built from what is left of it (a verifier or fault missing the parameter, a TypeError)
-    suppressed: int = 0
-
-    def add(self, path: KeyPath, message: str, at: At = "value") -> None:
-        if path in self.unreadable:
-            self.suppressed += 1
-            return
-        self.found.append(_Found(path, message, None, at))
-
-    @property
-    def count(self) -> int:
-        """Problems so far, reported or not: a section compares it before and after it is parsed."""
-        return len(self.found) + self.suppressed
-
-    @property
-    def base_dir(self) -> Path:
-        if self.file.startswith("<"):
-            return Path.cwd()
-        return Path(self.file).parent
-
-    def locate(self, item: _Found) -> Mark:
-        if item.mark is not None:
-            return item.mark
-        if item.at == "key" and item.path in self.keys:
-            return self.keys[item.path]
-        path = item.path
-        while path:  # a missing key is reported where its mapping starts
-            if path in self.values:
-                return self.values[path]
-            path = path[:-1]
-        return self.values.get((), Mark(0, 0))
-
-    def problems(self) -> list[Problem]:
-        out = []
-        for item in self.found:
-            mark = self.locate(item)
-            out.append(Problem(self.file, mark.line, mark.column, render_path(item.path), item.message))
-        return out
-
-
-# ---------------------------------------------------------------------------------------------
-# generic helpers
-
-
-def _describe(value: object) -> str:
-    if isinstance(value, Mapping):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    return repr(value)
-
-
-def _mapping(ctx: _Context, raw: object, path: KeyPath, what: str) -> dict[str, Any] | None:
-    """``raw`` as a string-keyed dict, or None (with a problem) when it is not a mapping."""
-    if not isinstance(raw, Mapping):
-        ctx.add(path, f"expected {what} (a mapping of key: value), found {_describe(raw)}")
-        return None
-    out: dict[str, Any] = {}
-    for key, value in raw.items():
-        if not isinstance(key, str):
-            ctx.add(path, f"keys must be names (strings), found {key!r}")
-            continue
-        out[key] = value
-    return out
-
-
-def _parse(ctx: _Context, raw: dict[str, Any], path: KeyPath, schema: Schema,
-           extra: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Run ``schema`` over ``raw`` (minus ``extra`` keys handled by the caller), locating problems."""
-    names = schema.names()
-    allowed = [*extra, *names]
-    known: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key in extra:
-            continue
-        param = next((p for p in schema.params if p.name == key), None)
-        if param is None:
-            ctx.add(path + (key,), f"unknown key {key!r}{suggest(key, allowed)}; allowed: {', '.join(allowed)}",
-                    at="key")
-        elif value is None and param.default is None and not param.required:
-            continue  # `key: null` / `key:` means "not given" for optional keys without a default
-        else:
-            known[key] = value
-    values, problems = schema.parse(known)
-    for key, message in problems:
-        ctx.add(path + (key,) if key else path, message)
-    for param in schema.params:  # a float key given .nan or .inf passes the bounds; it is still wrong
-        value = values.get(param.name)
-        if param.kind in ("float", "rate") and isinstance(value, float) and not math.isfinite(value):
-            ctx.add(path + (param.name,), f"expected a finite number, found {value!r}")
-            values[param.name] = param.default
-    return values
-
-
-def _reject(ctx: _Context, values: dict[str, Any], path: KeyPath, name: str, message: str) -> None:
-    """Report a value that parsed but is wrong, and drop it so the section falls back to the default."""
-    ctx.add(path + (name,), message)
-    values.pop(name, None)
-
-
-def _positive(ctx: _Context, values: dict[str, Any], path: KeyPath, *names: str) -> None:
-    for name in names:
-        value = values.get(name)
-        if isinstance(value, (int, float)) and value <= 0:
-            _reject(ctx, values, path, name, f"must be greater than zero, found {value:g}")
 
 
 def _is_url(value: str) -> bool:
@@ -824,7 +701,7 @@ def _load(ctx: _Context, raw: object, target: TargetSpec) -> LoadSpec:
     data = _mapping(ctx, raw, path, "the load section")
     if data is None:
         return LoadSpec()
-    values = _parse(ctx, data, path, sections.LOAD, extra=("connect_backoff",))
+    values = _parse(ctx, data, path, sections.LOAD, extra=("connect_backoff", "workload", "tools", "tool_choice"))
     backoff = _connect_backoff(ctx, data.get("connect_backoff"), path + ("connect_backoff",))
     _positive(ctx, values, path, "rate", "burstiness", "request_timeout", "lag_threshold")
     max_tokens = values.get("max_tokens")
@@ -838,8 +715,12 @@ def _load(ctx: _Context, raw: object, target: TargetSpec) -> LoadSpec:
     if values.get("prompts") is not None:
         prompts = _prompts(ctx, values["prompts"])
     headers = _headers(ctx, values["headers"], path + ("headers",)) if values.get("headers") is not None else ()
-    return LoadSpec(**_fields(values, LoadSpec, skip=("prompts", "headers", "connect_backoff")), prompts=prompts,
-                    headers=headers, connect_backoff=backoff)
+    workload = parse_workload(ctx, data.get("workload"), path + ("workload",), target, values, data, prompts)
+    tools, tool_choice, reasoning = chat_extras(ctx, data, path, str(values.get("endpoint", "completions")))
+    return LoadSpec(**_fields(values, LoadSpec, skip=("prompts", "headers", "connect_backoff", "workload", "tools",
+                                                      "tool_choice", "reasoning")),
+                    prompts=prompts, headers=headers, connect_backoff=backoff, workload=workload, tools=tools,
+                    tool_choice=tool_choice, reasoning=reasoning)
 
 
 def _connect_backoff(ctx: _Context, raw: object, path: KeyPath) -> tuple[float, float, float] | None:
@@ -1179,7 +1060,8 @@ def _sla(ctx: _Context, raw: object, phase_names: list[str]) -> list[SlaEntry]:
         return []
     from sla.base import REGISTRY as VERIFIERS
 
-    drafts: list[tuple[KeyPath, str | None, str, dict[str, Any], tuple[str, ...] | None, Literal["pass", "fail"]]] = []
+    drafts: list[tuple[KeyPath, str | None, str, dict[str, Any], tuple[str, ...] | None, Literal["pass", "fail"],
+                       Turns | None]] = []
     for i, entry in enumerate(raw):
         spath = path + (i,)
         data = _mapping(ctx, entry, spath, "a verifier entry {kind, name?, phases?, expect?, ...budgets}")
@@ -1188,6 +1070,7 @@ def _sla(ctx: _Context, raw: object, phase_names: list[str]) -> list[SlaEntry]:
         spec = _kind(ctx, data, spath, VERIFIERS, "SLA", "streamchaos list slas")
         name = _entry_name(ctx, data, spath)
         phases = _scope(ctx, data, spath, phase_names)
+        turns = _turns(ctx, data, spath)
         expect = data.get("expect", "pass")
         if expect not in ("pass", "fail"):
             ctx.add(spath + ("expect",),
@@ -1198,10 +1081,21 @@ def _sla(ctx: _Context, raw: object, phase_names: list[str]) -> list[SlaEntry]:
         values = _parse(ctx, data, spath, spec.schema, extra=sections.SLA_ENTRY_KEYS)
         if ctx.count > n:
             continue
-        drafts.append((spath, name, spec.kind, values, phases, "fail" if expect == "fail" else "pass"))
+        drafts.append((spath, name, spec.kind, values, phases, "fail" if expect == "fail" else "pass", turns))
     names = _unique_names(ctx, [(p, n, k) for p, n, k, *_ in drafts], "SLA")
-    return [SlaEntry(name=nm, spec=VERIFIERS[k].from_params(v), phases=ph, expect=e)
-            for nm, (_, _, k, v, ph, e) in zip(names, drafts, strict=True)]
+    return [SlaEntry(name=nm, spec=VERIFIERS[k].from_params(v), phases=ph, expect=e, turns=t)
+            for nm, (_, _, k, v, ph, e, t) in zip(names, drafts, strict=True)]
+
+
+def _turns(ctx: _Context, data: dict[str, Any], path: KeyPath) -> Turns | None:
+    """An entry's ``turns:`` (chaos.model.turns): which conversation turns its verdict judges."""
+    if data.get("turns") is None:
+        return None
+    try:
+        return parse_turns(data["turns"])
+    except ValueError as exc:
+        ctx.add(path + ("turns",), str(exc))
+        return None
 
 
 def _scope(ctx: _Context, data: dict[str, Any], path: KeyPath, phase_names: list[str]) -> tuple[str, ...] | None:

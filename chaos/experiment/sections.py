@@ -27,7 +27,10 @@ __all__ = [
     "SAFETY",
     "SLA_ENTRY_KEYS",
     "TOP_LEVEL",
+    "TRACE_LAYOUTS",
     "UNTIL_DECIDED_FACTOR",
+    "WORKLOAD",
+    "WORKLOAD_KINDS",
 ]
 
 # `until: decided` beside a scalar duration d: the phase runs from d up to this many times d
@@ -158,9 +161,59 @@ LOAD = Schema(
                   "connection closed with no response) a client waits {initial: 500ms, max: 8s, multiplier: 2} "
                   "(the default, as the OpenAI SDK; each wait cut by up to 25% at random) before it sends again, "
                   "reset by any other answer (a 500 included); off: a fixed 50ms pause after a connect error only"),
+        Param("workload", "mapping", None,
+              doc="what the requests are: {kind: single | sessions | shared_prefix | trace, ...} (docs/workloads.md); "
+                  "default single, one prompt per request"),
+        Param("tools", "mapping", None, doc="a list of OpenAI tool definitions sent in every chat request"),
+        Param("tool_choice", "str", None,
+              doc="auto | required | none, or {type: function, function: {name}}: sent with tools in chat requests"),
+        Param("reasoning", "bool", None,
+              doc="false: chat requests ask for no reasoning (chat_template_kwargs.enable_thinking false); "
+                  "unset: nothing sent"),
     ),
     at_most_one_of=(("concurrency", "rate"),),
 )
+
+# `load.workload:` (chaos.load.workloads; docs/workloads.md): the keys of each kind, `kind` included
+WORKLOAD_KINDS = ("single", "sessions", "shared_prefix", "trace")
+TRACE_LAYOUTS = ("mooncake", "sharegpt")
+_KIND = Param("kind", "choice", "single", choices=WORKLOAD_KINDS, doc="the workload kind")
+WORKLOAD = {
+    "single": Schema((_KIND,)),
+    "sessions": Schema((
+        _KIND,
+        Param("turns", "int_or_range", (4, 4), min=1, max=1000, doc="turns per session: n or [low, high], seeded"),
+        # a duration or [low, high] of durations: parsed by the loader
+        Param("think_time", "str", None,
+              doc="the user's pause between a reply's end and the next turn: a duration or [low, high]; default 0s"),
+        Param("on_cut", "choice", "resume", choices=("resume", "end"),
+              doc="a turn that failed or was cut: resume (the session goes on, resending that turn) or end "
+                  "(the slot starts a new session)"),
+        Param("system_chars", "int", 0, min=0, doc="a system message of this many characters, shared by every "
+              "session (0: none)"),
+    )),
+    "shared_prefix": Schema((
+        _KIND,
+        Param("prefixes", "int", 4, min=1, max=100_000, doc="how many distinct shared prefixes (P)"),
+        Param("prefix_tokens", "int", None, min=1,
+              doc="each prefix's length in the target's tokens (needs its tokenizer: the builtin stack, a vllm "
+                  "model directory)"),
+        Param("prefix_chars", "int", None, min=1,
+              doc="each prefix's length in characters, where no tokenizer is known"),
+        Param("suffix_chars", "int_or_range", (16, 64), min=1,
+              doc="each request's own suffix after its prefix: n or [low, high] characters"),
+    ), at_most_one_of=(("prefix_tokens", "prefix_chars"),)),
+    "trace": Schema((
+        _KIND,
+        Param("path", "str", required=True, doc="the trace file, relative to the experiment file"),
+        Param("layout", "choice", "mooncake", choices=TRACE_LAYOUTS,
+              doc="mooncake: JSONL {timestamp, input_length, output_length, hash_ids}, replayed at its timestamps; "
+                  "sharegpt: conversations, replayed as sessions"),
+        Param("speed", "float", 1.0, doc="replay speed: timestamps are divided by it (2: twice as fast)"),
+        Param("block_tokens", "int", 512, min=1, doc="tokens one hash_id stands for (Mooncake's 512)"),
+        Param("max_output_tokens", "int", 1024, min=1, doc="sharegpt: an answer's length in tokens is capped at this"),
+    )),
+}
 
 # `load.connect_backoff:` (chaos.load.backoff); `off` (or false) turns it off
 CONNECT_BACKOFF = Schema((
@@ -238,7 +291,7 @@ HALT = {
 
 # Keys every fault / SLA entry may carry besides its kind's own parameters.
 FAULT_ENTRY_KEYS = ("kind", "name")
-SLA_ENTRY_KEYS = ("kind", "name", "phases", "expect")
+SLA_ENTRY_KEYS = ("kind", "name", "phases", "expect", "turns")
 
 # capacity: (chaos.capacity) the load level searched for, per case (the baseline and each faulted phase)
 CAPACITY = Schema((

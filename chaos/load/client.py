@@ -46,6 +46,8 @@ _RATE_SLICE_S = 0.05  # a rate-capped reader consumes this much time's worth of 
 _WORDS = 500  # what a record keeps of a target's words (an error event's message)
 _FINISH_CHARS = 64  # of a finish_reason ("stop", "length", "tool_calls", ...)
 _USAGE_KEYS = 32  # of a usage object: its numbers, and one level of nested numbers (prompt_tokens_details)
+_TOOL_CALLS = 64  # tool calls (distinct indexes) a record assembles; a fragment for one more is a protocol break
+_TOOL_WORDS = 256  # of a tool call's id and of its function name
 _SURROGATE = re.compile("[\ud800-\udfff]")  # a JSON "\ud800" decodes to a str no UTF-8 file can hold
 
 StreamClient = H1Client
@@ -94,6 +96,8 @@ class _Stream:
         self.text_chars = 0  # characters of content kept, against ``limits.text_chars``
         self.decoder: BodyDecoder | None = None  # a compressed body (Content-Encoding), set with the headers
         self.text: list[str] = []
+        self.reasoning: list[str] = []  # reasoning text (delta.reasoning_content / delta.reasoning)
+        self.arguments: dict[str, list[str]] = {}  # each tool call's argument fragments, by index
         self.finished = False
         self.framing: str | None = None  # why a 2xx response is not an event stream (its Content-Type)
         self.last_data: str | None = None  # the payload of the event before, to count repeated ones
@@ -143,6 +147,10 @@ class _Stream:
         rec.utf8_errors = self.parser.utf8_errors
         rec.split_chars = self.parser.split_chars
         rec.text = _scrubbed("".join(self.text))
+        rec.reasoning_text = _scrubbed("".join(self.reasoning))
+        for key, pieces in self.arguments.items():
+            if rec.tool_calls is not None and key in rec.tool_calls:
+                rec.tool_calls[key]["arguments"] = _scrubbed("".join(pieces))
         if self.framing is not None and rec.error is None and rec.hangup is None:
             # a stream that is not labelled one fails as a protocol error, so every verdict that counts
             # failures (errors, early_close) names its Content-Type, whichever the experiment lists
@@ -214,27 +222,111 @@ class _Stream:
             self._choices(t, choices, repeated)
 
     def _choices(self, t: int, choices: list[Any], repeated: bool = False) -> None:
-        """Choice 0 of one event: its text (completions) or delta content (chat), its finish reason."""
+        """Choice 0 of one event: its text (completions) or delta content (chat), the delta's reasoning and
+        tool-call fragments (chat), its finish reason."""
         rec = self.record
         for choice in choices:
             if not (isinstance(choice, dict) and choice.get("index", 0) == 0):  # n=1 streams: only choice 0 is ours
                 continue
             text = choice.get("text")
+            delta = None
             if text is None:
                 delta = choice.get("delta")
                 text = delta.get("content") if isinstance(delta, dict) else None
             if text:
-                text = text if isinstance(text, str) else _words(text, _WORDS)
-                self.text_chars += len(text)
-                if self.text_chars > self.limits.text_chars:
-                    raise _Failed("protocol", self.limits.text_message(), "content_overflow")
-                self.text.append(text)
+                self.text.append(self._kept(text))
                 rec.t_content.append(t)
                 rec.repeated_events += repeated
                 if rec.t_first_content is None:
                     rec.t_first_content = t
+            if isinstance(delta, dict):
+                self._reasoning(t, delta)
+                calls = delta.get("tool_calls")
+                if calls is not None:
+                    self._tool_calls(t, calls)
             if choice.get("finish_reason") is not None:
                 rec.finish_reason = _words(choice["finish_reason"], _FINISH_CHARS)
+
+    def _kept(self, text: Any) -> str:
+        """A piece of output text as kept (anything but a string as JSON), counted against the stream's one
+        budget of characters, which content, reasoning and tool-call arguments share (all are tokens the
+        request's ``max_tokens`` allows)."""
+        kept = text if isinstance(text, str) else _words(text, _WORDS)
+        self.text_chars += len(kept)
+        if self.text_chars > self.limits.text_chars:
+            raise _Failed("protocol", self.limits.text_message(), "content_overflow")
+        return kept
+
+    def _reasoning(self, t: int, delta: dict[str, Any]) -> None:
+        """vLLM's reasoning text: ``delta.reasoning_content``, or ``delta.reasoning`` (newer builds, which may
+        send both with the same text: one is read, never the two)."""
+        text = delta.get("reasoning_content") or delta.get("reasoning")
+        if text:
+            self.reasoning.append(self._kept(text))
+            self.record.t_reasoning.append(t)
+
+    def _tool_calls(self, t: int, calls: Any) -> None:
+        """One event's ``delta.tool_calls``: each fragment added to the call its ``index`` names; a fragment
+        that breaks the protocol is counted (``tool_call_errors``) and left out."""
+        rec = self.record
+        if not isinstance(calls, list):
+            rec.tool_call_errors += 1
+            return
+        if not calls:
+            return
+        rec.t_tool_calls.append(t)
+        for item in calls:
+            if not self._tool_fragment(item):
+                rec.tool_call_errors += 1
+
+    def _tool_fragment(self, item: Any) -> bool:
+        """Add one fragment to its call; False when it breaks the protocol: no integer index (or past
+        ``_TOOL_CALLS`` calls), an id or name that changes mid-call, a name or arguments that are not
+        strings. OpenAI and vLLM send the id, type and name with a call's first fragment, then arguments only."""
+        if not isinstance(item, dict):
+            return False
+        index = item.get("index")
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            return False
+        rec = self.record
+        calls = rec.tool_calls if rec.tool_calls is not None else {}
+        key = str(index)
+        entry = calls.get(key)
+        if entry is None:
+            if len(calls) >= _TOOL_CALLS:
+                return False
+            entry = calls[key] = {"id": "", "name": "", "arguments": ""}
+            self.arguments[key] = []
+        rec.tool_calls = calls
+        ok = _once(entry, "id", item.get("id"))
+        function = item.get("function")
+        if function is None:
+            return ok
+        if not isinstance(function, dict):
+            return False
+        ok = _once(entry, "name", function.get("name")) and ok
+        arguments = function.get("arguments")
+        if arguments is None:
+            return ok
+        if not isinstance(arguments, str):
+            return False
+        if arguments:
+            self.arguments[key].append(self._kept(arguments))
+        return ok
+
+
+def _once(entry: dict[str, str], key: str, value: Any) -> bool:
+    """A tool call's id or name, set by the fragment that first carries it; False when it is not a string,
+    or changes mid-call (a fragment repeating the same value is tolerated)."""
+    if value is None:
+        return True
+    if not isinstance(value, str):
+        return False
+    value = _scrubbed(value[:_TOOL_WORDS])
+    if not entry[key]:
+        entry[key] = value
+        return True
+    return not value or value == entry[key]
 
 
 def _words(value: Any, limit: int) -> str:
@@ -401,7 +493,7 @@ class _Exchange:
             self._resolve(exc)
             return
         after = self.plan.hangup_after_tokens
-        if after is not None and len(self.record.t_content) >= after:
+        if after is not None and self.record.token_events >= after:  # tokens of any kind, reasoning included
             self._resolve(_Hangup("after_tokens"))
 
     def on_complete(self, t: int) -> None:
@@ -602,7 +694,7 @@ async def _read_paced(exchange: _Exchange, state: _Stream, plan: ClientPlan, rec
     async for chunk in _paced(exchange.reads(), plan):
         t = time.monotonic_ns()
         state.feed(t, chunk)
-        if plan.hangup_after_tokens is not None and len(record.t_content) >= plan.hangup_after_tokens:
+        if plan.hangup_after_tokens is not None and record.token_events >= plan.hangup_after_tokens:
             raise _Hangup("after_tokens")
     t = time.monotonic_ns()
     state.finish(t)

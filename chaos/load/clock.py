@@ -63,7 +63,9 @@ def estimate(exchanges: Iterable[Exchange]) -> ClockOffset:
     return ClockOffset(best.offset, (best.delay + 1) // 2, best.t3 - best.t0, len(done))
 
 
-_STAMPS = tuple(f.name for f in fields(StreamRecord) if f.name.startswith("t_") and f.name != "t_content")
+# one stamp per event of a kind (content, reasoning, tool-call fragments): lists, moved item by item
+_STAMP_LISTS = tuple(f.name for f in fields(StreamRecord) if f.name.startswith("t_") and str(f.type) == "list[int]")
+_STAMPS = tuple(f.name for f in fields(StreamRecord) if f.name.startswith("t_") and f.name not in _STAMP_LISTS)
 
 
 def shift_record(record: StreamRecord, delta_ns: int) -> StreamRecord:
@@ -72,7 +74,8 @@ def shift_record(record: StreamRecord, delta_ns: int) -> StreamRecord:
         return record
     moved: dict[str, Any] = {name: getattr(record, name) + delta_ns for name in _STAMPS
                                 if getattr(record, name) is not None}
-    moved["t_content"] = [t + delta_ns for t in record.t_content]
+    for name in _STAMP_LISTS:
+        moved[name] = [t + delta_ns for t in getattr(record, name)]
     if record.hangup is not None:
         moved["hangup"] = replace(record.hangup, t=record.hangup.t + delta_ns)
     return replace(record, **moved)

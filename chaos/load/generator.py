@@ -13,6 +13,11 @@ freed for an arrival that had to queue). That is the client's lateness alone, ap
 in-flight cap's queueing; ``lag_stats()`` reports it beside the event-loop lag, and a p99 above
 the lag threshold marks the client saturated (``chaos.execution.verify``).
 
+Workload kinds (``chaos.load.workloads``): ``single`` and ``shared_prefix`` requests go out as above, one
+request number each; a Mooncake trace is an open loop whose schedule is the trace's timestamps; sessions
+(and ShareGPT replays) are coroutines, one per slot (closed loop: each slot runs sessions back to back) or
+per arrival (open loop: ``rate`` sessions a second), each sending its turns one after the other.
+
 It also serves as the ``BackgroundLoad`` that faults use for their own streams.
 """
 
@@ -20,10 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import random
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any
 
 from chaos.load.backoff import DEFAULT_CONNECT_BACKOFF, ConnectBackoff
@@ -35,11 +41,13 @@ from chaos.load.workload import (
     LoadTarget,
     Prompt,
     Workload,
+    body_fields,
     build_body,
     endpoint_url,
     gamma_gaps,
     synthetic_text,
 )
+from chaos.load.workloads.sessions import SessionPlan, run_session
 from chaos.model.context import ClientPolicy
 from chaos.model.errors import ExperimentInvalid
 from chaos.model.observations import ErrorInfo, Hangup, StreamRecord
@@ -52,6 +60,7 @@ SEND_DELAY_KEEP = 100_000  # send-delay samples kept per phase (newest)
 
 
 _SETTLE_POLL_S = 0.01  # how often start() looks whether its background streams have their first token
+_IDLE_SESSIONS = 256  # a closed-loop slot whose sessions sent nothing this many times in a row stops
 
 
 class LoadGenerator:
@@ -67,7 +76,10 @@ class LoadGenerator:
         worker_index: int = 0,
         workers: int = 1,
     ) -> None:
-        if spec.concurrency is None and spec.rate is None:
+        self.workload = Workload(spec, model=target.model, seed=target.seed, worker_index=worker_index)
+        self.kind = self.workload.kind
+        self.timed = self.workload.settings.timed  # a Mooncake trace: its timestamps are the schedule
+        if spec.concurrency is None and spec.rate is None and not self.timed:
             raise ExperimentInvalid("load: give concurrency (closed loop) or rate (open loop, requests/s)")
         self.spec = spec
         self.target = target
@@ -77,13 +89,15 @@ class LoadGenerator:
         self.workers = workers
         self.phase = ""
         self.url = endpoint_url(target.base_url, spec.endpoint)
-        self.workload = Workload(spec, model=target.model, seed=target.seed, worker_index=worker_index)
-        self.open_loop = spec.rate is not None
+        self.open_loop = spec.rate is not None or self.timed
         # with a rate, a concurrency (if given) is the client's in-flight bound
         self.inflight_cap = spec.concurrency if spec.concurrency else DEFAULT_INFLIGHT_CAP
         self.overflows = 0  # open-loop arrivals that found the in-flight cap full and waited
         self.abandoned = 0  # of those, arrivals never sent: still queued at the deadline, or the queue was full
         self.sent = 0
+        self.sessions = 0  # sessions started (sessions, ShareGPT replay)
+        self._session_plan: SessionPlan | None = None
+        self._session_source: Any = None
         self.connect_backoffs = 0  # closed-loop waits after an outage's answer (``load.connect_backoff``)
         self.connect_backoff_s = 0.0  # and their planned seconds in all
         self.deadline_ns = 0  # when sending stops (monotonic); ``move_deadline`` moves it during ``run``
@@ -98,6 +112,11 @@ class LoadGenerator:
         self._bg_count = 0
         self._bg_stopping: set[str] = set()
         self.lag = LagMonitor(threshold_s=spec.lag_threshold)
+        # what the workload kind needs (the tokenizer, a trace, the prefixes, the sessions' source), made now:
+        # a load process is built before the run starts, so its first requests are not late by it
+        self.workload.prepare()
+        if self.workload.settings.conversational:
+            self._sessions_ready()
 
     # ---- request plumbing -------------------------------------------------------------------
 
@@ -120,7 +139,7 @@ class LoadGenerator:
 
     def _record(self, request_id: str, body: dict[str, Any], prompt: Prompt, *,
                 background: bool = False) -> StreamRecord:
-        return StreamRecord(
+        record = StreamRecord(
             id=request_id,
             phase=self.phase,
             endpoint=self.spec.endpoint,
@@ -129,12 +148,22 @@ class LoadGenerator:
             expected_text=prompt.expected_text,
             background=background,
         )
+        if self.kind != "single" and not background:  # single-turn records stay as they were (workload None)
+            record.workload = self.kind
+            record.prompt_tokens = prompt.tokens
+            record.prefix_group = prompt.group
+        return record
 
     def _spawn(self, n: int, t_scheduled: int | None, t_ready: int | None = None) -> asyncio.Task[StreamRecord]:
         """Start request ``n``; ``t_ready``: when it could have gone (open loop), for the send delay."""
         request_id = f"{self.worker_index}-{n}"
         body, prompt = self.workload.request(n)
         record = self._record(request_id, body, prompt)
+        return self._send(request_id, body, record, t_scheduled, t_ready)
+
+    def _send(self, request_id: str, body: dict[str, Any], record: StreamRecord, t_scheduled: int | None,
+              t_ready: int | None) -> asyncio.Task[StreamRecord]:
+        """Send ``body`` as ``record``'s stream: the client plan drawn, the task tracked to its sink."""
         record.t_scheduled = t_scheduled
         # the plan is drawn from a generator seeded by the request id: the same request gets the
         # same client behaviour in every replay, whatever the timing
@@ -165,7 +194,10 @@ class LoadGenerator:
             if record is None or record.t_sent is None:
                 continue
             stamps = [record.t_sent, record.t_headers, record.t_first_byte, record.t_first_event,
-                      record.t_content[-1] if record.t_content else None]
+                      record.t_content[-1] if record.t_content else None,
+                      # a reasoning phase or a tool call streams no content: its tokens are activity too
+                      record.t_reasoning[-1] if record.t_reasoning else None,
+                      record.t_tool_calls[-1] if record.t_tool_calls else None]
             out.append(max(t for t in stamps if t is not None))
         return out
 
@@ -212,9 +244,14 @@ class LoadGenerator:
         self.lag.start()
         self.deadline_ns = deadline_ns
         loop = asyncio.get_running_loop()
-        if self.open_loop:
+        if self.workload.settings.conversational:
+            if self.open_loop:
+                slots: list[asyncio.Task[None]] = [loop.create_task(self._open_sessions())]
+            else:
+                slots = [loop.create_task(self._session_slot(i)) for i in range(self.inflight_cap)]
+        elif self.open_loop:
             driver = loop.create_task(self._open_loop())
-            slots: list[asyncio.Task[None]] = [driver]
+            slots = [driver]
         else:
             slots = [loop.create_task(self._closed_slot(i)) for i in range(self.inflight_cap)]
         try:
@@ -266,14 +303,31 @@ class LoadGenerator:
             self.connect_backoff_s += wait
             await asyncio.sleep(wait)
 
-    async def _open_loop(self) -> None:
+    def _schedule(self) -> Iterator[int]:
+        """The open loop's arrival times, ns after its start: the trace's timestamps (a Mooncake trace),
+        else the seeded Gamma process's (each gap rounded to the ns, as it always was)."""
+        if self.timed:
+            replay = self.workload.replay()
+            yield from (replay.offset_ns(n) for n in range(len(replay)))
+            return
         rate = float(self.spec.rate or 0.0)
         gaps = gamma_gaps(random.Random(f"{self.target.seed}:{self.worker_index}:arrivals"), rate, self.spec.burstiness)
+        offset = 0
+        while True:
+            offset += int(next(gaps) * 1e9)
+            yield offset
+
+    async def _open_loop(self) -> None:
+        schedule = self._schedule()
         slots = _Slots(self.inflight_cap)
-        t_next = time.monotonic_ns()
+        t0 = time.monotonic_ns()
         try:
             while True:
-                t_next += int(next(gaps) * 1e9)
+                offset = next(schedule, None)
+                if offset is None:  # the trace's last request is scheduled: what is queued still goes out
+                    await self._drain_backlog(slots)
+                    return
+                t_next = t0 + offset
                 if t_next >= self.deadline_ns:
                     return
                 delay = (t_next - time.monotonic_ns()) / 1e9
@@ -282,9 +336,7 @@ class LoadGenerator:
                 n = self._claim()
                 if n is None:
                     # every request is claimed: those queued for a slot still go out (until the deadline)
-                    if slots.backlog:
-                        slots.drained = asyncio.get_running_loop().create_future()
-                        await slots.drained
+                    await self._drain_backlog(slots)
                     return
                 # the schedule only ever advances by its own gaps: a slow server never delays it
                 if slots.free > 0:
@@ -301,6 +353,13 @@ class LoadGenerator:
             self.abandoned += len(slots.backlog)
             slots.backlog.clear()
             slots.closed = True
+
+    @staticmethod
+    async def _drain_backlog(slots: _Slots) -> None:
+        """Until the arrivals queued for a slot have all gone out (the deadline cuts it short)."""
+        if slots.backlog:
+            slots.drained = asyncio.get_running_loop().create_future()
+            await slots.drained
 
     def _spawn_in_slot(self, slots: _Slots, n: int, t_scheduled: int, t_ready: int) -> None:
         try:
@@ -319,6 +378,83 @@ class LoadGenerator:
             self._spawn_in_slot(slots, n, t_scheduled, time.monotonic_ns())
             return
         slots.free += 1
+
+    # ---- sessions (chaos.load.workloads.sessions) ----------------------------------------------------
+
+    def _sessions_ready(self) -> None:
+        """The sessions' script source and shared plan, made once (a trace file is read here)."""
+        if self._session_plan is not None:
+            return
+        from chaos.load.workloads.sessions import ShareGptSessions, SyntheticSessions
+
+        settings = self.workload.settings
+        source: Any
+        if settings.kind == "sessions":
+            p = self.spec.prompts
+            lo, hi = self.spec.max_tokens
+            source = SyntheticSessions(settings, seed=self.target.seed, worker_index=self.worker_index,
+                                       chars=(p.min_chars, p.max_chars), mix=p.mix, max_tokens=(lo, hi))
+        else:
+            source = ShareGptSessions(settings, worker_index=self.worker_index, workers=self.workers,
+                                      tokenizer=self.workload.tokenizer)
+        self._session_source = source
+        self._session_plan = SessionPlan(self.spec.endpoint, self.target.model, settings.on_cut, body_fields(self.spec),
+                                         self.workload.tokenizer, settings.kind, settings.context_tokens)
+
+    def _new_session(self, driver: _SessionSlot, t_start: int | None) -> Coroutine[Any, Any, int]:
+        assert self._session_plan is not None
+        k = self.sessions
+        self.sessions += 1
+        return run_session(driver, self._session_plan, self._session_source.session(k), t_start)
+
+    async def _session_slot(self, slot: int) -> None:
+        """A closed-loop slot: one session after another until the deadline or max_requests."""
+        driver = self._slot_driver(slot)
+        idle = 0  # sessions in a row that sent nothing (a replayed conversation too long for the context)
+        while time.monotonic_ns() < self.deadline_ns and not self._claims_spent():
+            if await self._new_session(driver, None):
+                idle = 0
+                continue
+            idle += 1
+            if idle >= _IDLE_SESSIONS:
+                return  # nothing this slot could send: stop rather than spin
+            await asyncio.sleep(0)
+
+    async def _open_sessions(self) -> None:
+        """Open loop: sessions arrive at ``rate`` a second (seeded Gamma gaps), each its own coroutine; at most
+        ``inflight_cap`` live at once (one stream each), later arrivals queued, as requests are."""
+        schedule = self._schedule()
+        live = _LiveSessions(self)
+        t0 = time.monotonic_ns()
+        try:
+            while not self._claims_spent():
+                t_next = t0 + next(schedule)
+                if t_next >= self.deadline_ns:
+                    break
+                delay = (t_next - time.monotonic_ns()) / 1e9
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                live.arrive(t_next)
+            while live.tasks:  # the live sessions run their turns out (each stops at the deadline)
+                await asyncio.wait(set(live.tasks))
+        finally:
+            await live.close()
+
+    def _slot_driver(self, slot: int | str) -> _SessionSlot:
+        backoff = ConnectBackoff(getattr(self.spec, "connect_backoff", DEFAULT_CONNECT_BACKOFF),
+                                 random.Random(f"{self.target.seed}:{self.worker_index}:backoff:{slot}"))
+        return _SessionSlot(self, backoff)
+
+    def _claims_spent(self) -> bool:
+        return self.spec.max_requests is not None and self._next >= self.spec.max_requests
+
+    def send_turn(self, request_id: str, body: dict[str, Any], record_of: Callable[[StreamRecord], None],
+                  chars: int, t_scheduled: int | None, t_ready: int | None) -> asyncio.Task[StreamRecord]:
+        """Send one turn of a session (``chaos.load.workloads.sessions.run_session``)."""
+        record = StreamRecord(id=request_id, phase=self.phase, endpoint=self.spec.endpoint, prompt_chars=chars,
+                              max_tokens=int(body["max_tokens"]))
+        record_of(record)
+        return self._send(request_id, body, record, t_scheduled, t_ready)
 
     async def drain(self, timeout: float) -> int:
         """Wait for in-flight streams; cancel those still open after ``timeout``; return that count."""
@@ -355,7 +491,10 @@ class LoadGenerator:
         return {phase: delay_summary(samples) for phase, samples in self.send_delays.items()}
 
     def stats(self) -> dict[str, Any]:
-        return {"sent": self.sent, "in_flight": len(self._inflight), "overflows": self.overflows,
+        extra = {"sessions": self.sessions} if self.workload.settings.conversational else {}
+        if self._session_plan is not None and self._session_plan.trimmed:
+            extra["sessions_trimmed"] = self._session_plan.trimmed  # ended before a turn the context could not hold
+        return {**extra, "sent": self.sent, "in_flight": len(self._inflight), "overflows": self.overflows,
                 "abandoned": self.abandoned, "inflight_cap": self.inflight_cap,
                 "connect_backoffs": self.connect_backoffs, "connect_backoff_s": round(self.connect_backoff_s, 3),
                 "loops": [kind] if (kind := _running_loop_kind()) else []}
@@ -381,7 +520,7 @@ class LoadGenerator:
         self._bg[fault] = (slots, tasks)
         deadline = time.monotonic() + max(0.0, settle_s)
         while True:  # bounded by settle_s
-            holding = sum(h or (r is not None and r.t_first_content is not None)
+            holding = sum(h or (r is not None and r.t_first_token is not None)  # any token: KV is held
                           for h, r in zip(held, current, strict=True))
             if holding >= streams or time.monotonic() >= deadline:
                 return holding
@@ -409,7 +548,7 @@ class LoadGenerator:
             tasks.add(task)
             task.add_done_callback(tasks.discard)
             await asyncio.wait([task])
-            held[slot] = held[slot] or record.t_first_content is not None
+            held[slot] = held[slot] or record.t_first_token is not None
             if record.error is not None and record.error.kind != "cancelled":
                 await asyncio.sleep(0.1)  # do not spin against a target that refuses
 
@@ -437,6 +576,76 @@ class LoadGenerator:
         finally:
             self._bg_stopping.discard(fault)
         return len(running)
+
+
+class _SessionSlot:
+    """What one session (or a closed-loop slot's sessions, one after another) drives the generator through
+    (``chaos.load.workloads.sessions.SessionDriver``), with the slot's own connect backoff."""
+
+    def __init__(self, gen: LoadGenerator, backoff: ConnectBackoff) -> None:
+        self.gen = gen
+        self.backoff = backoff
+
+    @property
+    def deadline_ns(self) -> int:
+        return self.gen.deadline_ns
+
+    def claim(self) -> int | None:
+        return self.gen._claim()  # noqa: SLF001 - the generator's own request numbering
+
+    def send_turn(self, request_id: str, body: dict[str, Any], record_of: Callable[[StreamRecord], None],
+                  chars: int, t_scheduled: int | None, t_ready: int | None) -> asyncio.Task[StreamRecord]:
+        return self.gen.send_turn(request_id, body, record_of, chars, t_scheduled, t_ready)
+
+    def outage_wait(self, record: StreamRecord | None) -> float | None:
+        if not self.backoff.outage(record):
+            self.backoff.reset()  # the server's own answer (a 500 included)
+            return None
+        wait = self.backoff.wait_s()
+        self.gen.connect_backoffs += 1
+        self.gen.connect_backoff_s += wait
+        return wait
+
+
+class _LiveSessions:
+    """The open loop's live sessions and the arrivals queued for one to end (``BACKLOG_CAP`` at most)."""
+
+    def __init__(self, gen: LoadGenerator) -> None:
+        self.gen = gen
+        self.tasks: set[asyncio.Task[int]] = set()
+        self.backlog: deque[int] = deque()  # scheduled times
+        self.started = itertools.count()
+
+    def arrive(self, t_scheduled: int) -> None:
+        gen = self.gen
+        if len(self.tasks) < gen.inflight_cap:
+            self._start(t_scheduled)
+            return
+        gen.overflows += 1
+        if len(self.backlog) < BACKLOG_CAP:
+            self.backlog.append(t_scheduled)
+        else:
+            gen.abandoned += 1
+
+    def _start(self, t_scheduled: int) -> None:
+        driver = self.gen._slot_driver(f"open-{next(self.started)}")  # noqa: SLF001 - its own generator's
+        session = self.gen._new_session(driver, t_scheduled)  # noqa: SLF001
+        task = asyncio.get_running_loop().create_task(session)
+        self.tasks.add(task)
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[int]) -> None:
+        self.tasks.discard(task)
+        if self.backlog and time.monotonic_ns() < self.gen.deadline_ns:
+            self._start(self.backlog.popleft())
+
+    async def close(self) -> None:
+        """Arrivals still queued are abandoned; a live session stops (its stream in flight keeps streaming)."""
+        self.gen.abandoned += len(self.backlog)
+        self.backlog.clear()
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
 class _Slots:

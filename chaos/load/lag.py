@@ -81,6 +81,10 @@ def summed_stats(per_process: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]
     spilled = [s["uplink_spilled_bytes"] for s in per_process.values() if "uplink_spilled_bytes" in s]
     if spilled:
         out["uplink_spilled_bytes"] = sum(spilled)
+    for key in ("sessions", "sessions_trimmed"):  # a conversational workload's (chaos.load.workloads.sessions)
+        counts = [s[key] for s in per_process.values() if key in s]
+        if counts:
+            out[key] = sum(counts)
     return out
 
 

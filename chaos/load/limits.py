@@ -55,7 +55,7 @@ class ContentLimits:
     max_tokens: int
     events: int
     body_bytes: int
-    text_chars: int
+    text_chars: int  # content, reasoning and tool-call arguments together: all are tokens max_tokens allows
 
     @classmethod
     def for_tokens(cls, max_tokens: int | None) -> ContentLimits:
@@ -78,7 +78,8 @@ class ContentLimits:
                 f"(max(2 MiB, 64 KiB + {BODY_BYTES_PER_TOKEN} B x max_tokens)); the stream was cut")
 
     def text_message(self) -> str:
-        return (f"content overflow: the content text passed {self.text_chars} characters for max_tokens "
+        return (f"content overflow: the text (content, reasoning and tool-call arguments together) passed "
+                f"{self.text_chars} characters for max_tokens "
                 f"{self.max_tokens} ({TEXT_CHARS_BASE} + {TEXT_CHARS_PER_TOKEN} x max_tokens); the stream was cut")
 
 

@@ -27,6 +27,7 @@ from itertools import accumulate
 from typing import Any
 
 from chaos.load.workload import LoadSettings, PromptSettings
+from chaos.load.workloads import WorkloadSettings
 from chaos.model.client_rules import DisconnectRule, SlowReaderRule, TimeoutRule
 from chaos.model.context import ClientRule
 from chaos.model.errors import ChaosError
@@ -174,6 +175,9 @@ def settings_from_json(data: dict[str, Any]) -> LoadSettings:
         values["headers"] = tuple((str(k), v) for k, v in values.get("headers", ()))
         if values.get("connect_backoff") is not None:
             values["connect_backoff"] = tuple(float(x) for x in values["connect_backoff"])
+        if "workload" in values:  # (a coordinator from before workload kinds sends none: single)
+            values["workload"] = WorkloadSettings.from_json(dict(values["workload"]))
+        values["tools"] = tuple(dict(t) for t in values.get("tools", ()))
         return LoadSettings(**values)
     except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError(f"load settings the shard cannot read: {exc!r}") from None

@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from chaos.load.backoff import DEFAULT_CONNECT_BACKOFF
+from chaos.load.text import SCRIPTS, synthetic_text
+from chaos.load.workloads import WorkloadSettings, load_tokenizer
 from chaos.model.errors import ExperimentInvalid
 
 __all__ = [
@@ -25,6 +27,7 @@ __all__ = [
     "PromptSettings",
     "PromptSpecLike",
     "Workload",
+    "body_fields",
     "build_body",
     "endpoint_url",
     "gamma_gaps",
@@ -33,29 +36,6 @@ __all__ = [
     "streams_at_most",
     "synthetic_text",
 ]
-
-SCRIPTS = ("ascii", "cjk", "emoji")
-
-_WORDS = (
-    "the of and to in is that for it as was with be by on not he this are or his from at which but have "
-    "an they you were her all she there would their we him been has when who will more no if out so said "
-    "what up its about into than them can only other new some could time these two may then do first any "
-    "my now such like our over man me even most made after also did many before must through back years "
-    "where much your way well down should because each just those people how too little state good very "
-    "make world still own see men work long get here between both life being under never day same another "
-    "know while last might us great old year off come since against go came right used take three stream "
-    "token cache kernel latency server client request batch decode prefill model engine queue"
-).split()
-# common CJK unified ideographs (3 bytes each in UTF-8) plus fullwidth punctuation
-_CJK_RANGE = (0x4E00, 0x9FA5)
-_CJK_PUNCT = "，。、！？"
-_EMOJI = (
-    "😀", "😂", "🥲", "🤖", "🚀", "🔥", "✨", "🎉", "🧠", "💾", "⚡", "🌍", "🍕", "🐍", "❤️",
-    "👍🏻", "👍🏼", "👍🏽", "👍🏾", "👍🏿", "👋🏽", "🧑🏿‍💻",  # skin tone modifiers
-    "👨‍👩‍👧‍👦", "👩🏽‍💻", "🏳️‍🌈", "🧑‍🚀", "👁️‍🗨️", "❤️‍🔥", "🐻‍❄️",  # ZWJ sequences
-    "🇯🇵", "🇺🇦", "1️⃣",  # flags and keycaps
-)
-
 
 class PromptSpecLike(Protocol):
     """What the generator reads of ``chaos.experiment.PromptSpec``."""
@@ -123,6 +103,8 @@ class Prompt:
     text: str | None = None
     messages: tuple[dict[str, Any], ...] | None = None
     expected_text: str | None = None
+    tokens: int | None = None  # its length in the target's tokens, where a tokenizer made it (trace, shared_prefix)
+    group: int | None = None  # shared_prefix: which prefix it begins with
 
     @property
     def chars(self) -> int:
@@ -139,27 +121,6 @@ class Prompt:
         if self.messages is not None:
             return [dict(m) for m in self.messages]
         return [{"role": "user", "content": self.text or ""}]
-
-
-def synthetic_text(rng: random.Random, chars: int, script: str) -> str:
-    """About ``chars`` code points of one script; never cuts an emoji sequence in the middle."""
-    if script not in SCRIPTS:
-        raise ExperimentInvalid(f"load.prompts.mix: unknown script {script!r}; use one of {', '.join(SCRIPTS)}")
-    parts: list[str] = []
-    size = 0
-    while size < chars:
-        if script == "ascii":
-            piece = rng.choice(_WORDS) + " "
-        elif script == "cjk":
-            piece = rng.choice(_CJK_PUNCT) if rng.random() < 0.08 else chr(rng.randint(*_CJK_RANGE))
-        else:
-            piece = rng.choice(_EMOJI)
-        parts.append(piece)
-        size += len(piece)
-    text = "".join(parts)
-    if script == "ascii":
-        return text[:chars]  # ASCII can be cut anywhere
-    return text  # emoji sequences stay whole, so this may run a few code points over
 
 
 def load_jsonl(path: str | Path) -> list[Prompt]:
@@ -212,8 +173,9 @@ def build_body(
     temperature: float,
     ignore_eos: bool,
     include_usage: bool,
+    extras: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """An OpenAI streaming request body for ``endpoint``."""
+    """An OpenAI streaming request body for ``endpoint``; ``extras``: chat-only fields (``chat_extras``)."""
     body: dict[str, Any] = {"model": model, "stream": True, "max_tokens": max_tokens, "temperature": temperature}
     if endpoint == "chat":
         body["messages"] = prompt.as_messages()
@@ -223,7 +185,45 @@ def build_body(
         body["stream_options"] = {"include_usage": True}
     if ignore_eos:
         body["ignore_eos"] = True  # vLLM-compatible extension; the builtin stack honours it
+    if extras and endpoint == "chat":
+        body.update(extras)
     return body
+
+
+def chat_extras(spec: LoadSpecLike) -> dict[str, Any]:
+    """What a chat body carries besides its messages, passed through from the load: ``tools``,
+    ``tool_choice``, and ``load.reasoning`` as ``chat_template_kwargs.enable_thinking`` (vLLM's switch
+    for Qwen3-style templates; the builtin stack honours it). Empty when none is set."""
+    out: dict[str, Any] = {}
+    tools = getattr(spec, "tools", ())
+    if tools:
+        out["tools"] = [_plain(t) for t in tools]
+    choice = getattr(spec, "tool_choice", None)
+    if choice is not None:
+        out["tool_choice"] = _plain(choice)
+    reasoning = getattr(spec, "reasoning", None)
+    if reasoning is not None:
+        out["chat_template_kwargs"] = {"enable_thinking": bool(reasoning)}
+    return out
+
+
+def body_fields(spec: LoadSpecLike) -> dict[str, Any]:
+    """The body fields every request of the load carries besides model, stream, prompt and max_tokens
+    (``build_body``'s, for requests made elsewhere: sessions)."""
+    body = build_body(spec.endpoint, "", Prompt(text=""), max_tokens=1, temperature=spec.temperature,
+                      ignore_eos=spec.ignore_eos, include_usage=spec.include_usage, extras=chat_extras(spec))
+    for key in ("model", "stream", "max_tokens", "prompt", "messages"):
+        body.pop(key, None)
+    return body
+
+
+def _plain(value: Any) -> Any:
+    """A frozen mapping (``FrozenMap``) or tuple as plain dicts and lists, for a JSON body."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def gamma_gaps(rng: random.Random, rate: float, burstiness: float = 1.0) -> Iterator[float]:
@@ -258,6 +258,50 @@ class Workload:
         if not 1 <= lo <= hi:
             raise ExperimentInvalid(f"load.max_tokens: expected 1 <= low <= high, found [{lo}, {hi}]")
         self.url_path = "/chat/completions" if spec.endpoint == "chat" else "/completions"
+        self.extras = chat_extras(spec)
+        # the workload kinds that make each request alone (sessions hold a history: chaos.load.workloads.sessions)
+        self.settings = WorkloadSettings.of(getattr(spec, "workload", None))
+        self.kind = self.settings.kind
+        self._tokenizer: Any = None
+        self._shared: Any = None
+        self._replay: Any = None
+
+    @property
+    def tokenizer(self) -> Any:
+        """The target's tokenizer (``chaos.load.workloads.tokens``), loaded once, when a kind needs it."""
+        if self._tokenizer is None and self.settings.tokenizer is not None:
+            self._tokenizer = load_tokenizer(self.settings)
+        return self._tokenizer
+
+    def prepare(self) -> None:
+        """Load what the kind needs before the load's clock starts (the tokenizer, a trace, the prefixes), so
+        the first requests are not late by it (a Mooncake replay's send-time error)."""
+        if self.kind == "shared_prefix":
+            shared = self.shared_prefix()
+            for group in range(min(self.settings.prefixes, 64)):
+                shared.prefix(group)
+        elif self.settings.timed and len(self.replay()):
+            self.replay().prompt(0)  # builds the prompt maker's word table and its first blocks
+        elif self.settings.conversational:
+            _ = self.tokenizer
+
+    def shared_prefix(self) -> Any:
+        if self._shared is None:
+            from chaos.load.workloads.shared_prefix import SharedPrefix
+
+            self._shared = SharedPrefix(self.settings, seed=self.seed, worker_index=self.worker_index,
+                                        tokenizer=self.tokenizer)
+        return self._shared
+
+    def replay(self) -> Any:
+        """This worker's share of a Mooncake trace (``chaos.load.workloads.replay.MooncakeReplay``): every
+        ``workers``-th request (``spec.workers``: the processes the load is split across)."""
+        if self._replay is None:
+            from chaos.load.workloads.replay import MooncakeReplay
+
+            self._replay = MooncakeReplay(self.settings, seed=self.seed, worker_index=self.worker_index,
+                                          workers=max(1, self.spec.workers), tokenizer=self.tokenizer)
+        return self._replay
 
     def rng(self, n: int, purpose: str = "workload") -> random.Random:
         return random.Random(f"{self.seed}:{self.worker_index}:{n}:{purpose}")
@@ -274,9 +318,20 @@ class Workload:
 
     def request(self, n: int) -> tuple[dict[str, Any], Prompt]:
         """The body of this worker's n-th request and its prompt."""
-        prompt = self.prompt(n)
         lo, hi = self.spec.max_tokens
         max_tokens = self.rng(n, "max_tokens").randint(lo, hi)
+        if self.kind == "shared_prefix":
+            prefix, suffix, group, tokens = self.shared_prefix().prompt(n)
+            if self.spec.endpoint == "chat":
+                prompt = Prompt(messages=({"role": "system", "content": prefix}, {"role": "user", "content": suffix}),
+                                tokens=tokens, group=group)
+            else:
+                prompt = Prompt(text=prefix + suffix, tokens=tokens, group=group)
+        elif self.settings.timed:  # the n-th request of this worker's share of the trace
+            text, tokens, max_tokens = self.replay().prompt(n)
+            prompt = Prompt(text=text, tokens=tokens)
+        else:
+            prompt = self.prompt(n)
         body = build_body(
             self.spec.endpoint,
             self.model,
@@ -285,6 +340,7 @@ class Workload:
             temperature=self.spec.temperature,
             ignore_eos=self.spec.ignore_eos,
             include_usage=self.spec.include_usage,
+            extras=self.extras,
         )
         return body, prompt
 
@@ -322,6 +378,10 @@ class LoadSettings:
     # a closed-loop slot's wait while nothing serves (chaos.load.backoff): (initial s, max s, multiplier);
     # None: a fixed 50 ms after a connect error only
     connect_backoff: tuple[float, float, float] | None = DEFAULT_CONNECT_BACKOFF
+    workload: WorkloadSettings = WorkloadSettings()  # what the requests are (chaos.load.workloads)
+    tools: tuple[dict[str, Any], ...] = ()  # passed through into chat bodies (chat_extras)
+    tool_choice: Any = None  # a string or a {"type": "function", ...} mapping
+    reasoning: bool | None = None
 
     @classmethod
     def of(cls, spec: LoadSpecLike, **overrides: Any) -> LoadSettings:
@@ -342,6 +402,10 @@ class LoadSettings:
         values["headers"] = tuple((str(k), None if v is None else str(v)) for k, v in spec.headers)
         backoff = getattr(spec, "connect_backoff", DEFAULT_CONNECT_BACKOFF)
         values["connect_backoff"] = None if backoff is None else tuple(float(x) for x in backoff)
+        values["workload"] = WorkloadSettings.of(getattr(spec, "workload", None))
+        values["tools"] = tuple(_plain(t) for t in getattr(spec, "tools", ()))
+        values["tool_choice"] = _plain(getattr(spec, "tool_choice", None))
+        values["reasoning"] = getattr(spec, "reasoning", None)
         values.update(overrides)
         return cls(**values)
 
@@ -353,6 +417,8 @@ def streams_at_most(spec: LoadSpecLike, inflight_cap: int) -> int:
     if spec.concurrency is not None:
         return spec.concurrency
     cap = inflight_cap * max(1, spec.workers)
+    if WorkloadSettings.of(getattr(spec, "workload", None)).timed:
+        return cap  # a trace's timestamps, not a rate, say how many may be open: its bound then
     return min(cap, math.ceil((spec.rate or 0.0) * spec.request_timeout) + 1)
 
 

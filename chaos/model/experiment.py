@@ -18,6 +18,7 @@ from chaos.model.context import (
     Scene,
 )
 from chaos.model.observations import Observations
+from chaos.model.turns import Turns
 from chaos.model.units import format_duration
 from chaos.model.verdict import Verdict
 
@@ -82,6 +83,7 @@ __all__ = [
     "SlaCheck",
     "SlaEntry",
     "TargetSpec",
+    "WorkloadSpec",
 ]
 
 # Character classes the synthetic prompt generator draws from (load.prompts.mix keys).
@@ -146,6 +148,10 @@ class TargetSpec:
     block_size: int = 16
     max_num_seqs: int = 64
     max_model_len: int = 1024
+    prefix_caching: bool = True  # automatic prefix caching (vLLM's default); vllm: --no-enable-prefix-caching if off
+    # builtin: a chat answer's first N tokens are reasoning (delta.reasoning_content), N drawn per request
+    # in [lo, hi]; (0, 0): none (chaos.stack.reasoning)
+    reasoning_tokens: tuple[int, int] = (0, 0)
     startup_timeout: float = 60.0  # seconds
     api_key: str | None = field(default=None, repr=False)  # secrets: kept out of reprs and logs
     api_key_env: str | None = None  # the environment variable holding the API key (read at run time)
@@ -220,6 +226,39 @@ class PromptSpec:
 
 
 @dataclass(frozen=True)
+class WorkloadSpec:
+    """``load.workload``: what the requests are (docs/workloads.md). Each kind reads its own fields only."""
+
+    kind: str = "single"  # single | sessions | shared_prefix | trace
+    # sessions: turns per session (low, high; seeded per session), the user's pause after a reply ends
+    # before the next turn (seconds, low, high), what a cut turn does (resume: resend it; end: a new
+    # session) and a shared system message's length in characters (0: none)
+    turns: tuple[int, int] = (4, 4)
+    think_time: tuple[float, float] = (0.0, 0.0)
+    on_cut: str = "resume"
+    system_chars: int = 0
+    # shared_prefix: P prefixes of L tokens (prefix_tokens, with the target's tokenizer) or characters
+    # (prefix_chars), each request one of them (seeded) and a suffix of its own
+    prefixes: int = 4
+    prefix_tokens: int | None = None
+    prefix_chars: int | None = None
+    suffix_chars: tuple[int, int] = (16, 64)
+    # trace: an absolute path, its layout, a speed factor (timestamps divided by it), the token block
+    # equal hash_ids stand for, and ShareGPT answers' cap in tokens
+    path: str | None = None
+    layout: str = "mooncake"  # mooncake | sharegpt
+    speed: float = 1.0
+    block_tokens: int = 512
+    max_output_tokens: int = 1024
+    # whose tokenizer the load counts and makes prompts with: (target kind, target model); None: none
+    # known (lengths in characters). Set by the loader from the target, not written by users.
+    tokenizer: tuple[str, str] | None = None
+    # the target's context in tokens where the experiment says it (builtin): a replayed conversation stops
+    # before a turn that cannot fit. Set by the loader.
+    context_tokens: int | None = None
+
+
+@dataclass(frozen=True)
 class LoadSpec:
     """The streaming load: closed loop (concurrency) or open loop (rate), and request shape."""
 
@@ -249,10 +288,20 @@ class LoadSpec:
     # chaos.load.backoff): (initial s, max s, multiplier), the OpenAI SDK's by default; None
     # (``connect_backoff: off``): a fixed 50 ms pause after a connect error only
     connect_backoff: tuple[float, float, float] | None = (0.5, 8.0, 2.0)
+    workload: WorkloadSpec = WorkloadSpec()  # what the requests are (load.workload)
+    # passed through into chat request bodies: OpenAI tool definitions, tool_choice (auto | required |
+    # none | {"type": "function", "function": {"name": ...}}), and reasoning false →
+    # chat_template_kwargs.enable_thinking false (None: not sent)
+    tools: tuple[FrozenMap, ...] = ()
+    tool_choice: str | FrozenMap | None = None
+    reasoning: bool | None = None
 
     def __post_init__(self) -> None:
-        # One place for the default, so LoadSpec() and a YAML without load: agree.
-        if self.concurrency is None and self.rate is None:
+        # One place for the default, so LoadSpec() and a YAML without load: agree. A Mooncake trace's
+        # timestamps are its schedule: neither a concurrency nor a rate unless given (a concurrency then
+        # bounds the streams in flight)
+        timed = self.workload.kind == "trace" and self.workload.layout == "mooncake"
+        if self.concurrency is None and self.rate is None and not timed:
             object.__setattr__(self, "concurrency", 4)
 
 
@@ -287,6 +336,7 @@ class SlaEntry:
     spec: SlaCheck  # the kind's frozen spec (sla.base.SlaSpec): its fields are the parsed budgets
     phases: tuple[str, ...] | None = None  # None = whole run; else one verdict per listed phase
     expect: Literal["pass", "fail"] = "pass"
+    turns: Turns | None = None  # `turns:`: only these turns of the conversations are judged (None: every stream)
 
     @property
     def kind(self) -> str:

@@ -159,6 +159,24 @@ class StreamRecord:
     read_count: int = 0  # network reads that delivered bytes
     split_chars: int = 0  # multibyte characters that arrived split across reads
     repeated_events: int = 0  # content events whose whole payload (data, SSE id) repeated the one before
+    # production-shaped load (chaos.load.workloads; docs/workloads.md): which conversation and turn (1-based)
+    # a request is, the workload kind that made it, and the prompt's planned length in the target's tokens
+    # where a tokenizer made it to measure (trace replay, shared prefixes); None for single-turn load
+    session: str | None = None
+    turn: int | None = None
+    workload: str | None = None  # single | sessions | shared_prefix | trace; None: single (older journals)
+    prompt_tokens: int | None = None
+    prefix_group: int | None = None  # shared_prefix: which of the P shared prefixes it began with
+    # reasoning streams (vLLM's delta.reasoning_content / delta.reasoning): one stamp per event carrying
+    # reasoning text, and that text; t_content and t_first_content stay the visible output's
+    t_reasoning: list[int] = field(default_factory=list)
+    reasoning_text: str = ""
+    # streamed tool calls (delta.tool_calls): one stamp per event carrying a tool-call fragment; what they
+    # assembled to, by index: {"0": {"id": ..., "name": ..., "arguments": "<the concatenated fragments>"}};
+    # fragments that broke the protocol (a name sent twice, a fragment with no index) are counted
+    t_tool_calls: list[int] = field(default_factory=list)
+    tool_calls: dict[str, Any] | None = None
+    tool_call_errors: int = 0
 
     @property
     def complete(self) -> bool:
@@ -184,10 +202,50 @@ class StreamRecord:
         )
 
     @property
+    def t_first_token(self) -> int | None:
+        """The first event that carried a token of any kind: reasoning, visible content or a tool-call
+        fragment (AIPerf's and GuideLLM's first token; for a stream without reasoning or tool calls,
+        ``t_first_content``)."""
+        firsts = [t for t in (self.t_first_content, _first(self.t_reasoning), _first(self.t_tool_calls))
+                  if t is not None]
+        return min(firsts) if firsts else None
+
+    @property
+    def t_first_output(self) -> int | None:
+        """The first event that carried visible output: content text or a tool-call fragment, not
+        reasoning (AIPerf's first output token, TTFO)."""
+        firsts = [t for t in (self.t_first_content, _first(self.t_tool_calls)) if t is not None]
+        return min(firsts) if firsts else None
+
+    @property
+    def t_tokens(self) -> list[int]:
+        """Every event stamp that carried a token of any kind, merged in time order (content alone for
+        a stream without reasoning or tool calls)."""
+        if not self.t_reasoning and not self.t_tool_calls:
+            return self.t_content
+        return sorted(self.t_content + self.t_reasoning + self.t_tool_calls)
+
+    @property
+    def token_events(self) -> int:
+        """Events that carried a token of any kind (content, reasoning, tool-call fragments)."""
+        return len(self.t_content) + len(self.t_reasoning) + len(self.t_tool_calls)
+
+    @property
     def ttft_ns(self) -> int | None:
-        if self.t_sent is None or self.t_first_content is None:
+        """Time to the first token of any kind (reasoning counts): ``t_first_token - t_sent``."""
+        first = self.t_first_token
+        if self.t_sent is None or first is None:
             return None
-        return self.t_first_content - self.t_sent
+        return first - self.t_sent
+
+    @property
+    def ttfo_ns(self) -> int | None:
+        """Time to the first visible output (content or a tool call, not reasoning): ``t_first_output -
+        t_sent``; equal to ``ttft_ns`` for a stream without reasoning."""
+        first = self.t_first_output
+        if self.t_sent is None or first is None:
+            return None
+        return first - self.t_sent
 
     @property
     def ttfb_ns(self) -> int | None:
@@ -197,8 +255,28 @@ class StreamRecord:
 
     @property
     def gaps_ns(self) -> list[int]:
-        stamps = self.t_content
-        return [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+        """Gaps between consecutive token events of any kind (``t_tokens``): the content gaps of a stream
+        without reasoning or tool calls, as vLLM bench's ITL and AIPerf's inter-chunk latency time them."""
+        return _gaps(self.t_tokens)
+
+    def gaps_within(self, kind: str) -> list[int]:
+        """Gaps between consecutive events of one kind: ``all`` (every token event, ``gaps_ns``), ``content``
+        (visible text only) or ``reasoning`` (reasoning text only)."""
+        if kind == "all":
+            return self.gaps_ns
+        if kind == "content":
+            return _gaps(self.t_content)
+        if kind == "reasoning":
+            return _gaps(self.t_reasoning)
+        raise ValueError(f"gaps within all, content or reasoning, not {kind!r}")
+
+
+def _first(stamps: list[int]) -> int | None:
+    return stamps[0] if stamps else None
+
+
+def _gaps(stamps: list[int]) -> list[int]:
+    return [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
 
 
 @dataclass(frozen=True)

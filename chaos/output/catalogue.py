@@ -137,7 +137,8 @@ def _text_section(title: str, kinds: list[_Kind], common: str) -> str:
 
 
 _FAULT_COMMON = "every entry takes kind and an optional name"
-_SLA_COMMON = "every entry takes kind, and optionally name, phases and expect: pass|fail"
+_SLA_COMMON = ("every entry takes kind, and optionally name, phases, expect: pass|fail and turns (conversation turns "
+               "judged: 2+, [1], docs/workloads.md)")
 
 
 def render_catalogue(what: str = "all") -> str:
@@ -192,8 +193,9 @@ def _definitions_md() -> str:
     return (
         "### Metric definitions\n\n"
         "What each latency metric measures, from which stamps (`t_sent`: the request reached the socket; "
-        "a content event: an SSE event with non-empty text), and what vLLM's `bench serve`, AIPerf and "
-        "GuideLLM call the same figure (\"close\": same stamps up to where the clock starts or stops). "
+        "a token event: an SSE event with non-empty content, reasoning or a tool-call fragment, `t_tokens` every "
+        "token event's stamp; without reasoning or tool calls, the content events), and what vLLM's `bench serve`, "
+        "AIPerf and GuideLLM call the same figure (\"close\": same stamps up to where the clock starts or stops). "
         "`streamchaos report RUN_DIR --as vllm-bench` prints a run's figures under vLLM's names.\n\n"
         + definitions_markdown()
     )

@@ -25,6 +25,7 @@ from chaos.model.observations import Observations
 from chaos.output.render import verdict_label, verdict_line, verdict_table
 from chaos.output.reports.engine_phases import engine_phases
 from chaos.output.reports.phases import until_text
+from chaos.output.turn_table import turn_table
 
 if TYPE_CHECKING:
     from chaos.execution.result import Result
@@ -187,6 +188,7 @@ def report_dict(result: Result) -> dict[str, Any]:
         },
         "path": path_report(obs),
         "phases": phase_report(obs, planned, planned_max),
+        "turns": turn_table(obs),  # per phase and conversation turn (chaos.output.turn_table); None: single-turn
         "faults": fault_report(obs, planned),
         "environment": environment(obs),
         "gpu": gpu_summary(obs),
@@ -324,6 +326,7 @@ def render_summary(result: Result, *, page_name: str = "report.html", width: int
     )
     lines.extend(timing_lines(report))
     lines.extend(moved_lines(report))
+    lines.extend(engine_phase_lines(report))
     if result.status == "halted":
         for entry in report["errors"]["top"]:
             lines.append(f"  {entry['count']:>6} x {entry['message']}")
@@ -365,6 +368,18 @@ def timing_lines(report: dict[str, Any]) -> list[str]:
                     text += f", outage {outage:.2f}s (kill sent to serving again)"
         lines.append(text)
     return lines
+
+
+def engine_phase_lines(report: dict[str, Any]) -> list[str]:
+    """What the engine's counters say per phase (``engine_phases``): the prefix cache's hit rate, and the
+    mean time requests queued and spent in prefill, each where the engine exports it."""
+    phases = report.get("engine_phases") or {}
+    rates = [f"{name} {p['prefix_cache_hit_rate']:.1%}" for name, p in phases.items()
+             if p.get("prefix_cache_hit_rate") is not None]
+    split = [f"{name} {p['queue_mean_s'] * 1000:.0f}ms + {p['prefill_mean_s'] * 1000:.0f}ms"
+             for name, p in phases.items() if p.get("queue_mean_s") is not None and p.get("prefill_mean_s") is not None]
+    return ([f"prefix cache hit rate: {', '.join(rates)}"] if rates else []) + (
+        [f"engine time queued + in prefill (mean): {', '.join(split)}"] if split else [])
 
 
 def moved_lines(report: dict[str, Any]) -> list[str]:

@@ -57,6 +57,7 @@ NEEDS: dict[str, tuple[tuple[str, str], ...]] = {
     "server.nagle": (("", "engine-hooks"),),
     "server.": (("", "admin"),),
     "kv.pressure": (("method: reserve", "engine-hooks"), ("method: hog", "client")),
+    "kv.prefix_flush": (("", "engine-hooks"),),
     "process.kill": (("", "pid"),),
     "gpu.throttle": (("backend nvml / contention", "gpu"), ("backend cpu_duty", "pid")),
     "gpu.power_cap": (("", "gpu"),),

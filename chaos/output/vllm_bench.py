@@ -39,11 +39,12 @@ def _stats_ms(values_ns: Sequence[float]) -> dict[str, float]:
 def vllm_bench_figures(obs: Observations, phase: str | None = None) -> dict[str, Any]:
     """The run's (or one phase's) figures as vLLM ``bench serve`` names them."""
     population = obs.population(phase)
-    ok = [st for st in population if obs.complete(st) and st.t_sent is not None and st.t_content]
+    # a token of any kind: vLLM bench times every chunk, reasoning and tool-call chunks included
+    ok = [st for st in population if obs.complete(st) and st.t_sent is not None and st.token_events]
     hung_up = [st for st in population if st.hangup is not None]
     failed = len(population) - len(ok) - len(hung_up)
     starts = [st.t_sent for st in population if st.t_sent is not None]
-    ends = [st.t_content[-1] for st in ok]
+    ends = [st.t_tokens[-1] for st in ok]
     duration_s = (max(ends) - min(starts)) / NS if starts and ends else 0.0
     tokens = [output_tokens(st) for st in ok]
     tpots = [t for t in (tpot_ns(st) for st in ok) if t is not None]

@@ -1,4 +1,5 @@
-"""The builtin stack's admin API (``/admin/...``): live requests, engine state, hook faults, KV reservation.
+"""The builtin stack's admin API (``/admin/...``): live requests, engine state, hook faults, KV reservation,
+prefix-cache reset (also at vLLM's path, ``POST /reset_prefix_cache``, behind the same token).
 
 Every route needs ``Authorization: Bearer <token>`` with the stack's admin token, whoever asks:
 the peer address proves nothing (a same-host TCP proxy, such as the Toxiproxy proxy a run creates
@@ -103,6 +104,8 @@ async def _requests(request: Request) -> Response:
 def state_of(stack: Stack) -> dict[str, Any]:
     stats = dataclasses.asdict(stack.engine.stats())
     stats["leaked_request_ids"] = list(stats["leaked_request_ids"])
+    for name in ("queue_time", "prefill_time"):  # histograms: /metrics has them, by bucket
+        stats.pop(name, None)
     stats["kv_blocks_held"] = stats["kv_blocks_used"] - stats["kv_blocks_reserved"]
     stats["server_live_requests"] = len(stack.live)
     stats["engine_paused"] = bool(getattr(stack.engine, "paused", False))
@@ -199,6 +202,14 @@ async def _release(request: Request) -> Response:
     return JSONResponse({"released": stack.engine.release_reserved_blocks()})
 
 
+async def _reset_prefix_cache(request: Request) -> Response:
+    """Empty the prefix cache (vLLM's ``POST /reset_prefix_cache``): free cached blocks are evicted, held
+    ones stay with their requests but serve no further hit. Nothing to undo: the cache refills as
+    requests compute their prefixes again."""
+    evicted, forgotten = stack_of(request).engine.reset_prefix_cache()
+    return JSONResponse({"evicted": evicted, "forgotten_held": forgotten})
+
+
 def admin_routes() -> list[Route]:
     return [
         Route("/admin/requests", _guard(_requests), methods=["GET"]),
@@ -211,5 +222,7 @@ def admin_routes() -> list[Route]:
         Route("/admin/kv/reserve", _guard(_reserve), methods=["POST"]),
         Route("/admin/kv/reserve", _guard(_release), methods=["DELETE"]),
         Route("/admin/kv/reserve/renew", _guard(_renew_reserve), methods=["POST"]),
+        Route("/admin/kv/reset_prefix_cache", _guard(_reset_prefix_cache), methods=["POST"]),
+        Route("/reset_prefix_cache", _guard(_reset_prefix_cache), methods=["POST"]),  # vLLM's path, token-guarded
         Route("/admin/proof", _proof, methods=["GET"]),
     ]

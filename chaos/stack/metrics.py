@@ -1,9 +1,14 @@
 """Prometheus metrics of the builtin stack, under vLLM's names and bucket boundaries.
 
 Histograms and the finished-request counter are observed by the server as requests progress.
-Everything the engine knows exactly (running, waiting, KV blocks, preemptions, token totals, leaks)
-is read from ``engine.stats()`` by a custom collector at scrape time, so those series can never go
-stale after a mass abort (vLLM #22545). Each app owns its own ``CollectorRegistry``.
+Everything the engine knows exactly (running, waiting, KV blocks, preemptions, token totals, leaks,
+prefix-cache queries and hits, the queue and prefill times it stamps) is read from ``engine.stats()``
+by a custom collector at scrape time, so those series can never go stale after a mass abort (vLLM
+#22545). Each app owns its own ``CollectorRegistry``.
+
+KV usage counts blocks held by requests plus reserved ones: a free block that still holds a cached
+prefix is free (evictable), as in vLLM V1's ``kv_cache_usage_perc``; ``streamchaos_kv_blocks_cached``
+counts those. A block an aborted request still holds is used, cached or not.
 """
 
 from __future__ import annotations
@@ -12,14 +17,18 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, Info, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from .engine.types import REQUEST_TIME_BUCKETS
+from .engine.types import Histogram as EngineHistogram
 
 __all__ = [
     "CONTENT_TYPE",
     "E2E_BUCKETS",
     "FINISH_REASONS",
     "ITL_BUCKETS",
+    "REQUEST_TIME_BUCKETS",
     "TTFT_BUCKETS",
     "StackMetrics",
 ]
@@ -63,7 +72,8 @@ class _EngineCollector(Collector):
         yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", s.num_waiting)
         usage = s.kv_blocks_used / s.kv_blocks_total if s.kv_blocks_total else 0.0
         yield gauge("vllm:kv_cache_usage_perc",
-                    "KV-cache usage, 1 = 100% (1 - free/total; reserved blocks are not free).", usage)
+                    "KV-cache usage, 1 = 100% (1 - free/total; reserved blocks are not free, cached ones with no "
+                    "holder are).", usage)
         yield counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.", s.num_preemptions)
         yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens_total)
         yield counter("vllm:generation_tokens", "Number of generation tokens processed.", s.generation_tokens_total)
@@ -73,6 +83,26 @@ class _EngineCollector(Collector):
                     s.kv_blocks_reserved)
         yield counter("streamchaos_kv_leaks", "Idle self-checks that found blocks still held (see /admin/state).",
                       s.leaks_total)
+        yield counter("vllm:prefix_cache_queries",
+                      "Prefix cache queries, in terms of number of queried tokens.", s.prefix_cache_queries_total)
+        yield counter("vllm:prefix_cache_hits",
+                      "Prefix cache hits, in terms of number of cached tokens.", s.prefix_cache_hits_total)
+        yield gauge("streamchaos_kv_blocks_cached",
+                    "Free KV blocks still holding a cached prefix (evictable; not counted as used).",
+                    s.kv_blocks_cached)
+        yield self._histogram("vllm:request_queue_time_seconds",
+                              "Histogram of time spent in WAITING phase for request.", s.queue_time)
+        yield self._histogram("vllm:request_prefill_time_seconds",
+                              "Histogram of time spent in PREFILL phase for request.", s.prefill_time)
+
+    def _histogram(self, name: str, doc: str, h: EngineHistogram) -> HistogramMetricFamily:
+        family = HistogramMetricFamily(name, doc, labels=_LABELS)
+        cumulative, buckets = 0, []
+        for bound, count in zip((*h.bounds, float("inf")), h.counts, strict=True):
+            cumulative += count
+            buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))  # as Histogram
+        family.add_metric(self._labels, buckets, h.sum)
+        return family
 
 
 class StackMetrics:

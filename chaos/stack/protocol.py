@@ -142,7 +142,7 @@ def _common(data: Mapping[str, Any], chat: bool) -> dict[str, Any]:
     out["include_usage"] = _include_usage(data, out["stream"])
     out["ignore_eos"] = _flag(data, "ignore_eos")  # vLLM extension, handy for fixed-length benchmarks
     out["stop_token_ids"] = _stop_token_ids(data)  # vLLM extension
-    _refuse_unsupported(data)
+    _refuse_unsupported(data, chat)
     return out
 
 
@@ -221,7 +221,7 @@ _UNSUPPORTED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
 )
 
 
-def _refuse_unsupported(data: Mapping[str, Any]) -> None:
+def _refuse_unsupported(data: Mapping[str, Any], chat: bool) -> None:
     for name in ("n", "best_of"):
         n = data.get(name)
         if n is None:
@@ -234,8 +234,8 @@ def _refuse_unsupported(data: Mapping[str, Any]) -> None:
     for key, harmless, why in _UNSUPPORTED:
         if data.get(key) not in harmless:
             raise RequestInvalid(why, param=key, code="unsupported_value")
-    if data.get("tools"):
-        raise RequestInvalid("'tools' are not supported by the builtin server; omit them", param="tools",
+    if not chat and data.get("tools"):  # chat's tools: chaos.stack.tool_calls
+        raise RequestInvalid("'tools' are served on /v1/chat/completions only; omit them here", param="tools",
                              code="unsupported_value")
 
 

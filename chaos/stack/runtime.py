@@ -86,6 +86,7 @@ class Generation:
         self.arrival = time.monotonic()
         self.prompt_tokens = len(prompt_ids)
         self.completion_tokens = 0
+        self.cached_tokens = 0  # prompt tokens the engine served from its prefix cache
         self.outcome: str | None = None  # stop | length | error; None at finalize means abort
         self._queue: asyncio.Queue[TokenOutput] = asyncio.Queue()
         self._finished = False
@@ -123,6 +124,7 @@ class Generation:
                         metrics.itl.observe(now - last)
                     last = now
                 self.completion_tokens = out.completion_tokens
+                self.cached_tokens = out.cached_tokens
                 if out.finished:
                     self._finished = True
                     if out.finish_reason in ("error", "abort"):
@@ -170,11 +172,14 @@ class Generation:
         self.stack.live.pop(self.request_id, None)
 
     def usage(self) -> dict[str, Any]:
-        return {
+        use: dict[str, Any] = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
         }
+        if self.cached_tokens:  # as vLLM, which adds the details only when asked (--enable-prompt-tokens-details)
+            use["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return use
 
 
 def stack_of(request: Any) -> Stack:

@@ -62,6 +62,11 @@ def build_parser(prog: str = "streamchaos stack serve") -> argparse.ArgumentPars
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="automatic prefix caching of full KV blocks, as vLLM's (default: on)")
+    p.add_argument("--reasoning-tokens", default="0", metavar="LO[,HI]",
+                   help="a chat answer's first N tokens (N drawn per request in [LO, HI], seeded by its request id) "
+                        "stream as delta.reasoning_content, vLLM's shape (default 0: no reasoning)")
     p.add_argument("--admin-token-file", default=None, metavar="PATH",
                    help="file holding the admin API's bearer token (mode 0600); default: env STREAMCHAOS_ADMIN_TOKEN, "
                         "else a random token written to a new 0600 file named on stderr")
@@ -134,6 +139,15 @@ def _limits(args: argparse.Namespace) -> ServerLimits:
     return ServerLimits(max_connections=args.max_connections, **timeouts)
 
 
+def _reasoning_tokens(text: str) -> tuple[int, int]:
+    from .reasoning import parse_reasoning_tokens
+
+    try:
+        return parse_reasoning_tokens(text)
+    except ValueError as exc:
+        raise ServeUsageError(str(exc)) from None
+
+
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted sockets only when the listener says
@@ -160,6 +174,7 @@ def serve_main(argv: list[str] | None = None) -> int:
             return 2
     try:
         limits = _limits(args)
+        args.reasoning_tokens = _reasoning_tokens(args.reasoning_tokens)
         token, token_file = resolve_admin_token(args)
     except ServeUsageError as exc:
         print(f"streamchaos stack: {exc}", file=sys.stderr)
@@ -170,7 +185,7 @@ def serve_main(argv: list[str] | None = None) -> int:
     config = EngineConfig(
         model=args.model, device=args.device, kv_blocks=args.kv_blocks, block_size=args.block_size,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len, seed=args.seed, dtype=args.dtype,
+        max_model_len=args.max_model_len, seed=args.seed, dtype=args.dtype, prefix_caching=args.prefix_caching,
     )
     try:
         engine = Engine(config)
@@ -220,7 +235,8 @@ async def _serve(engine: Engine, sock: socket.socket, args: argparse.Namespace, 
                  limits: ServerLimits) -> int:
     from .server import build_app
 
-    app = build_app(engine, model_name=args.served_model_name or args.model, admin_token=token)
+    app = build_app(engine, model_name=args.served_model_name or args.model, admin_token=token,
+                    reasoning_tokens=args.reasoning_tokens)
     stack = app.state.stack
     config = uvicorn_config(app, limits, args.log_level, stack.connections)
     server = _draining_server(config, engine, stack, asyncio.get_running_loop())

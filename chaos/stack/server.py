@@ -32,7 +32,9 @@ from .bodies import BodyTooLarge, read_capped
 from .engine import Engine, EngineStopped, InvalidRequest, SamplingParams
 from .metrics import CONTENT_TYPE
 from .protocol import CompletionRequest, RequestInvalid
+from .reasoning import ChatDeltas, reasoning_budget, thinking_enabled
 from .runtime import Delta, Generation, GenerationFailed, Stack, stack_of
+from .tool_calls import parse_tool_request
 
 __all__ = ["build_app", "versions"]
 
@@ -92,9 +94,10 @@ async def _race_disconnect(work: Awaitable[Any], receive: Receive) -> tuple[bool
 class _EventStream(Response):
     """``text/event-stream`` body of one generation, with in-band errors and disconnect aborts."""
 
-    def __init__(self, gen: Generation, req: CompletionRequest) -> None:
+    def __init__(self, gen: Generation, req: CompletionRequest, shaper: ChatDeltas | None = None) -> None:
         self.gen = gen
         self.req = req
+        self.shaper = shaper  # chat: which delta field each token goes out in (reasoning, content, a tool call)
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -125,7 +128,8 @@ class _EventStream(Response):
                     first = False
             if req.include_usage:
                 self._check_send(hooks)
-                yield _sse(protocol.usage_chunk(rid, created, model, req.chat, gen.usage()))
+                use = self.shaper.usage(gen.usage()) if self.shaper is not None else gen.usage()
+                yield _sse(protocol.usage_chunk(rid, created, model, req.chat, use))
         except Exception as exc:
             if not isinstance(exc, (GenerationFailed, asyncio.TimeoutError)):
                 log.exception("stream %s failed", rid)
@@ -146,7 +150,11 @@ class _EventStream(Response):
         if first:  # vLLM sends the role with the first engine output, i.e. at the first token
             out.append(protocol.chat_chunk(gen.request_id, gen.created, req.model, {"role": "assistant", "content": ""},
                                            None))
-        if delta.text or delta.finish_reason is not None:
+        if self.shaper is not None:
+            shaped = self.shaper.shape(delta.text, gen.completion_tokens, delta.finish_reason)
+            out += [protocol.chat_chunk(gen.request_id, gen.created, req.model, body, reason)
+                    for body, reason in shaped]
+        elif delta.text or delta.finish_reason is not None:
             body = {"content": delta.text} if delta.text else {}
             out.append(protocol.chat_chunk(gen.request_id, gen.created, req.model, body, delta.finish_reason))
         return out
@@ -155,9 +163,10 @@ class _EventStream(Response):
 class _Collected(Response):
     """A non-streaming generation: collected while watching for a disconnect, sent as one JSON body."""
 
-    def __init__(self, gen: Generation, req: CompletionRequest) -> None:
+    def __init__(self, gen: Generation, req: CompletionRequest, shaper: ChatDeltas | None = None) -> None:
         self.gen = gen
         self.req = req
+        self.shaper = shaper
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -171,12 +180,15 @@ class _Collected(Response):
     async def _collect(self) -> Response:
         gen, req = self.gen, self.req
         texts: list[str] = []
+        shaped: list[tuple[dict[str, Any], str | None]] = []
         reason = "stop"
         try:
             async with contextlib.aclosing(gen.deltas()) as deltas:
                 async for delta in deltas:
                     texts.append(delta.text)
                     reason = delta.finish_reason or reason
+                    if self.shaper is not None:
+                        shaped += self.shaper.shape(delta.text, gen.completion_tokens, delta.finish_reason)
             gen.stack.hooks.check(gen.request_id, "send")
         except Exception as exc:
             if not isinstance(exc, (GenerationFailed, asyncio.TimeoutError)):
@@ -184,8 +196,14 @@ class _Collected(Response):
             gen.fail()
             body = _failure(exc)
             return JSONResponse(body, status_code=body["error"]["code"])
-        build = protocol.chat_response if req.chat else protocol.completion_response
-        return JSONResponse(build(gen.request_id, gen.created, req.model, "".join(texts), reason, gen.usage()))
+        if self.shaper is None:
+            build = protocol.chat_response if req.chat else protocol.completion_response
+            return JSONResponse(build(gen.request_id, gen.created, req.model, "".join(texts), reason, gen.usage()))
+        reason = next((r for _, r in reversed(shaped) if r is not None), reason)
+        use = self.shaper.usage(gen.usage())
+        body = protocol.chat_response(gen.request_id, gen.created, req.model, "", reason, use)
+        body["choices"][0]["message"].update(self.shaper.message(shaped))
+        return JSONResponse(body)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -208,7 +226,10 @@ def _generate_endpoint(chat: bool) -> Callable[[Request], Awaitable[Response]]:
                 raise RequestInvalid("the server is shutting down", status=503, code="shutting_down",
                                      type="ServiceUnavailableError")
             body = await _read_body(request, stack.max_body_bytes)
-            req = parse(protocol.parse_body(body), (stack.model_name,))
+            data = protocol.parse_body(body)
+            req = parse(data, (stack.model_name,))
+            tool = parse_tool_request(data) if chat else None
+            thinking = thinking_enabled(data) if chat else False
             ids, param = _prompt_ids(stack, req)
             max_tokens = protocol.resolve_max_tokens(req.max_tokens, len(ids), stack.engine.config.max_model_len, param)
             params = SamplingParams(
@@ -226,7 +247,14 @@ def _generate_endpoint(chat: bool) -> Callable[[Request], Awaitable[Response]]:
             return _error_json(exc)
         except ClientDisconnect:
             return Response(status_code=499)  # nobody is left to read it
-        return _EventStream(gen, req) if req.stream else _Collected(gen, req)
+        shaper = None
+        if chat:
+            tokens: tuple[int, int] = request.app.state.reasoning_tokens
+            # seeded by the client's request id where it sends one, so a replayed run reasons alike
+            key = request.headers.get("x-request-id") or gen.request_id
+            n = reasoning_budget(tokens, stack.engine.config.seed, key, max_tokens, thinking)
+            shaper = ChatDeltas(n, tool, "call_" + gen.request_id.rsplit("-", 1)[-1][:24], report=tokens[1] > 0)
+        return _EventStream(gen, req, shaper) if req.stream else _Collected(gen, req, shaper)
 
     return endpoint
 
@@ -311,8 +339,10 @@ def build_app(
     model_name: str | None = None,
     admin_token: str | None = None,
     max_body_bytes: int = protocol.MAX_BODY_BYTES,
+    reasoning_tokens: tuple[int, int] = (0, 0),
 ) -> Starlette:
-    """The ASGI app over a started ``engine``; the caller owns the engine's lifecycle."""
+    """The ASGI app over a started ``engine``; the caller owns the engine's lifecycle. ``reasoning_tokens``:
+    a chat answer's first N tokens, N drawn in [lo, hi] per request, are reasoning (``chaos.stack.reasoning``)."""
     name = model_name or engine.config.model
     stack = Stack(engine, name, versions(), admin_token, max_body_bytes)
     routes = [
@@ -326,4 +356,5 @@ def build_app(
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _unexpected})
     app.add_middleware(FaultMiddleware, hooks=stack.hooks)  # first_byte, mid_stream, request_body, abort
     app.state.stack = stack
+    app.state.reasoning_tokens = reasoning_tokens
     return app

@@ -127,7 +127,7 @@ def hint_s(dim: Dimension, record: StreamRecord) -> float | None:
     the silence (from the first event); None when the stream never got that far."""
     if record.t_end is None:
         return None
-    start = record.t_headers if dim.kind == "hold" else record.t_first_content
+    start = record.t_headers if dim.kind == "hold" else record.t_first_token  # reasoning is the first event too
     if start is None:
         return None
     return max(0.0, (record.t_end - start) / NS)

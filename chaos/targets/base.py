@@ -98,6 +98,11 @@ def serve_args(spec: TargetSpec, port: int, seed: int) -> list[str]:
         "--max-num-seqs", str(spec.max_num_seqs), "--max-model-len", str(spec.max_model_len),
         "--seed", str(seed),
     ]
+    reasoning = getattr(spec, "reasoning_tokens", (0, 0))
+    if reasoning[1] > 0:
+        args += ["--reasoning-tokens", f"{reasoning[0]},{reasoning[1]}"]
+    if not getattr(spec, "prefix_caching", True):
+        args.append("--no-prefix-caching")
     return args + list(spec.extra_args)
 
 
@@ -114,6 +119,12 @@ COMMON_SECTION = Schema((
     Param("block_size", "int", 16, min=1, doc="builtin: tokens per KV block"),
     Param("max_num_seqs", "int", 64, min=1, doc="builtin: most sequences in one batch"),
     Param("max_model_len", "int", 1024, min=2, doc="builtin: prompt plus generated tokens"),
+    Param("prefix_caching", "bool", True,
+          doc="builtin: automatic prefix caching of full KV blocks, as vLLM's (on by default); vllm: "
+              "--no-enable-prefix-caching when false"),
+    Param("reasoning_tokens", "int_or_range", (0, 0), min=0,
+          doc="builtin: a chat answer's first N tokens stream as delta.reasoning_content (vLLM's shape), N drawn "
+              "per request: n or [low, high]; 0: no reasoning"),
     Param("startup_timeout", "duration", 60.0, doc="how long the target may take to answer /health"),
     Param("api_key", "str", None, doc="bearer token sent with every request (prefer api_key_env)"),
     Param("api_key_env", "str", None, doc="environment variable holding the API key (also --api-key-env)"),
@@ -315,6 +326,10 @@ class BuiltinStack(Target):
         out.say(f"model {spec.model}, device {spec.device}, kv_blocks {spec.kv_blocks} x {spec.block_size} tokens, "
                 f"max_num_seqs {spec.max_num_seqs}, max_model_len {spec.max_model_len}, startup_timeout "
                 f"{format_duration(spec.startup_timeout)}", 1)
+        lo, hi = getattr(spec, "reasoning_tokens", (0, 0))
+        if hi > 0:
+            out.say(f"reasons first: a chat answer's first {lo if lo == hi else f'{lo}-{hi}'} tokens stream as "
+                    "delta.reasoning_content", 1)
         return TargetInfo(kind="builtin", base_url=f"{_BUILTIN_URL}/v1", metrics_url=f"{_BUILTIN_URL}/metrics",
                           admin_url=f"{_BUILTIN_URL}/admin", device=spec.device, model=spec.model), True
 

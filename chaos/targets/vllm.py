@@ -179,6 +179,8 @@ def vllm_command(spec: TargetSpec, *, python: str, model: str, served_name: str,
         "--block-size", str(block), "--num-gpu-blocks-override", str(blocks),
         "--seed", str(seed), "--disable-uvicorn-access-log",
     ]
+    if not spec.prefix_caching:  # vLLM's default is on
+        command.append("--no-enable-prefix-caching")
     if middleware:
         command += ["--middleware", MIDDLEWARE]
     if device == "cpu":

@@ -13,6 +13,9 @@
   after a token is aborted; one whose read timed out (it waited its read timeout for the next write) is not.
 - ``stall_on_hangup``: every departure runs a synchronous clean-up that blocks the server's event
   loop for ``--stall-for`` (250 ms): every other stream stalls with it.
+- ``leak_cached_ref``: an aborted request's blocks that were prefix-cache hits keep an extra ref that
+  is never dropped, so they stay held (a leak hidden behind cached blocks: the same blocks a healthy
+  server leaves cached but free once their last holder is gone). Its other blocks are freed.
 
 The builtin engine's own leak self-check and its exact block gauge still run: what a scrape shows
 is what a user's server would show. These defects live here, in the tests, and nowhere in the product.
@@ -32,7 +35,7 @@ from chaos.stack.engine import Engine
 from chaos.stack.runtime import Delta, Generation
 from chaos.stack.serve import serve_main
 
-DEFECTS = ("leak_before_first_token", "late_free", "orphans_on_timeout", "stall_on_hangup")
+DEFECTS = ("leak_before_first_token", "late_free", "orphans_on_timeout", "stall_on_hangup", "leak_cached_ref")
 _LAST_WRITE: dict[str, float] = {}  # request id -> monotonic s of its stream's last write
 _STREAMED: set[str] = set()  # request ids whose first content was written to the client
 
@@ -123,6 +126,19 @@ def plant_orphans_on_timeout(notice_within_s: float) -> None:
     Engine.abort = deaf  # type: ignore[method-assign]
 
 
+def plant_leak_cached_ref() -> None:
+    finish = Engine._finish
+
+    def keeps_a_ref(self: Engine, seq: Any, reason: str, outs: Any, new_ids: tuple[int, ...] = (),
+                    error: str | None = None) -> None:
+        hits = seq.num_cached_tokens // self.bm.block_size  # its leading blocks came from the prefix cache
+        if reason == "abort" and hits and self.bm.num_blocks_of(seq.request_id) >= hits:
+            self.bm.fork(seq.request_id, f"cached-ref-{seq.request_id}", hits)  # the ref nobody drops
+        finish(self, seq, reason, outs, new_ids, error)
+
+    Engine._finish = keeps_a_ref  # type: ignore[method-assign]
+
+
 def plant_stall_on_hangup(stall_s: float) -> None:
     finalize = Generation.finalize
 
@@ -147,6 +163,7 @@ def main(argv: list[str]) -> int:
         "late_free": lambda: plant_late_free(args.free_after),
         "orphans_on_timeout": lambda: plant_orphans_on_timeout(args.notice_within),
         "stall_on_hangup": lambda: plant_stall_on_hangup(args.stall_for),
+        "leak_cached_ref": plant_leak_cached_ref,
     }
     for defect in dict.fromkeys(args.defect):
         plants[defect]()

@@ -177,6 +177,36 @@ def check_engine_crash(result: Any) -> None:
     assert crash
 
 
+def _report(result: Any) -> dict[str, Any]:
+    import json
+
+    data: dict[str, Any] = json.loads((result.out_dir / "report.json").read_text(encoding="utf-8"))
+    return data
+
+
+def check_conversations_under_kv_pressure(result: Any) -> None:
+    """Every later turn resent its history (usage grows turn over turn: context_kept passed); the pressure
+    evicted cached prefixes, so the hit rate fell in its phase and came back after (measured 83% → 58% →
+    83%); report.json gives per-turn TTFT for every phase."""
+    report = _report(result)
+    rates = {phase: p["prefix_cache_hit_rate"] for phase, p in report["engine_phases"].items()}
+    assert rates["pressure"] < rates["baseline"] and rates["pressure"] < rates["recovery"], rates
+    rows = {(row["phase"], row["turn"]) for row in report["turns"]}
+    assert {("baseline", 2), ("pressure", 2), ("recovery", 2)} <= rows, sorted(rows)
+    later = [s for s in result.observations.population() if (s.turn or 0) >= 2]
+    assert later and all(s.session is not None and s.workload == "sessions" for s in later)
+
+
+def check_trace_replay_engine_kill(result: Any) -> None:
+    """The trace's prompts were exact in the stack's tokenizer (usage says the planned length); the kill cut
+    streams and emptied the prefix cache, which the trace's shared blocks fill again after the restart."""
+    assert any(n.topic == "target" and n.data.get("restarted") for n in result.observations.notes)
+    exact = [s for s in result.observations.streams if s.usage and s.usage.get("prompt_tokens") is not None]
+    assert exact and all(s.prompt_tokens == s.usage["prompt_tokens"] for s in exact if s.usage)
+    rates = {phase: p["prefix_cache_hit_rate"] for phase, p in _report(result)["engine_phases"].items()}
+    assert rates["baseline"] > 0.3 and rates["recovery"] > 0.3, rates
+
+
 def check_nagle(result: Any) -> None:
     """server.nagle really turned TCP_NODELAY off on the stack's live connections, read back from the
     sockets, and its revert turned it on again; ttft caught it only in the nagle phase."""
@@ -242,6 +272,8 @@ EXTRA: dict[str, Callable[[Any], None]] = {
     "disconnect-storm": check_disconnect_storm,
     "client-timeouts": check_client_timeouts,
     "nagle": check_nagle,
+    "conversations-under-kv-pressure": check_conversations_under_kv_pressure,
+    "trace-replay-engine-kill": check_trace_replay_engine_kill,
 }
 
 

@@ -117,8 +117,11 @@ class _Background:
         self.client = httpx.AsyncClient(timeout=60, headers=stack.admin_headers)
 
     async def _one(self, prompt_chars: int, max_tokens: int, first: asyncio.Event) -> None:
-        body = {"model": "tiny", "prompt": ("hog " * prompt_chars)[:prompt_chars], "max_tokens": max_tokens,
-                "ignore_eos": True, "stream": True}
+        # a prompt of its own, as the runner's hog streams have (seeded random text): equal prompts would
+        # share their blocks through the prefix cache, and hold a third of the KV
+        self.sent = getattr(self, "sent", 0) + 1
+        body = {"model": "tiny", "prompt": (f"hog{self.sent} " * prompt_chars)[:prompt_chars],
+                "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
         async with self.client.stream("POST", self.stack.base_url + "/completions", json=body) as r:
             async for chunk in r.aiter_raw():
                 if b'"text"' in chunk:

@@ -65,7 +65,7 @@ def test_every_kind_is_registered_with_units_in_yaml_and_seconds_on_the_wire() -
     assert set(KINDS) <= set(REGISTRY) and set(MINIMAL) == set(KINDS)
     wire = {kind: spec(kind, **MINIMAL[kind]).rule_params() for kind in KINDS}
     assert wire["stream.hold"] == {"seconds": 7.0, "keepalive_s": 2.0, "headers": "send"}
-    assert wire["stream.silence"] == {"after_events": 3, "seconds": 5.0, "keepalive_s": None}
+    assert wire["stream.silence"] == {"after_events": 3, "seconds": 5.0, "keepalive_s": None, "during": "any"}
     assert wire["stream.status"] == {"code": 429, "retry_after_s": 2.0, "storm_above": None}
     assert wire["stream.drop"] == {"share_events": 0.2, "skip_first": 2}
     assert wire["stream.rewrite"] == {"content_type": None, "gzip": True, "gzip_buffer_bytes": 4096,

@@ -183,3 +183,30 @@ def test_evidence_counts_requests_and_details() -> None:
     plan = RequestRules([rule], None, 9, 1)
     plan.decide("data", b"data: x\n\n", 0)
     assert rule.request_ids[-1] == "seq:9"
+
+
+def test_a_reasoning_silence_waits_for_reasoning_events_and_leaves_the_others_to_count() -> None:
+    any_kind = _rule("silence", {"after_events": 2, "seconds": 1}, name="a")
+    thinking = _rule("silence", {"after_events": 2, "seconds": 1, "during": "reasoning"}, name="b")
+    assert any_kind.params["during"] == "any" and thinking.params["during"] == "reasoning"
+    rules = RequestRules([any_kind, thinking], "req-1", 1, 0)
+    assert rules.watches_reasoning and not RequestRules([any_kind], "req-1", 1, 0).watches_reasoning
+    assert [a.rule.name for a in rules.silence_after(2)] == ["a"]  # events of any kind: only the any silence
+    assert [a.rule.name for a in rules.silence_before_reasoning(2)] == ["b"]  # before the 3rd reasoning event
+    assert rules.silence_before_reasoning(1) == []
+    with pytest.raises(RuleError, match="silence.during must be one of any, reasoning"):
+        _rule("silence", {"seconds": 1, "during": "content"})
+
+
+@pytest.mark.parametrize("payload, reasoning", [
+    (b'{"choices":[{"delta":{"reasoning_content":"hm"}}]}', True),
+    (b'{"choices":[{"delta":{"reasoning": "hm"}}]}', True),
+    (b'{"choices":[{"delta":{"reasoning_content":null,"content":"a"}}]}', False),
+    (b'{"choices":[{"delta":{"reasoning_content":"","content":"a"}}]}', False),
+    (b'{"choices":[{"delta":{"content":"reasoning_content"}}]}', False),
+    (b'{"choices":[{"text":"x"}]}', False),
+])
+def test_a_reasoning_event_is_one_with_reasoning_text(payload: bytes, reasoning: bool) -> None:
+    from chaos.hops.streamhop.sse import carries_reasoning
+
+    assert carries_reasoning(payload) is reasoning

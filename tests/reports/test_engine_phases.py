@@ -46,3 +46,16 @@ def test_an_engine_without_these_counters_has_none() -> None:
     obs.add(PhaseWindow("baseline", 0, 2 * NS))
     obs.add(_m("vllm:num_requests_running", 3, 1))
     assert engine_phases(obs) is None
+
+
+def test_the_console_says_what_the_fault_did_to_the_hit_rate_and_the_queue() -> None:
+    from chaos.output.report import engine_phase_lines
+
+    report = {"engine_phases": {
+        "baseline": {"prefix_cache_hit_rate": 0.8331, "queue_mean_s": 0.005, "prefill_mean_s": 0.0138},
+        "pressure": {"prefix_cache_hit_rate": 0.583, "queue_mean_s": 0.0315, "prefill_mean_s": 0.0226},
+        "recovery": {"queue_mean_s": 0.004}}}  # no counters there: left out, never shown as 0%
+    assert engine_phase_lines(report) == [
+        "prefix cache hit rate: baseline 83.3%, pressure 58.3%",
+        "engine time queued + in prefill (mean): baseline 5ms + 14ms, pressure 32ms + 23ms"]
+    assert engine_phase_lines({"engine_phases": None}) == []

@@ -80,7 +80,7 @@ def test_a_tally_without_a_stop_keeps_counting() -> None:
 def test_plots_draw_ms_say_what_the_kv_series_is_and_keep_the_budget_colour_for_the_budget() -> None:
     report, obs = synthetic_run(streams=200, seconds=20)
     page = render_distributions(report, obs)
-    assert "time to first content (ms)" in page and "(s)" not in page
+    assert "time to first token (ms)" in page and "(s)" not in page
     assert all(phase_colour(i) != BUDGET_COLOUR for i in range(12))
     assert kv_label("vllm:kv_cache_usage_perc") == "KV cache used (%)"
     assert kv_label("streamchaos_kv_blocks_used") == "KV blocks used"

@@ -5,6 +5,7 @@ late client can explain)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -84,12 +85,14 @@ def test_a_short_length_under_ignore_eos_is_an_early_close(synth: Any) -> None:
     assert "after 26 of max_tokens 32 (usage.completion_tokens)" in offender["detail"]
 
 
-def test_without_usage_the_content_events_are_counted(synth: Any) -> None:
-    streams = [synth.stream("short", tokens=25, max_tokens=32, finish="length")]
+def test_without_usage_the_token_events_are_counted(synth: Any) -> None:
+    # content and reasoning events alike: a reasoning model's thinking is within max_tokens too
+    stream = synth.stream("short", tokens=25, max_tokens=32, finish="length")
+    streams = [stream, replace(stream, id="thought", t_reasoning=[stream.t_content[0] - 1] * 7)]
     obs = synth.obs(streams, notes=[synth.note("preflight", 0.0, **SENT)])
     verdict = sla.judge(obs, "early_close", {"budget": 0.0})
-    assert verdict.status == "fail"
-    assert "(content events)" in verdict.evidence["offenders"][0]["detail"]
+    assert verdict.status == "fail" and [o["id"] for o in verdict.evidence["offenders"]] == ["short"]
+    assert "after 25 of max_tokens 32 (token events)" in verdict.evidence["offenders"][0]["detail"]
 
 
 @pytest.mark.parametrize(("finish", "sent", "tokens"), [

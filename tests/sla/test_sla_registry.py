@@ -17,7 +17,8 @@ from chaos.model.observations import Observations
 pytestmark = pytest.mark.timeout(60)
 
 KINDS = {"ttft", "itl", "early_close", "kv_cleanup", "abort_propagation", "errors", "integrity", "throughput",
-         "recovery", "goodput", "fluidity", "streaming", "capacity", "relay", "abort_path"}
+         "recovery", "goodput", "fluidity", "streaming", "capacity", "relay", "abort_path", "context_kept",
+         "tool_calls"}
 ROOT = Path(__file__).resolve().parents[2]
 
 

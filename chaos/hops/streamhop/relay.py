@@ -26,7 +26,7 @@ import h11
 from .downstream import QUEUE_LIMIT, WRITE_HIGH, Down, GzipOut
 from .framing import BodyReader, FramingError
 from .rules import SPLIT_PAUSE_S, Acting, RequestRules, Rule
-from .sse import DONE_EVENT, EventParser, classify, digest
+from .sse import DONE_EVENT, EventParser, carries_reasoning, classify, digest
 from .taps import Tap, headers_kept
 from .upstream import (
     HEAD_LIMIT,
@@ -422,6 +422,12 @@ class Exchange:
             silence.act("silences")
             self.down.pause(silence.params["seconds"], silence.params["keepalive_s"], silence)
 
+    def reasoning_silences(self, reasoning_relayed: int) -> None:
+        """Before the next reasoning event: the silences of ``during: reasoning`` due now."""
+        for silence in self.rules.silence_before_reasoning(reasoning_relayed):
+            silence.act("silences")
+            self.down.pause(silence.params["seconds"], silence.params["keepalive_s"], silence)
+
     def cut(self, acting: Acting, raw: bytes, now_ns: int) -> None:
         """End the response here as the cut rule says, and close the upstream connection at once."""
         how = acting.params["how"]
@@ -638,6 +644,8 @@ class SseBody(_Body):
         self.parser = EventParser()
         self.raw = False  # an event outgrew EVENT_LIMIT: the rest of the body goes as it comes
         self.count = 0  # events relayed, comments not counted (cut's and silence's after_events)
+        self.reasoning = 0  # reasoning events relayed (a reasoning silence's after_events)
+        self.watch_reasoning = exchange.rules.watches_reasoning
         self.data_index = 0  # data events seen (drop's and duplicate's skip_first)
         self.plain = not exchange.rules.all
         self.cut_rule = exchange.rules.get("cut")
@@ -666,17 +674,20 @@ class SseBody(_Body):
             self.last_kind = kind
             if self.plain:
                 down.write(raw, kind, dg)
-            elif self._ruled(raw, kind, dg, now_ns):
+            elif self._ruled(raw, kind, dg, now_ns, payload):
                 return True
         return False
 
-    def _ruled(self, raw: bytes, kind: str, dg: str, now_ns: int) -> bool:
+    def _ruled(self, raw: bytes, kind: str, dg: str, now_ns: int, payload: bytes) -> bool:
         ex = self.ex
         countable = kind != "comment"
         if countable and self.cut_rule is not None and self.count == self.cut_rule.params["after_events"]:
             ex.cut(self.cut_rule, raw, now_ns)
             return True
         ex.hold_first(now_ns)
+        if self.watch_reasoning and kind in ("data", "finish") and carries_reasoning(payload):
+            ex.reasoning_silences(self.reasoning)  # held before it: the gap lies between two reasoning events
+            self.reasoning += 1
         copies = ex.rules.decide(kind, raw, self.data_index) if ex.rules.events else [[raw]]
         if kind in _DATA_KINDS:
             self.data_index += 1

@@ -25,10 +25,14 @@ from typing import Any
 
 from .sse import utf8_inner_offsets
 
-__all__ = ["CUT_HOWS", "DEADLINE_HOWS", "KINDS", "MAX_RULES", "SPLIT_PAUSE_S", "STATUS_CODES", "Acting",
+__all__ = ["CUT_HOWS", "DEADLINE_HOWS", "KINDS", "MAX_RULES", "SILENCE_DURING", "SPLIT_PAUSE_S", "STATUS_CODES",
+           "Acting",
            "RequestRules", "Rule", "RuleError", "check_name", "parse_rule", "request_key"]
 
 CUT_HOWS = ("bare_eof", "reset", "error_event", "fake_done")
+# a silence's phase: any (after N events of any kind) or reasoning (after N reasoning events, before the
+# next one: inside the reasoning phase, never shifted past it)
+SILENCE_DURING = ("any", "reasoning")
 DEADLINE_HOWS = ("clean", "bare_eof", "reset", "status")
 STATUS_CODES = (429, 500, 502, 503, 504)
 SPLIT_PAUSE_S = 0.001  # between the writes of a split event, so they leave as separate segments
@@ -138,7 +142,8 @@ _EVENTS: dict[str, tuple[_Check, Any]] = {"share_events": (_fraction, _REQUIRED)
 KINDS: dict[str, dict[str, tuple[_Check, Any]]] = {
     "hold": {"seconds": (_seconds, _REQUIRED), "keepalive_s": (_keepalive, None),
              "headers": (_one_of("send", "hold"), "send")},
-    "silence": {"after_events": (_count, 0), "seconds": (_seconds, _REQUIRED), "keepalive_s": (_keepalive, None)},
+    "silence": {"after_events": (_count, 0), "seconds": (_seconds, _REQUIRED), "keepalive_s": (_keepalive, None),
+                "during": (_one_of(*SILENCE_DURING), "any")},
     "cut": {"after_events": (_count, 0), "how": (_one_of(*CUT_HOWS), "bare_eof")},
     "status": {"code": (_one_of(*STATUS_CODES), _REQUIRED), "retry_after_s": (_optional(_seconds), None),
                "storm_above": (_optional(_count), None)},
@@ -296,7 +301,19 @@ class RequestRules:
 
     def silence_after(self, events_relayed: int) -> list[Acting]:
         """The silences due once ``events_relayed`` events have been relayed."""
-        return [s for s in self.silences if s.params["after_events"] == events_relayed]
+        return [s for s in self.silences if s.params["after_events"] == events_relayed
+                and s.params.get("during", "any") == "any"]
+
+    @property
+    def watches_reasoning(self) -> bool:
+        """Whether a silence waits for reasoning events (the relay then looks for them in each event)."""
+        return any(s.params.get("during") == "reasoning" for s in self.silences)
+
+    def silence_before_reasoning(self, reasoning_relayed: int) -> list[Acting]:
+        """The reasoning silences due before the next reasoning event, ``reasoning_relayed`` relayed so far:
+        the silence falls between two reasoning events."""
+        return [s for s in self.silences if s.params.get("during") == "reasoning"
+                and s.params["after_events"] == reasoning_relayed]
 
     def decide(self, kind: str, raw: bytes, index: int) -> list[list[bytes]]:
         """How one event is written: a list of copies (none: dropped), each a list of writes (two or more:

@@ -17,7 +17,8 @@ from __future__ import annotations
 import hashlib
 import re
 
-__all__ = ["DONE_EVENT", "KEEPALIVE_EVENT", "EventParser", "classify", "digest", "utf8_inner_offsets"]
+__all__ = ["DONE_EVENT", "KEEPALIVE_EVENT", "EventParser", "carries_reasoning", "classify", "digest",
+           "utf8_inner_offsets"]
 
 DONE_EVENT = b"data: [DONE]\n\n"
 KEEPALIVE_EVENT = b": keep-alive\n\n"
@@ -112,14 +113,23 @@ def _kind(payload: bytes) -> str:
     return "data"
 
 
-def _starts(payload: bytes, key: bytes, first: bytes) -> bool:
+def carries_reasoning(payload: bytes) -> bool:
+    """Whether a data payload carries reasoning text: a non-empty string under vLLM's
+    ``delta.reasoning_content`` or ``delta.reasoning`` (null or "" is none). A byte search, no JSON parse;
+    asked only of a request that a rule watches for reasoning."""
+    return _starts(payload, b'"reasoning_content"', b'"', b'""') or _starts(payload, b'"reasoning"', b'"', b'""')
+
+
+def _starts(payload: bytes, key: bytes, first: bytes, unless: bytes | None = None) -> bool:
     """Whether some ``key:`` in ``payload`` has a value beginning with ``first`` (``bytes.find``, not a regex
     over the whole payload: this runs for every event)."""
     at = payload.find(key)
     while at != -1:
         after = payload[at + len(key):at + len(key) + 32].lstrip()
-        if after[:1] == b":" and after[1:].lstrip()[:1] == first:
-            return True
+        if after[:1] == b":":
+            value = after[1:].lstrip()
+            if value[:1] == first and (unless is None or not value.startswith(unless)):
+                return True
         at = payload.find(key, at + len(key))
     return False
 

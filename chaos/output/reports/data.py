@@ -94,10 +94,12 @@ def bin_width(end_s: float) -> float:
 
 
 def stream_tokens(stream: StreamRecord) -> tuple[list[int], float]:
-    """(content stamps, tokens per stamp): a chunk may carry several tokens; when the server reported
-    ``usage.completion_tokens`` they are spread over the content events, as `throughput` counts them."""
+    """(token stamps, tokens per stamp): a chunk may carry several tokens; when the server reported
+    ``usage.completion_tokens`` they are spread over the token events (content, reasoning, tool-call
+    fragments), as `throughput` counts them."""
     reported = (stream.usage or {}).get("completion_tokens")
-    n = len(stream.t_content)
+    stamps = stream.t_tokens
+    n = len(stamps)
     if n and isinstance(reported, (int, float)) and not isinstance(reported, bool) and reported >= n:
-        return stream.t_content, float(reported) / n
-    return stream.t_content, 1.0
+        return stamps, float(reported) / n
+    return stamps, 1.0

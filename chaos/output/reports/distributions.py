@@ -16,6 +16,7 @@ from typing import Any
 import sla
 from chaos.model.errors import ExperimentInvalid
 from chaos.model.observations import Observations
+from chaos.model.turns import parse_turns, turn_view
 from chaos.output.render import format_value
 from chaos.output.reports.html import esc, plot_figure
 from chaos.output.reports.plot import BUDGET_COLOUR, cdf_points, data_gid, log_scale, new_figure, phase_colour, to_svg
@@ -148,13 +149,25 @@ def _caption(label: str, verdicts: Sequence[Mapping[str, Any]], with_baseline: b
     return f"{what}, cumulative. " + "; ".join(parts)
 
 
+def _turns_judged(obs: Observations, verdicts: Sequence[Mapping[str, Any]]) -> Observations:
+    """The streams an entry with ``turns:`` judged (its verdicts' evidence says which turns), else all."""
+    written = (verdicts[0].get("evidence") or {}).get("turns")
+    if not isinstance(written, str):
+        return obs
+    try:
+        return turn_view(obs, parse_turns([part.strip() for part in written.split(",")]))
+    except ValueError:
+        return obs
+
+
 def render_distributions(report: Mapping[str, Any], obs: Observations) -> str:
     specs = drawn_specs(report)
     by_entry: dict[str, list[Mapping[str, Any]]] = {}
     for v in report.get("verdicts") or []:
         if (v.get("name") or v["sla"]) in specs:
             by_entry.setdefault(v.get("name") or v["sla"], []).append(v)
-    figures = [_figure(obs, report, name, specs[name], verdicts) for name, verdicts in by_entry.items()]
+    figures = [_figure(_turns_judged(obs, verdicts), report, name, specs[name], verdicts)
+               for name, verdicts in by_entry.items()]
     figures = [f for f in figures if f]
     if not figures:
         return '<p class="muted">No verdicts with a sample to draw (TTFT, token gaps, recovery).</p>'

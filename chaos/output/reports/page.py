@@ -101,6 +101,7 @@ def render_html(report: dict[str, Any], obs: Observations) -> str:
     from chaos.output.reports.timeline import render_timeline
     from chaos.output.reports.verdicts import render_verdicts
     from chaos.output.reports.waterfall import render_waterfall
+    from chaos.output.turn_table import render_turn_table
 
     body = "\n".join([
         f"<h1>{esc(report['experiment'])}</h1>",
@@ -112,6 +113,7 @@ def render_html(report: dict[str, Any], obs: Observations) -> str:
         section("timeline", "Timeline", render_timeline(report, obs)),
         section("waterfall", "Token waterfall", render_waterfall(report, obs)),
         section("phases", "Phases", render_phases(report.get("phases") or [])),
+        *([section("turns", "Per turn", turns)] if (turns := render_turn_table(report.get("turns"))) else []),
         section("faults", "Faults", render_faults(report.get("faults") or [])),
         *_panels(report, obs),
         section("environment", "Environment", render_environment(report)),

@@ -32,6 +32,7 @@ from .types import (
     EngineSetupFailed,
     EngineStats,
     EngineStopped,
+    Histogram,
     InvalidRequest,
     PromptTooLong,
     SamplingParams,
@@ -96,7 +97,7 @@ class Engine:
         # random weights need a UTF-8 validity mask to produce well-formed text (see utf8.py)
         self._utf8 = Utf8Constraint(self.tokenizer, cfg.vocab_size) if config.model == "tiny" else None
         self._utf8_bias = self._utf8.bias.to(self.device) if self._utf8 is not None else None
-        self.bm = BlockManager(config.kv_blocks, config.block_size)
+        self.bm = BlockManager(config.kv_blocks, config.block_size, prefix_caching=config.prefix_caching)
         self.scheduler = Scheduler(self.bm, config.max_num_seqs, config.max_num_batched_tokens)
         self._cond = threading.Condition(threading.Lock())
         self._seqs: dict[str, Sequence] = {}  # live: pending + waiting + running
@@ -117,6 +118,10 @@ class Engine:
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
         self._steps_total = 0
+        self._prefix_queries_total = 0  # prompt tokens looked up in the prefix cache
+        self._prefix_hits_total = 0  # prompt tokens served from it
+        self._queue_time = Histogram()
+        self._prefill_time = Histogram()
 
     @staticmethod
     def _load_model(config: EngineConfig) -> tuple[Tokenizer, CausalLM]:
@@ -265,6 +270,14 @@ class Engine:
             self._cond.notify_all()
             return k
 
+    def reset_prefix_cache(self) -> tuple[int, int]:
+        """Forget every cached prefix (vLLM's ``/reset_prefix_cache``): ``(free cached blocks evicted,
+        held blocks whose prefix no longer serves hits)``. Requests holding blocks keep them."""
+        with self._cond:
+            out = self.bm.reset_prefix_cache()
+            self._check_invariant()
+            return out
+
     # -- observation -----------------------------------------------------------------------------------
     def stats(self) -> EngineStats:
         with self._cond:
@@ -280,6 +293,12 @@ class Engine:
                 prompt_tokens_total=self._prompt_tokens_total,
                 generation_tokens_total=self._generation_tokens_total,
                 steps_total=self._steps_total,
+                prefix_cache_queries_total=self._prefix_queries_total,
+                prefix_cache_hits_total=self._prefix_hits_total,
+                kv_blocks_cached=self.bm.num_cached_free,
+                prefix_caching=self.bm.prefix_caching,
+                queue_time=self._queue_time,
+                prefill_time=self._prefill_time,
             )
 
     def live_requests(self) -> list[dict[str, Any]]:
@@ -367,11 +386,11 @@ class Engine:
         self.scheduler.remove(seq)
         self._seqs.pop(seq.request_id, None)
         outs.append((seq.on_output, TokenOutput(seq.request_id, new_ids, True, reason, len(seq.prompt_ids),
-                                                len(seq.output_ids), error)))
+                                                len(seq.output_ids), error, seq.num_cached_tokens)))
 
-    def _check_invariant(self) -> None:
+    def _check_invariant(self, full: bool = False) -> None:
         try:
-            self.bm.check()
+            self.bm.check(full)
         except AssertionError as e:  # must never happen; count it instead of killing the thread
             self.invariant_violations += 1
             log.error("KV block accounting invariant violated: %s", e)
@@ -380,7 +399,7 @@ class Engine:
         if self._idle_checked:
             return
         self._idle_checked = True
-        self._check_invariant()
+        self._check_invariant(full=True)
         if self.bm.num_used_by_seqs != 0:
             holders = tuple(self.bm.holders())
             self._leaks_total += 1
@@ -411,20 +430,20 @@ class Engine:
                 if victim is not None:
                     self._finish(victim, "error", outs, error=str(msg))
 
-    def _forward(self, batch: list[Sequence], p_items: list[tuple[str, list[int], int]],
-                 d_items: list[tuple[str, list[int], int]]) -> tuple[list[int], str | None]:
-        """One forward pass over the prefills and decodes and the sampled tokens; or why it failed."""
+    def _forward(self, p_items: list[tuple[str, list[int], int]],
+                 d_items: list[tuple[str, list[int], int]]) -> tuple[torch.Tensor | None, str | None]:
+        """One forward pass over the prefill chunks and the decodes: the logits of each item's last
+        token, prefills first; or why it failed."""
         try:
             logits = []
             if p_items:
                 logits.append(forward_batch(self.model, self.kv, self.bm, p_items, self.device))
             if d_items:
                 logits.append(forward_batch(self.model, self.kv, self.bm, d_items, self.device))
-            all_logits = logits[0] if len(logits) == 1 else torch.cat(logits)
-            return self._sample(all_logits, batch), None
+            return (logits[0] if len(logits) == 1 else torch.cat(logits)), None
         except Exception as e:
             log.exception("engine step failed")
-            return [], f"engine step failed: {type(e).__name__}: {e}"
+            return None, f"engine step failed: {type(e).__name__}: {e}"
 
     def _step(self) -> None:
         outs: list[tuple[OutputCallback, TokenOutput]] = []
@@ -435,30 +454,62 @@ class Engine:
             sched = self.scheduler.schedule()
             for seq in sched.too_long:
                 self._finish(seq, "length", outs)
+            for seq in sched.admitted:  # counted once per request, at its first admission
+                self._prompt_tokens_total += len(seq.prompt_ids)
+                if self.bm.prefix_caching:
+                    self._prefix_queries_total += len(seq.prompt_ids)
+                    self._prefix_hits_total += seq.num_cached_tokens
             prefills, decodes = list(sched.prefills), list(sched.decodes)
-            for seq in prefills:
-                if seq.preemptions == 0 and not seq.output_ids:
-                    self._prompt_tokens_total += len(seq.prompt_ids)
-            p_items = [(s.request_id, s.all_ids(), 0) for s in prefills]
+            p_items = [(s.request_id, s.all_ids()[s.num_computed:s.num_computed + s.num_scheduled], s.num_computed)
+                       for s in prefills]
             d_items = [(s.request_id, [s.output_ids[-1] if s.output_ids else s.prompt_ids[-1]], s.num_tokens - 1)
                        for s in decodes]
         batch = prefills + decodes
-        tokens, error = self._forward(batch, p_items, d_items) if batch else ([], None)
+        logits, error = self._forward(p_items, d_items) if batch else (None, None)
         with self._cond:
             if error is not None:
                 for seq in batch:
                     if seq.request_id in self._seqs:
                         self._finish(seq, "error", outs, error=error)
-            else:
-                for seq, tok in zip(batch, tokens, strict=True):
-                    self._postprocess(seq, tok, outs)
+            elif logits is not None:
+                self._advance(batch, logits, outs)
             self._steps_total += 1
             self._check_invariant()
             self._cond.notify_all()
         self._dispatch(outs)
 
+    def _advance(self, batch: list[Sequence], logits: torch.Tensor,
+                 outs: list[tuple[OutputCallback, TokenOutput]]) -> None:
+        """After a forward: every sequence's computed tokens move on (and its full blocks enter the
+        prefix cache); those whose prompt is all computed sample a token. A sequence aborted while the
+        forward ran is gone from ``_seqs`` and left alone."""
+        sampling: list[int] = []
+        for i, seq in enumerate(batch):
+            if seq.request_id not in self._seqs:
+                continue
+            if seq.num_computed + seq.num_scheduled < seq.num_tokens:  # a prefill chunk short of the end
+                seq.num_computed += seq.num_scheduled
+                self._cache(seq)
+            else:
+                sampling.append(i)
+        if not sampling:
+            return
+        chosen = [batch[i] for i in sampling]
+        rows = logits if len(sampling) == len(batch) else logits[torch.tensor(sampling, device=logits.device)]
+        for seq, tok in zip(chosen, self._sample(rows, chosen), strict=True):
+            self._postprocess(seq, tok, outs)
+
+    def _cache(self, seq: Sequence) -> None:
+        if self.bm.prefix_caching:
+            self.bm.cache_blocks(seq.request_id, seq.hashes(self.bm.block_size), seq.num_computed)
+
     def _postprocess(self, seq: Sequence, tok: int, outs: list[tuple[OutputCallback, TokenOutput]]) -> None:
         seq.num_computed = seq.num_tokens
+        self._cache(seq)
+        if not seq.output_ids and seq.first_scheduled is not None:
+            now = time.monotonic()  # its first token: TTFT = queue (arrival to admission) + prefill
+            self._queue_time = self._queue_time.observe(seq.first_scheduled - seq.arrival)
+            self._prefill_time = self._prefill_time.observe(now - seq.first_scheduled)
         seq.output_ids.append(tok)
         if self._utf8 is not None:
             seq.utf8_state = self._utf8.next_state(seq.utf8_state, tok)
@@ -473,7 +524,7 @@ class Engine:
             self._finish(seq, reason, outs, new_ids=(tok,))
         else:
             outs.append((seq.on_output, TokenOutput(seq.request_id, (tok,), False, None, len(seq.prompt_ids),
-                                                    len(seq.output_ids))))
+                                                    len(seq.output_ids), cached_tokens=seq.num_cached_tokens)))
 
     def _sample(self, logits: torch.Tensor, batch: list[Sequence]) -> list[int]:
         if self._utf8_bias is not None:

@@ -165,7 +165,7 @@ class AttnMeta:
     slot_mapping: torch.Tensor  # [N] flat cache slot for each valid new token
     valid_index: torch.Tensor | None  # [N] index into the flattened [B*T] tokens (None: all valid)
     block_tables: torch.Tensor  # [B, max_blocks]
-    mask: torch.Tensor  # [B, 1, T, S] bool, True = attend
+    mask: torch.Tensor  # [B, 1, T, S] additive (0 = attend, -inf = not) or bool (True = attend)
 
 
 class Backbone(nn.Module):  # type: ignore[misc]  # nn.Module is Any: mypy does not follow torch (pyproject.toml)
@@ -237,7 +237,7 @@ def tiny_config(vocab_size: int) -> ModelConfig:
         num_key_value_heads=2,
         rms_norm_eps=1e-6,
         rope_theta=10000.0,
-        max_position_embeddings=4096,
+        max_position_embeddings=8192,  # 8K contexts; the export says so, or vLLM caps --max-model-len here
         tie_word_embeddings=False,
     )
 

@@ -19,6 +19,7 @@ class EngineConfig:
     seed: int = 0
     dtype: str = "float32"  # float32 on CPU; bfloat16/float16 allowed on CUDA
     num_threads: int | None = None  # CPU intra-op threads; None = the measured best default
+    prefix_caching: bool = True  # automatic prefix caching of full KV blocks (vLLM's default: on)
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,32 @@ class TokenOutput:
     prompt_tokens: int
     completion_tokens: int
     error: str | None = None
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache (usage.prompt_tokens_details)
+
+
+# vLLM's ``request_latency`` bucket family (vllm/v1/metrics/buckets.py): queue and prefill times, seconds
+REQUEST_TIME_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                        480.0, 960.0, 1920.0, 7680.0)
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Cumulative observations in fixed buckets: ``counts[i]`` fell at or under ``bounds[i]`` and above
+    the bound before (the last count: above every bound). Seconds."""
+
+    bounds: tuple[float, ...] = REQUEST_TIME_BUCKETS
+    counts: tuple[int, ...] = (0,) * (len(REQUEST_TIME_BUCKETS) + 1)
+    sum: float = 0.0
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def observe(self, value: float) -> Histogram:
+        i = next((k for k, b in enumerate(self.bounds) if value <= b), len(self.bounds))
+        counts = list(self.counts)
+        counts[i] += 1
+        return Histogram(self.bounds, tuple(counts), self.sum + value)
 
 
 @dataclass(frozen=True)
@@ -57,6 +84,12 @@ class EngineStats:
     prompt_tokens_total: int
     generation_tokens_total: int
     steps_total: int
+    prefix_cache_queries_total: int = 0  # prompt tokens looked up in the prefix cache (first admissions)
+    prefix_cache_hits_total: int = 0  # of those, tokens served from it
+    kv_blocks_cached: int = 0  # free blocks still holding a cached prefix (evictable; not in kv_blocks_used)
+    prefix_caching: bool = False
+    queue_time: Histogram = Histogram()  # arrival to first admission, per request with a first token
+    prefill_time: Histogram = Histogram()  # first admission to first token
 
 
 class EngineError(ChaosError):

@@ -170,6 +170,15 @@ def stack_cases() -> list[Case]:
             path = "/v1/chat/completions" if field in ("messages", "max_completion_tokens") else "/v1/completions"
             cases.append(Case(f"field-{field}-{i}", _req("POST", path, [("Content-Type", "application/json")],
                                                          json.dumps(body).encode())))
+    tool = {"type": "function", "function": {"name": "f"}}
+    for field in ("tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs"):  # chat's tool calls
+        odd = [tool, {"type": "function"}] if field == "tools" else {"type": "function", "function": {"name": 5}}
+        for i, value in enumerate([*field_values, odd]):
+            body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1,
+                    "tools": [tool], field: value}
+            cases.append(Case(f"chat-{field}-{i}", _req("POST", "/v1/chat/completions",
+                                                        [("Content-Type", "application/json")],
+                                                        json.dumps(body).encode())))
     return cases
 
 
