@@ -271,3 +271,15 @@ async def test_conversations_too_long_for_the_context_are_cut_short_never_spun_o
     records, gen = await drive(mock_server, spec, seconds=3.0)
     assert not records and gen.stats()["sessions_trimmed"] >= 256  # no turn fits 12 tokens: every one is skipped
     assert time.monotonic() - start < 2.5  # each slot stopped once nothing could be sent, before the deadline
+
+
+async def test_a_think_time_past_the_deadline_starts_no_new_session(mock_server: ThreadedMockServer) -> None:
+    """A session whose next turn is due after sending stops waits it out: its slot must not start another
+    session, whose first turn has no think time (the bug: with 1,000 sessions the last think time filled
+    with first turns, 100 a second became 1,900). Here 20 slots, 5 s think times, a 1.5 s run: each slot's
+    first session sends turn 1, then thinks past the deadline; nothing else goes out."""
+    spec = LoadSettings(endpoint="chat", concurrency=20, max_tokens=(3, 3), prompts=PROMPTS, request_timeout=10,
+                        workload=sessions(turns=(4, 4), think_time=(5.0, 5.0)))
+    records, gen = await drive(mock_server, spec, seconds=1.5)
+    assert gen.stats()["sessions"] == 20, gen.stats()
+    assert sorted(r.turn for r in records) == [1] * 20

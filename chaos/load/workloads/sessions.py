@@ -293,9 +293,11 @@ async def run_session(driver: SessionDriver, plan: SessionPlan, script: SessionS
                 continue
             attempt += 1
         end = record.t_end if record.t_end is not None else time.monotonic_ns()
+        # the user thinks even past the deadline: the slot waits with them (the run cancels it when sending
+        # stops, or the deadline moves on and the turn goes). A session that returned here had its slot start
+        # a new one at once, whose first turn has no think time: the last think time of a run filled with
+        # first turns (1,000 sessions: 100 a second became 1,900, send delay p99 183 ms)
         t_scheduled = end + int(script.think_s(turn, attempt) * 1e9)
-        if t_scheduled >= driver.deadline_ns:
-            return sent
         delay = (t_scheduled - time.monotonic_ns()) / 1e9
         if delay > 0:
             await asyncio.sleep(delay)
