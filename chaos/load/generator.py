@@ -35,6 +35,7 @@ from typing import Any
 from chaos.load.backoff import DEFAULT_CONNECT_BACKOFF, ConnectBackoff
 from chaos.load.client import StreamClient, make_http_client, stream_request
 from chaos.load.lag import LagMonitor, delay_summary
+from chaos.load.pacer import Pacer
 from chaos.load.sdk_headers import request_headers
 from chaos.load.workload import (
     LoadSpecLike,
@@ -320,6 +321,7 @@ class LoadGenerator:
     async def _open_loop(self) -> None:
         schedule = self._schedule()
         slots = _Slots(self.inflight_cap)
+        pacer = Pacer()  # wakes at each arrival to the tens of µs (asyncio.sleep: to the ms; chaos.load.pacer)
         t0 = time.monotonic_ns()
         try:
             while True:
@@ -330,9 +332,7 @@ class LoadGenerator:
                 t_next = t0 + offset
                 if t_next >= self.deadline_ns:
                     return
-                delay = (t_next - time.monotonic_ns()) / 1e9
-                if delay > 0:
-                    await asyncio.sleep(delay)
+                await pacer.until(t_next)
                 n = self._claim()
                 if n is None:
                     # every request is claimed: those queued for a slot still go out (until the deadline)
@@ -349,6 +349,7 @@ class LoadGenerator:
                     else:
                         self.abandoned += 1  # the queue is full: never sent
         finally:
+            pacer.close()
             # arrivals still queued for a slot at the deadline are abandoned, never sent
             self.abandoned += len(slots.backlog)
             slots.backlog.clear()

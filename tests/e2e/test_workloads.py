@@ -131,18 +131,34 @@ def verdicts(data: dict[str, Any], out: Path, url: str | None = None) -> dict[st
     return {v.name or v.sla: v for v in result.verdicts}
 
 
+SHAREGPT = HERE.parents[1] / "experiments" / "traces" / "sample-sharegpt.json"
+
+
+def sharegpt_replay(**target: Any) -> dict[str, Any]:
+    """The shipped ShareGPT sample replayed as conversations (the trace kind): the same history to keep."""
+    data = experiment(**target)
+    data["load"] = {"endpoint": "chat", "concurrency": 4, "max_tokens": 8,
+                    "workload": {"kind": "trace", "layout": "sharegpt", "path": str(SHAREGPT), "max_output_tokens": 8}}
+    return data
+
+
 def test_a_server_that_drops_history_fails_context_kept_and_the_healthy_stack_passes(tmp_path: Path) -> None:
     planted = StackProcess.start(command=[sys.executable, str(HERE / "planted_history.py"), "--defect",
                                           "drop_history", "--port", "0"], timeout=60)
     try:
         # an openai target: no tokenizer known, so only the turn-over-turn growth can catch it (and does)
         by = verdicts(experiment(kind="openai", model="tiny"), tmp_path / "planted", planted.base_url)
+        replayed = verdicts(sharegpt_replay(kind="openai", model="tiny"), tmp_path / "planted-sharegpt",
+                            planted.base_url)
     finally:
         planted.close()
     kept = by["context_kept"]
     assert kept.status == "fail", kept.evidence
     assert kept.evidence["not_grown"] >= 5, kept.evidence
     assert by["errors"].status == "pass"  # nothing else looks wrong: every turn streamed to its end
+    # a trace replay of recorded conversations catches it the same way
+    assert replayed["context_kept"].status == "fail", replayed["context_kept"].evidence
+    assert replayed["errors"].status == "pass"
     healthy = verdicts(experiment(), tmp_path / "healthy")  # the builtin target: the client counts its tokens too
     kept = healthy["context_kept"]
     assert kept.status == "pass", kept.evidence
