@@ -155,10 +155,12 @@ class LoadGenerator:
             record.prefix_group = prompt.group
         return record
 
-    def _spawn(self, n: int, t_scheduled: int | None, t_ready: int | None = None) -> asyncio.Task[StreamRecord]:
-        """Start request ``n``; ``t_ready``: when it could have gone (open loop), for the send delay."""
+    def _spawn(self, n: int, t_scheduled: int | None, t_ready: int | None = None,
+               made: tuple[dict[str, Any], Prompt] | None = None) -> asyncio.Task[StreamRecord]:
+        """Start request ``n``; ``t_ready``: when it could have gone (open loop), for the send delay; ``made``:
+        its body and prompt when made ahead (``workload.request(n)``, a pure function of n)."""
         request_id = f"{self.worker_index}-{n}"
-        body, prompt = self.workload.request(n)
+        body, prompt = made if made is not None else self.workload.request(n)
         record = self._record(request_id, body, prompt)
         return self._send(request_id, body, record, t_scheduled, t_ready)
 
@@ -332,16 +334,19 @@ class LoadGenerator:
                 t_next = t0 + offset
                 if t_next >= self.deadline_ns:
                     return
-                await pacer.until(t_next)
                 n = self._claim()
                 if n is None:
                     # every request is claimed: those queued for a slot still go out (until the deadline)
                     await self._drain_backlog(slots)
                     return
+                # its body made while waiting for its time, not after (its prompt, its JSON fields): in a burst
+                # of arrivals due in one millisecond each one's making delayed all those after it
+                made = self.workload.request(n) if slots.free > 0 else None
+                await pacer.until(t_next)
                 # the schedule only ever advances by its own gaps: a slow server never delays it
                 if slots.free > 0:
                     slots.free -= 1
-                    self._spawn_in_slot(slots, n, t_next, t_next)
+                    self._spawn_in_slot(slots, n, t_next, t_next, made)
                 else:
                     self.overflows += 1
                     if len(slots.backlog) < BACKLOG_CAP:
@@ -362,9 +367,10 @@ class LoadGenerator:
             slots.drained = asyncio.get_running_loop().create_future()
             await slots.drained
 
-    def _spawn_in_slot(self, slots: _Slots, n: int, t_scheduled: int, t_ready: int) -> None:
+    def _spawn_in_slot(self, slots: _Slots, n: int, t_scheduled: int, t_ready: int,
+                       made: tuple[dict[str, Any], Prompt] | None = None) -> None:
         try:
-            task = self._spawn(n, t_scheduled, t_ready)
+            task = self._spawn(n, t_scheduled, t_ready, made)
         except BaseException:
             slots.free += 1
             raise

@@ -57,6 +57,9 @@ class Pacer:
         if self._libc is not None:
             fd = self._libc.timerfd_create(_CLOCK_MONOTONIC, _TFD_NONBLOCK | _TFD_CLOEXEC)
             self._fd = fd if fd >= 0 else -1
+        # the reader stays registered from the first wait to close(): two epoll_ctl calls a wait fewer
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._woken: asyncio.Future[None] | None = None
 
     @property
     def precise(self) -> bool:
@@ -70,21 +73,24 @@ class Pacer:
             await asyncio.sleep((t_ns - time.monotonic_ns()) / _NS)
             return
         loop = asyncio.get_running_loop()
-        woken = loop.create_future()
-
-        def readable() -> None:
-            try:
-                os.read(self._fd, 8)  # the expiry count: read, or the fd stays readable
-            except BlockingIOError:
-                return  # a stale wake-up: the timer was re-armed after it fired
-            if not woken.done():
-                woken.set_result(None)
-
-        loop.add_reader(self._fd, readable)
+        if self._loop is not loop:
+            if self._loop is not None:
+                self._loop.remove_reader(self._fd)
+            loop.add_reader(self._fd, self._readable)
+            self._loop = loop
+        self._woken = loop.create_future()
         try:
-            await woken
+            await self._woken
         finally:
-            loop.remove_reader(self._fd)
+            self._woken = None
+
+    def _readable(self) -> None:
+        try:
+            os.read(self._fd, 8)  # the expiry count: read, or the fd stays readable
+        except BlockingIOError:
+            return  # a stale wake-up: the timer was re-armed after it fired
+        if self._woken is not None and not self._woken.done():
+            self._woken.set_result(None)
 
     def _arm(self, t_ns: int) -> bool:
         assert self._libc is not None
@@ -93,5 +99,8 @@ class Pacer:
 
     def close(self) -> None:
         if self._fd >= 0:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(self._fd)
+            self._loop = None
             os.close(self._fd)
             self._fd = -1
