@@ -50,7 +50,7 @@ ONE_WORKER: tuple[tuple[str, str], ...] = (
     ("tests/faults/test_server_faults.py", "server-faults"),
     ("tests/faults/test_kv.py", "faults-kv"),
     ("tests/faults/test_kv_prefix_flush.py", "faults-kv-prefix-flush"),
-    ("tests/engine/test_long_context.py", "engine-long-context"),
+    ("tests/stack/processes/test_long_context.py", "engine-long-context"),
     ("tests/load/test_prompt_tokens.py", "prompt-tokens"),
     # a module-scoped process, library or run, used by several tests of one module: each worker that ran
     # one of them built it again (report probes' three runs: 31 s of setup on each of three workers in CI).

@@ -4,7 +4,7 @@ inside the reasoning phase of every stream the rule took, ``itl`` within reasoni
 passes, ``ttft`` to the first token comes before the first output, and the verdicts are in report.json as
 every other. Then chat load that forces a tool call (``load.tools``, ``tool_choice: required``): ``tool_calls``
 passes against the builtin stack and fails against a server that truncates its calls
-(tests/sla/planted_tool_calls.py). About 45 s here."""
+(tests/e2e/planted_tool_calls.py). About 45 s here."""
 
 from __future__ import annotations
 

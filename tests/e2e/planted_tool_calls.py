@@ -1,6 +1,6 @@
 """The builtin stack with one planted tool-call defect: a server (or a relay) that breaks streamed tool calls.
 
-    python tests/sla/planted_tool_calls.py --defect DEFECT [stack serve flags]
+    python tests/e2e/planted_tool_calls.py --defect DEFECT [stack serve flags]
 
 - ``truncate``: a call's closing ``"}`` fragment is sent empty: the arguments stop mid-string (a relay that
   drops the last fragment, a server that ends the call at ``max_tokens`` without closing it), and the
