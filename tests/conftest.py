@@ -49,7 +49,7 @@ ONE_WORKER: tuple[tuple[str, str], ...] = (
     ("tests/engine/test_export.py", "engine-export"),
     ("tests/faults/test_server_faults.py", "server-faults"),
     ("tests/faults/test_kv.py", "faults-kv"),
-    ("tests/faults/test_kv_prefix_flush.py", "faults-kv-prefix-flush"),
+    ("tests/stack/processes/test_kv_prefix_flush.py", "faults-kv-prefix-flush"),
     ("tests/stack/processes/test_long_context.py", "engine-long-context"),
     ("tests/load/test_prompt_tokens.py", "prompt-tokens"),
     # a module-scoped process, library or run, used by several tests of one module: each worker that ran
