@@ -221,7 +221,8 @@ def _cmd_rollback(args: argparse.Namespace) -> int:
     if args.kube_context:
         os.environ["STREAMCHAOS_KUBE_CONTEXT"] = args.kube_context
     _run_dir(args.run_dir)
-    done = rollback_run(args.run_dir, allowed_urls=[u for u in (args.target_url, args.toxiproxy_url) if u])
+    done = rollback_run(args.run_dir, allowed_urls=[u for u in (args.target_url, args.toxiproxy_url) if u],
+                        wait_s=args.wait)
     if not done:
         print(f"{args.run_dir}: nothing to roll back")
         return 0
@@ -576,6 +577,9 @@ def _add_rollback(sub: Commands) -> None:
                    help="the run's Toxiproxy API (also TOXIPROXY_URL); the journal alone is not trusted")
     p.add_argument("--kubeconfig", help="the run's cluster, for k8s.scale (also STREAMCHAOS_KUBECONFIG, KUBECONFIG)")
     p.add_argument("--kube-context", help="the kubeconfig context of the run's cluster (also STREAMCHAOS_KUBE_CONTEXT)")
+    p.add_argument("--wait", type=_duration, default=60.0, metavar="DURATION",
+                   help="how long to wait for a rollback of this run already in progress (a killed run's watchdog) "
+                        "to end before refusing, exit 4 (default 60s; 0: refuse at once)")
     p.set_defaults(fn=_cmd_rollback)
 
 

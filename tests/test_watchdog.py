@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -63,13 +64,26 @@ def test_a_second_rollback_of_one_journal_stands_aside_naming_the_first(tmp_path
                                   cwd=ROOT, capture_output=True, text=True, timeout=50)
         assert watchdog.returncode == 0, watchdog.stderr
         assert f"rollback already in progress by pid {holder.pid}; standing down" in watchdog.stderr
-        cli = subprocess.run([sys.executable, "-m", "chaos", "rollback", str(tmp_path)], cwd=ROOT,
+        cli = subprocess.run([sys.executable, "-m", "chaos", "rollback", str(tmp_path), "--wait", "0"], cwd=ROOT,
                              capture_output=True, text=True, timeout=50)
         assert cli.returncode == 4 and f"rollback already in progress by pid {holder.pid}" in cli.stderr, cli.stderr
         assert cli.stderr.count("\n") == 1 and "Traceback" not in cli.stderr
-        assert len(path.read_text().splitlines()) == 2  # neither wrote a record
+        # a user who waits a little (as the default 60s does) is refused only after the wait, naming it
+        t0 = time.monotonic()
+        waited = subprocess.run([sys.executable, "-m", "chaos", "rollback", str(tmp_path), "--wait", "500ms"],
+                                cwd=ROOT, capture_output=True, text=True, timeout=50)
+        assert waited.returncode == 4 and "after waiting 0.5s" in waited.stderr, waited.stderr
+        assert time.monotonic() - t0 >= 0.5
+        assert len(path.read_text().splitlines()) == 2  # none wrote a record
+        # one that waits while the holder ends goes on and rolls back what that one left outstanding
+        patient = subprocess.Popen([sys.executable, "-m", "chaos", "rollback", str(tmp_path), "--wait", "30s"],
+                                   cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert patient.stderr is not None
+        assert f"rollback in progress by pid {holder.pid}; waiting up to 30s" in patient.stderr.readline()
     finally:
         holder.communicate(timeout=10)  # closes its stdin: it lets go
+    out, err = patient.communicate(timeout=50)
+    assert patient.returncode == 0 and "rolled back hangups" in out, out + err
     after = subprocess.run([sys.executable, "-m", "chaos", "rollback", str(tmp_path)], cwd=ROOT,
                            capture_output=True, text=True, timeout=50)
-    assert after.returncode == 0 and "rolled back hangups" in after.stdout, after.stdout + after.stderr
+    assert after.returncode == 0 and "nothing to roll back" in after.stdout, after.stdout + after.stderr

@@ -24,6 +24,7 @@ import contextlib
 import fcntl
 import os
 import stat
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -36,6 +37,7 @@ from chaos.model.errors import ChaosError, RollbackInProgress, SetupFailed
 from chaos.model.observations import FaultEvent, iter_journal, to_json
 
 LOCK_NAME = "rollback.lock"
+_LOCK_POLL_S = 0.1  # how often a waiting rollback tries the lock again
 
 __all__ = ["LOCK_NAME", "gone_server", "origin", "outstanding", "outstanding_resources", "rollback_lock",
            "rollback_run", "servers_by_origin", "trusted_journal"]
@@ -88,21 +90,34 @@ def trusted_journal(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def rollback_lock(run_dir: Path) -> Iterator[None]:
-    """Hold ``RUN_DIR/rollback.lock`` (``flock``, exclusive, not waiting) while rolling back: two rollbacks
-    of one journal (two watchdogs, a watchdog and ``streamchaos rollback``) would undo each fault twice
-    and interleave their records. The holder's pid is written in the file; a second one is refused
-    (``RollbackInProgress``) naming it. The file stays (removing it would let a third lock another inode)."""
+def rollback_lock(run_dir: Path, *, wait_s: float = 0.0) -> Iterator[None]:
+    """Hold ``RUN_DIR/rollback.lock`` (``flock``, exclusive) while rolling back: two rollbacks of one journal
+    (two watchdogs, a watchdog and ``streamchaos rollback``) would undo each fault twice and interleave their
+    records. The holder's pid is written in the file. A second one waits up to ``wait_s`` for the first to
+    end (then reads what that one left outstanding), else is refused (``RollbackInProgress``) naming it. The
+    file stays (removing it would let a third lock another inode)."""
     path = run_dir / LOCK_NAME
     with open_append(path) as lock:  # 0600, never through a link (chaos.host.runfiles)
-        try:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _holder(path)
-            busy = RollbackInProgress(f"{run_dir}: rollback already in progress by pid {holder}; nothing was "
-                                      "done here (run it again once that one ends to see what is left)")
-            busy.holder = holder
-            raise busy from None
+        deadline = time.monotonic() + max(0.0, wait_s)
+        announced = False
+        while True:
+            try:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = _holder(path)
+                if time.monotonic() >= deadline:
+                    waited = f" after waiting {wait_s:g}s" if wait_s > 0 else ""
+                    busy = RollbackInProgress(f"{run_dir}: rollback already in progress by pid {holder}{waited}; "
+                                              "nothing was done here (run it again once that one ends to see what "
+                                              "is left)")
+                    busy.holder = holder
+                    raise busy from None
+                if not announced:  # a watchdog rolling a killed run back takes seconds: say why nothing happens yet
+                    print(f"{run_dir}: rollback in progress by pid {holder}; waiting up to {wait_s:g}s for it to end",
+                          file=sys.stderr, flush=True)
+                    announced = True
+                time.sleep(_LOCK_POLL_S)  # bounded by wait_s
         os.ftruncate(lock.fileno(), 0)
         lock.write(f"{os.getpid()}\n".encode())
         lock.flush()
@@ -133,9 +148,11 @@ def _foreign_urls(undo: dict[str, Any], allowed: set[str]) -> list[str]:
     return out
 
 
-def rollback_run(run_dir: str | Path, *, allowed_urls: Iterable[str] = ()) -> list[dict[str, Any]]:
+def rollback_run(run_dir: str | Path, *, allowed_urls: Iterable[str] = (),
+                 wait_s: float = 0.0) -> list[dict[str, Any]]:
     """Undo every outstanding fault of a run, then remove what it created (containers); return what
-    was done (one entry per fault or resource)."""
+    was done (one entry per fault or resource). ``wait_s``: how long to wait for a rollback of the run
+    already in progress (``rollback_lock``)."""
     import faults  # noqa: F401 - registers every fault kind
     from faults.base import REGISTRY
 
@@ -145,7 +162,8 @@ def rollback_run(run_dir: str | Path, *, allowed_urls: Iterable[str] = ()) -> li
     if os.environ.get("TOXIPROXY_URL"):
         allowed.add(origin(os.environ["TOXIPROXY_URL"]))
     done = []
-    with rollback_lock(Path(run_dir)):  # one rollback of a run at a time: read what is outstanding under it
+    # one rollback of a run at a time: what is outstanding is read under the lock
+    with rollback_lock(Path(run_dir), wait_s=wait_s):
         lines = list(iter_journal(journal))
         pending = outstanding(lines)
         servers = servers_by_origin(lines)

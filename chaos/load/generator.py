@@ -30,10 +30,10 @@ import random
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from chaos.load.backoff import DEFAULT_CONNECT_BACKOFF, ConnectBackoff
-from chaos.load.client import StreamClient, make_http_client, stream_request
+from chaos.load.client import StreamCall, StreamClient, make_http_client, stream_request
 from chaos.load.lag import LagMonitor, delay_summary
 from chaos.load.pacer import Pacer
 from chaos.load.sdk_headers import request_headers
@@ -58,6 +58,10 @@ __all__ = ["BACKLOG_CAP", "DEFAULT_INFLIGHT_CAP", "LoadGenerator"]
 DEFAULT_INFLIGHT_CAP = 1024  # open loop without a concurrency bound: per process, as GuideLLM does
 BACKLOG_CAP = 65_536  # open-loop arrivals queued for a slot (an int pair each); beyond it: abandoned
 SEND_DELAY_KEEP = 100_000  # send-delay samples kept per phase (newest)
+# the open loop makes arrivals this far past the next one due before waiting for it (a burst in one ms is
+# made whole before its first goes), and at most this many
+LOOKAHEAD_NS = 2_000_000
+LOOKAHEAD_MAX = 64
 
 
 _SETTLE_POLL_S = 0.01  # how often start() looks whether its background streams have their first token
@@ -156,30 +160,41 @@ class LoadGenerator:
         return record
 
     def _spawn(self, n: int, t_scheduled: int | None, t_ready: int | None = None,
-               made: tuple[dict[str, Any], Prompt] | None = None) -> asyncio.Task[StreamRecord]:
+               made: _Made | None = None) -> asyncio.Task[StreamRecord]:
         """Start request ``n``; ``t_ready``: when it could have gone (open loop), for the send delay; ``made``:
-        its body and prompt when made ahead (``workload.request(n)``, a pure function of n)."""
+        its body, prompt and request bytes when made ahead (``_make``, a pure function of n)."""
         request_id = f"{self.worker_index}-{n}"
-        body, prompt = made if made is not None else self.workload.request(n)
+        body, prompt, payload = made if made is not None else (*self.workload.request(n), None)
         record = self._record(request_id, body, prompt)
-        return self._send(request_id, body, record, t_scheduled, t_ready)
+        return self._send(request_id, body, record, t_scheduled, t_ready, payload)
+
+    def _make(self, n: int) -> _Made:
+        """Request ``n`` made ahead of its time: its body and prompt, and its request bytes, encoded now."""
+        body, prompt = self.workload.request(n)
+        http = self._client()
+        try:
+            request_id = f"{self.worker_index}-{n}"
+            payload: bytes | None = http.encode(http.target(self.url), body, {"X-Request-Id": request_id})
+        except ValueError:
+            payload = None  # a header or URL it cannot send: the request's own run records why
+        return _Made(body, prompt, payload)
 
     def _send(self, request_id: str, body: dict[str, Any], record: StreamRecord, t_scheduled: int | None,
-              t_ready: int | None) -> asyncio.Task[StreamRecord]:
-        """Send ``body`` as ``record``'s stream: the client plan drawn, the task tracked to its sink."""
+              t_ready: int | None, payload: bytes | None = None) -> asyncio.Task[StreamRecord]:
+        """Send ``body`` as ``record``'s stream: the client plan drawn, the task tracked to its sink. With its
+        request bytes made ahead (``payload``), it is written now when an idle connection waits
+        (``StreamCall.send_now``), before the task that reads its response first runs."""
         record.t_scheduled = t_scheduled
         # the plan is drawn from a generator seeded by the request id: the same request gets the
         # same client behaviour in every replay, whatever the timing
         plan = self.policy.plan(random.Random(f"{self.target.seed}:client:{request_id}"))
         self.sent += 1
-        http = self._client()
-        task = self._launch(
-            record,
-            lambda: stream_request(
-                http, self.url, body, record,
-                plan=plan, request_timeout=self.spec.request_timeout, headers={"X-Request-Id": request_id},
-            ),
-        )
+        call = StreamCall(self._client(), self.url, body, record, plan=plan, request_timeout=self.spec.request_timeout,
+                          headers={"X-Request-Id": request_id}, payload=payload)
+        sent_now = call.send_now()
+        task = self._launch(record, call.run)
+        if sent_now:  # a task cancelled before its first step never ran call.run: what it took goes back
+            task.add_done_callback(lambda _task: call.abandon())
         self._inflight.add(task)
         self._records[task] = record
         task.add_done_callback(self._inflight.discard)
@@ -324,41 +339,61 @@ class LoadGenerator:
         schedule = self._schedule()
         slots = _Slots(self.inflight_cap)
         pacer = Pacer()  # wakes at each arrival to the tens of µs (asyncio.sleep: to the ms; chaos.load.pacer)
+        ahead: deque[_Arrival] = deque()  # arrivals made ahead, in schedule order
+        drain = False  # the arrivals ended with the trace or max_requests: what is queued still goes out
+        more = True
+        release = functools.partial(self._release_due, ahead, slots)
         t0 = time.monotonic_ns()
         try:
             while True:
-                offset = next(schedule, None)
-                if offset is None:  # the trace's last request is scheduled: what is queued still goes out
-                    await self._drain_backlog(slots)
+                # every arrival due within LOOKAHEAD_NS of the next one is made (its prompt, its JSON, its request
+                # bytes) while waiting for that one: a burst due in one millisecond goes out from one wake-up,
+                # none of it made after its time, each making delaying all those after it
+                while more and len(ahead) < LOOKAHEAD_MAX and (not ahead or ahead[-1].t - ahead[0].t <= LOOKAHEAD_NS):
+                    offset = next(schedule, None)
+                    if offset is None:  # the trace's last request is scheduled
+                        more, drain = False, True
+                        break
+                    # the schedule only ever advances by its own gaps: a slow server never delays it
+                    t_next = t0 + offset
+                    if t_next >= self.deadline_ns:
+                        more = False
+                        break
+                    n = self._claim()
+                    if n is None:  # every request is claimed: those queued for a slot still go out (until the deadline)
+                        more, drain = False, True
+                        break
+                    ahead.append(_Arrival(n, t_next, self._make(n) if slots.free > len(ahead) else None))
+                if not ahead:
+                    if drain:
+                        await self._drain_backlog(slots)
                     return
-                t_next = t0 + offset
-                if t_next >= self.deadline_ns:
-                    return
-                n = self._claim()
-                if n is None:
-                    # every request is claimed: those queued for a slot still go out (until the deadline)
-                    await self._drain_backlog(slots)
-                    return
-                # its body made while waiting for its time, not after (its prompt, its JSON fields): in a burst
-                # of arrivals due in one millisecond each one's making delayed all those after it
-                made = self.workload.request(n) if slots.free > 0 else None
-                await pacer.until(t_next)
-                # the schedule only ever advances by its own gaps: a slow server never delays it
-                if slots.free > 0:
-                    slots.free -= 1
-                    self._spawn_in_slot(slots, n, t_next, t_next, made)
-                else:
-                    self.overflows += 1
-                    if len(slots.backlog) < BACKLOG_CAP:
-                        slots.backlog.append((n, t_next))  # a scheduled time, not a task
-                    else:
-                        self.abandoned += 1  # the queue is full: never sent
+                # the due ones go out from the timer's wake-up itself, written before any other callback runs
+                await pacer.until(ahead[0].t, on_time=release)
         finally:
             pacer.close()
             # arrivals still queued for a slot at the deadline are abandoned, never sent
             self.abandoned += len(slots.backlog)
             slots.backlog.clear()
             slots.closed = True
+
+    def _release_due(self, ahead: deque[_Arrival], slots: _Slots) -> None:
+        """Send every arrival made ahead whose time has come (from the pacer's wake-up), or queue it for a slot."""
+        now = time.monotonic_ns()
+        while ahead and ahead[0].t <= now:
+            arrival = ahead.popleft()
+            if arrival.t >= self.deadline_ns:  # the deadline moved before it: neither it nor any later one goes
+                ahead.clear()
+                return
+            if slots.free > 0:
+                slots.free -= 1
+                self._spawn_in_slot(slots, arrival.n, arrival.t, arrival.t, arrival.made)
+            else:
+                self.overflows += 1
+                if len(slots.backlog) < BACKLOG_CAP:
+                    slots.backlog.append((arrival.n, arrival.t))  # a scheduled time, not a task
+                else:
+                    self.abandoned += 1  # the queue is full: never sent
 
     @staticmethod
     async def _drain_backlog(slots: _Slots) -> None:
@@ -368,7 +403,7 @@ class LoadGenerator:
             await slots.drained
 
     def _spawn_in_slot(self, slots: _Slots, n: int, t_scheduled: int, t_ready: int,
-                       made: tuple[dict[str, Any], Prompt] | None = None) -> None:
+                       made: _Made | None = None) -> None:
         try:
             task = self._spawn(n, t_scheduled, t_ready, made)
         except BaseException:
@@ -653,6 +688,23 @@ class _LiveSessions:
         for task in list(self.tasks):
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+class _Made(NamedTuple):
+    """A request made ahead of its time (``LoadGenerator._make``)."""
+
+    body: dict[str, Any]
+    prompt: Prompt
+    payload: bytes | None  # its request bytes; None: to be encoded as it goes (an error to record there)
+
+
+class _Arrival(NamedTuple):
+    """An open-loop arrival made ahead: its request number, its due time (monotonic ns) and what was made
+    (None where no slot was free as it was made: made as it goes, if it goes)."""
+
+    n: int
+    t: int
+    made: _Made | None
 
 
 class _Slots:

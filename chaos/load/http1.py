@@ -379,6 +379,21 @@ class H1Client:
             self._slots = asyncio.Semaphore(self.limit)
         await self._slots.acquire()
 
+    def take_slot(self) -> bool:
+        """Take a slot without waiting, if one is free (``acquire_slot`` would not suspend)."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.limit)
+        if self._slots.locked():
+            return False
+        # not locked: acquire() takes a slot without suspending, so one step of it completes it
+        step = self._slots.acquire()
+        try:
+            step.send(None)
+        except StopIteration:
+            return True
+        step.close()  # unreachable while unlocked; never leave a waiter behind
+        return False
+
     def release_slot(self) -> None:
         assert self._slots is not None
         self._slots.release()

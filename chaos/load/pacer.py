@@ -17,6 +17,7 @@ import ctypes
 import ctypes.util
 import os
 import time
+from collections.abc import Callable
 
 __all__ = ["Pacer"]
 
@@ -60,17 +61,25 @@ class Pacer:
         # the reader stays registered from the first wait to close(): two epoll_ctl calls a wait fewer
         self._loop: asyncio.AbstractEventLoop | None = None
         self._woken: asyncio.Future[None] | None = None
+        self._on_time: Callable[[], None] | None = None
 
     @property
     def precise(self) -> bool:
         """Whether waits end on a timerfd (to the tens of µs) rather than ``asyncio.sleep`` (to the ms)."""
         return self._fd >= 0
 
-    async def until(self, t_ns: int) -> None:
+    async def until(self, t_ns: int, on_time: Callable[[], None] | None = None) -> None:
+        """``on_time``: called at ``t_ns`` from the timer's wake-up itself, before this coroutine resumes (a
+        loop iteration later, after whatever other callbacks were ready): what must happen at the instant
+        (an open loop's write) happens there. Its exception is raised here."""
         if t_ns <= time.monotonic_ns():
+            if on_time is not None:
+                on_time()
             return
         if self._fd < 0 or self._libc is None or not self._arm(t_ns):
             await asyncio.sleep((t_ns - time.monotonic_ns()) / _NS)
+            if on_time is not None:
+                on_time()
             return
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
@@ -79,18 +88,29 @@ class Pacer:
             loop.add_reader(self._fd, self._readable)
             self._loop = loop
         self._woken = loop.create_future()
+        self._on_time = on_time
         try:
             await self._woken
         finally:
             self._woken = None
+            self._on_time = None
 
     def _readable(self) -> None:
         try:
             os.read(self._fd, 8)  # the expiry count: read, or the fd stays readable
         except BlockingIOError:
             return  # a stale wake-up: the timer was re-armed after it fired
-        if self._woken is not None and not self._woken.done():
-            self._woken.set_result(None)
+        woken, on_time = self._woken, self._on_time
+        if woken is None or woken.done():
+            return
+        self._on_time = None
+        if on_time is not None:
+            try:
+                on_time()
+            except Exception as exc:  # noqa: BLE001 - handed to the waiting coroutine, never lost in the loop
+                woken.set_exception(exc)
+                return
+        woken.set_result(None)
 
     def _arm(self, t_ns: int) -> bool:
         assert self._libc is not None

@@ -150,7 +150,8 @@ def test_interrupted_run_leaves_nothing_changed(world: dict[str, Any], sig: sign
         # the target and Toxiproxy come from configuration (the flags), never from the journal alone
         command = [sys.executable, "-m", "chaos", "rollback", str(run_dir), "--target-url", world["stack"],
                    "--toxiproxy-url", world["tpx"]]
-        rollback = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+        # the killed runner's watchdog may be rolling back right now: the command waits for it (--wait 60s)
+        rollback = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
         assert rollback.returncode == 0, rollback.stdout + rollback.stderr
         again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
         assert again.returncode == 0 and "nothing to roll back" in again.stdout  # idempotent

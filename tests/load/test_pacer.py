@@ -57,3 +57,40 @@ def test_a_cancelled_wait_leaves_the_next_one_right() -> None:
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         assert runner.run(scenario()) >= 0
+
+
+@pytest.mark.parametrize("loop_kind", LOOPS)
+def test_on_time_runs_from_the_wake_up_before_any_other_ready_callback(loop_kind: str) -> None:
+    """What must happen at the instant (the open loop's write) runs in the timer's own callback: a callback
+    made ready in the same iteration, and the waiting coroutine, both come after it. Before, the write
+    waited a loop iteration and every other ready callback (other streams' reads): 0.3 ms p50 late."""
+    async def scenario() -> list[str]:
+        pacer, order = Pacer(), []
+        loop = asyncio.get_running_loop()
+        try:
+            due = time.monotonic_ns() + 3_000_000
+            # a timer of the loop's own due at the same instant: ready beside the timerfd's wake-up
+            loop.call_at(loop.time() + 0.003, order.append, "other")
+            await pacer.until(due, on_time=lambda: order.append(f"on_time late={time.monotonic_ns() >= due}"))
+            order.append("resumed")
+            await pacer.until(time.monotonic_ns() - 1, on_time=lambda: order.append("past: at once"))
+            return order
+        finally:
+            pacer.close()
+
+    with asyncio.Runner(loop_factory=LOOPS[loop_kind]) as runner:
+        order = runner.run(scenario())
+    assert order.index("on_time late=True") < order.index("resumed"), order
+    assert order[-1] == "past: at once", order
+
+
+def test_an_on_time_that_raises_raises_in_the_waiting_coroutine() -> None:
+    async def scenario() -> None:
+        pacer = Pacer()
+        try:
+            await pacer.until(time.monotonic_ns() + 1_000_000, on_time=lambda: 1 / 0)  # type: ignore[func-returns-value]
+        finally:
+            pacer.close()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner, pytest.raises(ZeroDivisionError):
+        runner.run(scenario())

@@ -132,3 +132,38 @@ async def test_a_first_request_closed_unanswered_is_no_stale_connection() -> Non
     async with keepalive_server(answer) as (url, _), make_http_client(1) as http:
         lost = await _one(http, url, 0)
     assert lost.error is not None and lost.error.cause == "no_response", lost.error
+
+
+@pytest.mark.asyncio
+async def test_a_call_made_ahead_is_written_at_once_on_a_kept_connection_and_read_by_its_run() -> None:
+    """``StreamCall.send_now`` (the open loop's write from its timer's wake-up): with a kept connection idle
+    it stamps ``t_sent`` and writes the request bytes made ahead before returning, no await between; its
+    ``run()`` then reads the response on that connection. With none idle it takes nothing and ``run()``
+    connects as always; a call sent now whose run never starts gives its slot and connection back."""
+    from chaos.load.client import StreamCall
+
+    async def answer(_n: int, writer: asyncio.StreamWriter) -> bool:
+        writer.write(_response("200 OK", EVENTS))
+        await writer.drain()
+        return True
+
+    async with keepalive_server(answer) as (url, accepted), make_http_client(1) as http:
+        target = http.target(url)
+        cold = StreamCall(http, url, {"stream": True}, StreamRecord(id="c", phase="p"), request_timeout=10,
+                          payload=http.encode(target, {"stream": True}))
+        assert not cold.send_now() and cold.record.t_sent is None  # nothing idle yet: left to run()
+        assert (await cold.run()).complete and http.connects == 1
+        record = StreamRecord(id="w", phase="p")
+        warm = StreamCall(http, url, {"stream": True}, record, request_timeout=10,
+                          payload=http.encode(target, {"stream": True}))
+        assert warm.send_now() and record.t_sent is not None  # written on the kept connection, synchronously
+        assert not http.take_slot()  # the client's one slot is the warm call's
+        sent_at = record.t_sent
+        assert (await warm.run()).complete and record.t_sent == sent_at and record.text == "a"
+        assert http.connects == 1 and accepted[0] == 1
+        gone = StreamCall(http, url, {"stream": True}, StreamRecord(id="g", phase="p"), request_timeout=10,
+                          payload=http.encode(target, {"stream": True}))
+        assert gone.send_now()
+        gone.abandon()  # its task was cancelled before its first step
+        assert http.take_slot()  # the slot came back
+        http.release_slot()
