@@ -8,14 +8,17 @@
 - ``trace``: a Mooncake trace replayed at its timestamps (``replay``), or ShareGPT conversations
   replayed as sessions (``sessions``); the files are read by ``trace``, prompts made by ``tokens``.
 
-``WorkloadSettings`` is the plain, picklable copy of ``chaos.model.experiment.WorkloadSpec`` the load
-processes get (in ``LoadSettings.workload``), over pipes and the shard protocol's JSON alike.
+``WorkloadSettings`` is the ``chaos.model.experiment.WorkloadSpec`` the load processes get (in
+``LoadSettings.workload``), over pipes and the shard protocol's JSON alike: the same fields, with what
+the kind implies and its JSON round trip.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
+
+from chaos.model.experiment import WorkloadSpec
 
 if TYPE_CHECKING:
     from chaos.load.workloads.tokens import TokenCounter
@@ -24,25 +27,9 @@ __all__ = ["WorkloadSettings", "load_tokenizer", "workload_line"]
 
 
 @dataclass(frozen=True)
-class WorkloadSettings:
-    """A plain copy of a ``WorkloadSpec`` (the fields are its own; see chaos/model/experiment.py)."""
-
-    kind: str = "single"
-    turns: tuple[int, int] = (4, 4)
-    think_time: tuple[float, float] = (0.0, 0.0)
-    on_cut: str = "resume"
-    system_chars: int = 0
-    prefixes: int = 4
-    prefix_tokens: int | None = None
-    prefix_chars: int | None = None
-    suffix_chars: tuple[int, int] = (16, 64)
-    path: str | None = None
-    layout: str = "mooncake"
-    speed: float = 1.0
-    block_tokens: int = 512
-    max_output_tokens: int = 1024
-    tokenizer: tuple[str, str] | None = None
-    context_tokens: int | None = None
+class WorkloadSettings(WorkloadSpec):
+    """A ``WorkloadSpec`` as the load processes hold it: its fields (chaos/model/experiment.py), what the
+    kind implies for the schedule and the sessions, and its JSON for the shard protocol."""
 
     @property
     def timed(self) -> bool:
