@@ -2,7 +2,7 @@
 
 ``load.workload.kind`` says which (docs/workloads.md):
 
-- ``single``: one seeded prompt per request (``chaos.load.workload.Workload``), as before these kinds;
+- "single": one seeded prompt per request (``chaos.load.workload.Workload``), as before these kinds;
 - ``sessions``: multi-turn conversations, each turn resending the whole history (``sessions``);
 - ``shared_prefix``: P shared prefixes, each request one of them and a suffix of its own (``shared_prefix``);
 - ``trace``: a Mooncake trace replayed at its timestamps (``replay``), or ShareGPT conversations
