@@ -13,9 +13,10 @@ carries usage:
 - the server's count must exceed its count for the turn before in the same session (where that one
   carried usage too).
 
-A turn failing either dropped history. Inconclusive when no turn from 2 on carried usage (the server
-sent none: ``load.include_usage`` off, or an engine that ignores ``stream_options``), or the load made no
-session turns at all.
+A turn failing either dropped history. A turn with neither to hold it against (no client count, and the
+turn before cut or without usage) is not judged (``uncompared``). Inconclusive when no turn from 2 on
+could be judged: the server sent no usage (``load.include_usage`` off, or an engine that ignores
+``stream_options``), none could be compared, or the load made no session turns at all.
 """
 
 from __future__ import annotations
@@ -84,14 +85,18 @@ class ContextKept(SlaSpec):
         before = _previous_counts([st for st in obs.streams if st.session is not None])
         judged = shrunk = short = bad = 0
         offenders: list[dict[str, Any]] = []
-        missing_usage = 0
+        missing_usage = uncompared = 0
         for st in later:
             served = server_prompt_tokens(st)
             if served is None:
                 missing_usage += 1
                 continue
+            assert st.session is not None and st.turn is not None  # ``later`` holds session turns only
+            previous = before.get((st.session, st.turn - 1))
+            if st.prompt_tokens is None and previous is None:
+                uncompared += 1  # nothing to hold it against: no client count, no count for the turn before
+                continue
             judged += 1
-            previous = before.get((st.session or "", (st.turn or 1) - 1))
             under = st.prompt_tokens is not None and served < self.min_share * st.prompt_tokens
             no_growth = previous is not None and served <= previous
             short += under
@@ -104,6 +109,7 @@ class ContextKept(SlaSpec):
             "session_turns": len(later),
             "judged_turns": judged,
             "without_usage": missing_usage,
+            "uncompared": uncompared,
             "with_client_count": sum(1 for st in later if st.prompt_tokens is not None),
             "below_min_share": short,
             "not_grown": shrunk,
@@ -120,10 +126,15 @@ class ContextKept(SlaSpec):
             status = "inconclusive"
             evidence["reason"] = ("no session turn from 2 on to judge: context_kept needs a multi-turn load "
                                   "(load.workload kind sessions, or a ShareGPT trace)")
-        elif not judged:
+        elif not judged and missing_usage == len(later):
             status = "inconclusive"
             evidence["reason"] = (f"none of the {len(later)} turns from 2 on carried usage.prompt_tokens: the server "
                                   "sent no usage (is load.include_usage on? does the engine honour stream_options?)")
+        elif not judged:
+            status = "inconclusive"
+            evidence["reason"] = (f"none of the {len(later)} turns from 2 on could be compared: {uncompared} had no "
+                                  "client count (the target's tokenizer is not known) and no count for the turn "
+                                  f"before it (cut, or sent without usage); {missing_usage} carried no usage")
         else:
             status = "pass"
         return Verdict("context_kept", phase, status, float(bad), 0.0, "count", judged, evidence)

@@ -17,7 +17,7 @@ Records:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any, ClassVar, Literal
@@ -613,6 +613,10 @@ class Observations:
     phases: list[PhaseWindow] = field(default_factory=list)
     notes: list[Note] = field(default_factory=list)
     taps: list[TapRecord] = field(default_factory=list)
+    # an SLA entry's ``turns:`` (chaos.model.turns.turn_view): ``population`` judges only the streams of those
+    # turns, while ``streams`` stays whole for what a verdict reads around them (a turn's turn before, the
+    # run's busy periods)
+    turns: Container[int] | None = None
 
     def add(self, record: Record) -> None:
         if isinstance(record, StreamRecord):
@@ -654,7 +658,15 @@ class Observations:
         return stream.is_complete(self.end_rule)
 
     def population(self, phase: str | None = None) -> list[StreamRecord]:
-        """The streams an SLA judges: never background load; for ``phase``, the streams sent in it that
+        """The streams an SLA judges (``_phase_population``), of the ``turns`` it judges where it names some (a
+        request outside any conversation is its own first turn)."""
+        judged = self._phase_population(phase)
+        if self.turns is None:
+            return judged
+        return [s for s in judged if (s.turn if s.turn is not None else 1) in self.turns]
+
+    def _phase_population(self, phase: str | None) -> list[StreamRecord]:
+        """Never background load; for ``phase``, the streams sent in it that
         no ``in_flight`` fault of another phase touched, and the streams sent elsewhere that one of its
         own touched (``FaultSpan.touches``). A stream is judged by the fault it lived through, not by
         when it was sent: on a slow engine a stream sent just before a kill outlives its phase and ends

@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from chaos.model.observations import Observations, StreamRecord
+from chaos.model.observations import Observations
 
-__all__ = ["Turns", "parse_turns", "turn_of", "turn_view"]
+__all__ = ["Turns", "parse_turns", "turn_view"]
 
 _FROM = re.compile(r"\s*(\d+)\s*\+\s*")
 _RANGE = re.compile(r"\s*(\d+)\s*-\s*(\d+)\s*")
@@ -72,14 +72,9 @@ def parse_turns(raw: object) -> Turns:
     return Turns(tuple(sorted(listed)), from_turn)
 
 
-def turn_of(stream: StreamRecord) -> int:
-    """A stream's turn in its conversation; a request outside any conversation is its own first turn."""
-    return stream.turn if stream.turn is not None else 1
-
-
 def turn_view(obs: Observations, turns: Turns | None) -> Observations:
-    """``obs`` with only the foreground streams of ``turns`` (background load kept: it is never judged);
-    ``obs`` itself for None."""
+    """``obs`` whose ``population`` judges only the streams of ``turns`` (``obs.streams`` stays whole: a
+    verdict still finds a judged turn's turn before, and the run's busy periods); ``obs`` itself for None."""
     if turns is None:
         return obs
-    return replace(obs, streams=[s for s in obs.streams if s.background or turn_of(s) in turns])
+    return replace(obs, turns=turns)

@@ -83,6 +83,30 @@ def test_turns_select_the_streams_an_entry_judges(synth: Any) -> None:
     assert later.evidence["turns"] == "2+" and "turns" not in every.evidence
 
 
+def test_turns_from_2_on_still_hold_each_turn_against_its_turn_before(synth: Any) -> None:
+    """`turns: 2+` judges turns 2 and later, but a turn's growth is measured against turn 1, which the entry
+    does not judge: it must still be there to compare with (it was dropped with the judged streams once, and
+    a turn 2 served 10 tokens after a turn 1 of 500 passed)."""
+    obs = synth.obs(conversation(synth, "0-s1", [500, 10], [None, None]))
+    spec = sla.spec_for("context_kept", {})
+    every = judge_entry(SlaEntry(name="all", spec=spec), obs, None)
+    later = judge_entry(SlaEntry(name="later", spec=spec, turns=parse_turns("2+")), obs, None)
+    assert every.status == "fail" and later.status == "fail", (every.evidence, later.evidence)
+    assert later.evidence["offenders"][0]["turn_before_prompt_tokens"] == 500
+
+
+def test_a_turn_with_nothing_to_hold_it_against_is_not_judged(synth: Any) -> None:
+    # no tokenizer (no client count) and a turn 1 that sent no usage: turn 2's 10 tokens cannot be judged
+    verdict = judge(synth.obs(conversation(synth, "0-s1", [None, 10], [None, None])))
+    assert verdict.status == "inconclusive" and verdict.samples == 0, verdict.evidence
+    assert verdict.evidence["uncompared"] == 1 and "could be compared" in verdict.evidence["reason"]
+    # beside a turn that could be: only that one is judged
+    streams = conversation(synth, "0-s1", [None, 10], [None, None]) + conversation(synth, "0-s2", [40, 90],
+                                                                                  [None, None])
+    verdict = judge(synth.obs(streams))
+    assert verdict.status == "pass" and verdict.samples == 1 and verdict.evidence["uncompared"] == 1
+
+
 def test_the_per_turn_table(synth: Any) -> None:
     streams = [turn(synth, f"0-s{i}", k, 10 * k, None, ttft=0.1 * k) for i in range(4) for k in (1, 2)]
     streams.append(turn(synth, "0-s9", 2, None, None, ttft=None, error=None, status=500))
