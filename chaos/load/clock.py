@@ -64,7 +64,7 @@ def estimate(exchanges: Iterable[Exchange]) -> ClockOffset:
 
 
 # one stamp per event of a kind (content, reasoning, tool-call fragments): lists, moved item by item
-_STAMP_LISTS = tuple(f.name for f in fields(StreamRecord) if f.name.startswith("t_") and str(f.type) == "list[int]")
+_STAMP_LISTS = tuple(f.name for f in fields(StreamRecord) if f.name.startswith("t_") and f.default_factory is list)
 _STAMPS = tuple(f.name for f in fields(StreamRecord) if f.name.startswith("t_") and f.name not in _STAMP_LISTS)
 
 

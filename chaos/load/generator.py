@@ -136,7 +136,7 @@ class LoadGenerator:
 
     def _claim(self) -> int | None:
         """The next request number of this worker, or None when max_requests is reached."""
-        if self.spec.max_requests is not None and self._next >= self.spec.max_requests:
+        if self._claims_spent():
             return None
         n = self._next
         self._next += 1
@@ -164,30 +164,36 @@ class LoadGenerator:
         """Start request ``n``; ``t_ready``: when it could have gone (open loop), for the send delay; ``made``:
         its body, prompt and request bytes when made ahead (``_make``, a pure function of n)."""
         request_id = f"{self.worker_index}-{n}"
-        body, prompt, payload = made if made is not None else (*self.workload.request(n), None)
-        record = self._record(request_id, body, prompt)
-        return self._send(request_id, body, record, t_scheduled, t_ready, payload)
+        if made is None:
+            made = _Made(*self.workload.request(n), None, None)
+        record = self._record(request_id, made.body, made.prompt)
+        return self._send(request_id, made.body, record, t_scheduled, t_ready, made.payload, made.plan_rng)
 
     def _make(self, n: int) -> _Made:
-        """Request ``n`` made ahead of its time: its body and prompt, and its request bytes, encoded now."""
+        """Request ``n`` made ahead of its time: its body and prompt, its request bytes encoded and its client
+        plan's generator seeded now (each a few µs that a burst's last request would otherwise wait for)."""
         body, prompt = self.workload.request(n)
         http = self._client()
+        request_id = f"{self.worker_index}-{n}"
         try:
-            request_id = f"{self.worker_index}-{n}"
             payload: bytes | None = http.encode(http.target(self.url), body, {"X-Request-Id": request_id})
         except ValueError:
             payload = None  # a header or URL it cannot send: the request's own run records why
-        return _Made(body, prompt, payload)
+        return _Made(body, prompt, payload, self._plan_rng(request_id))
+
+    def _plan_rng(self, request_id: str) -> random.Random:
+        # seeded by the request id: the same request gets the same client behaviour in every replay, whatever
+        # the timing
+        return random.Random(f"{self.target.seed}:client:{request_id}")
 
     def _send(self, request_id: str, body: dict[str, Any], record: StreamRecord, t_scheduled: int | None,
-              t_ready: int | None, payload: bytes | None = None) -> asyncio.Task[StreamRecord]:
+              t_ready: int | None, payload: bytes | None = None,
+              plan_rng: random.Random | None = None) -> asyncio.Task[StreamRecord]:
         """Send ``body`` as ``record``'s stream: the client plan drawn, the task tracked to its sink. With its
         request bytes made ahead (``payload``), it is written now when an idle connection waits
         (``StreamCall.send_now``), before the task that reads its response first runs."""
         record.t_scheduled = t_scheduled
-        # the plan is drawn from a generator seeded by the request id: the same request gets the
-        # same client behaviour in every replay, whatever the timing
-        plan = self.policy.plan(random.Random(f"{self.target.seed}:client:{request_id}"))
+        plan = self.policy.plan(plan_rng or self._plan_rng(request_id))
         self.sent += 1
         call = StreamCall(self._client(), self.url, body, record, plan=plan, request_timeout=self.spec.request_timeout,
                           headers={"X-Request-Id": request_id}, payload=payload)
@@ -246,7 +252,9 @@ class LoadGenerator:
             if bg_fault is not None and bg_fault in self._bg_stopping:
                 _mark_stopped(record, bg_fault, record.t_end or now)
             elif record.error is None and record.hangup is None:
-                record.error = ErrorInfo("cancelled", "cancelled before the request was sent")
+                # a request written at once (``StreamCall.send_now``) is sent before its task's first step
+                record.error = ErrorInfo("cancelled", "cancelled before the request was sent" if record.t_sent is None
+                                         else "the stream was still open when the load generator stopped waiting")
         elif task.exception() is not None:
             exc = task.exception()
             record.error = ErrorInfo("protocol", f"load generator failure: {type(exc).__name__}: {exc}"[:500])
@@ -304,8 +312,7 @@ class LoadGenerator:
         # the target down (a crash fault, a dropped link, a gateway with nothing behind it): back off as a
         # real client does rather than re-send at once (chaos.load.backoff); jitter drawn per slot, seeded,
         # so a run replays
-        backoff = ConnectBackoff(getattr(self.spec, "connect_backoff", DEFAULT_CONNECT_BACKOFF),
-                                 random.Random(f"{self.target.seed}:{self.worker_index}:backoff:{slot}"))
+        driver = self._slot_driver(slot)
         while time.monotonic_ns() < self.deadline_ns:
             n = self._claim()
             if n is None:
@@ -313,13 +320,9 @@ class LoadGenerator:
             task = self._spawn(n, None)
             await asyncio.wait([task])  # not `await task`: cancelling the slot must not cancel it
             record = task.result() if not task.cancelled() and task.exception() is None else None
-            if not backoff.outage(record):
-                backoff.reset()  # the server's own answer (a 500 included: a server fault's share of them)
-                continue
-            wait = backoff.wait_s()
-            self.connect_backoffs += 1
-            self.connect_backoff_s += wait
-            await asyncio.sleep(wait)
+            wait = driver.outage_wait(record)  # None: the server's own answer (a 500 included)
+            if wait is not None:
+                await asyncio.sleep(wait)
 
     def _schedule(self) -> Iterator[int]:
         """The open loop's arrival times, ns after its start: the trace's timestamps (a Mooncake trace),
@@ -696,6 +699,7 @@ class _Made(NamedTuple):
     body: dict[str, Any]
     prompt: Prompt
     payload: bytes | None  # its request bytes; None: to be encoded as it goes (an error to record there)
+    plan_rng: random.Random | None  # its client plan's seeded generator (None: seeded as it goes)
 
 
 class _Arrival(NamedTuple):

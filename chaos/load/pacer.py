@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import ctypes.util
 import os
 import time
 from collections.abc import Callable
@@ -36,10 +35,11 @@ class _Itimerspec(ctypes.Structure):
     _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
 
 
-def _libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
+def _load_libc() -> ctypes.CDLL | None:
+    # the C library the interpreter already links (dlopen(NULL)): ``ctypes.util.find_library`` would run
+    # ``ldconfig -p`` in a subprocess, 6.5 ms inside the load's running event loop at each open loop's start
     try:
-        libc = ctypes.CDLL(name, use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)
         libc.timerfd_create.argtypes = (ctypes.c_int, ctypes.c_int)
         libc.timerfd_settime.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.POINTER(_Itimerspec),
                                          ctypes.POINTER(_Itimerspec))
@@ -48,13 +48,16 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
+_LIBC = _load_libc()
+
+
 class Pacer:
     """``await pacer.until(t_ns)``: return at ``t_ns`` (``time.monotonic_ns``), or at once when it has passed.
     One per event loop user; ``close()`` releases the timerfd."""
 
     def __init__(self) -> None:
         self._fd = -1
-        self._libc = _libc()
+        self._libc = _LIBC
         if self._libc is not None:
             fd = self._libc.timerfd_create(_CLOCK_MONOTONIC, _TFD_NONBLOCK | _TFD_CLOEXEC)
             self._fd = fd if fd >= 0 else -1

@@ -318,8 +318,12 @@ class Workload:
 
     def request(self, n: int) -> tuple[dict[str, Any], Prompt]:
         """The body of this worker's n-th request and its prompt."""
+        if self.settings.timed:  # the n-th request of this worker's share of the trace: its own output length
+            text, tokens, max_tokens = self.replay().prompt(n)
+            replayed = Prompt(text=text, tokens=tokens)
+            return self._body(replayed, max_tokens), replayed
         lo, hi = self.spec.max_tokens
-        max_tokens = self.rng(n, "max_tokens").randint(lo, hi)
+        max_tokens = self.rng(n, "max_tokens").randint(lo, hi)  # seeded per request: drawn where it is used
         if self.kind == "shared_prefix":
             prefix, suffix, group, tokens = self.shared_prefix().prompt(n)
             if self.spec.endpoint == "chat":
@@ -327,12 +331,12 @@ class Workload:
                                 tokens=tokens, group=group)
             else:
                 prompt = Prompt(text=prefix + suffix, tokens=tokens, group=group)
-        elif self.settings.timed:  # the n-th request of this worker's share of the trace
-            text, tokens, max_tokens = self.replay().prompt(n)
-            prompt = Prompt(text=text, tokens=tokens)
         else:
             prompt = self.prompt(n)
-        body = build_body(
+        return self._body(prompt, max_tokens), prompt
+
+    def _body(self, prompt: Prompt, max_tokens: int) -> dict[str, Any]:
+        return build_body(
             self.spec.endpoint,
             self.model,
             prompt,
@@ -342,7 +346,6 @@ class Workload:
             include_usage=self.spec.include_usage,
             extras=self.extras,
         )
-        return body, prompt
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ class History:
 
     def with_user(self, text: str) -> list[dict[str, Any]]:
         """The messages a turn sends: the history and the new user message."""
-        return [dict(m) for m in self.messages] + [{"role": "user", "content": text}]
+        return [*self.messages, {"role": "user", "content": text}]  # shared, never mutated: no copy per turn
 
     def count(self, user_tokens: int | None) -> int | None:
         """The client's count of a turn's prompt: its messages' tokens (None when any is not counted)."""
