@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chaos.model.context import HaltSpec
-from chaos.model.observations import NS, Observations, StreamRecord
+from chaos.model.observations import NS, Observations
 from chaos.model.params import Param, Schema
 from sla.base import BudgetRule, SlaSpec, Verdict, verifier
 from sla.common import CONFIDENCE, QuantileParam, rel_s, s, summary_s
@@ -43,10 +43,6 @@ SCHEMA = Schema(
         CONFIDENCE,
     )
 )
-
-
-def _stamps(stream: StreamRecord, within: str) -> list[int]:
-    return {"all": stream.t_tokens, "reasoning": stream.t_reasoning, "content": stream.t_content}[within]
 
 
 def gaps_in_send_order(obs: Observations, phase: str | None, within: str = "all") -> list[int]:
@@ -92,9 +88,9 @@ class Itl(SlaSpec):
             gaps_ns.extend(stream_gaps)
             i = max(range(len(stream_gaps)), key=stream_gaps.__getitem__)
             if longest is None or stream_gaps[i] > longest[0]:
-                longest = (stream_gaps[i], stream.id, _stamps(stream, self.within)[i + 1])
+                longest = (stream_gaps[i], stream.id, stream.stamps_within(self.within)[i + 1])
 
-        values = self.samples(obs, phase)  # the gaps above, in seconds
+        values = [g / NS for g in gaps_ns]  # the gaps above, in seconds (``samples``)
         status, figure, _, _, evidence = judge_quantile(values, q, budget, confidence)
         evidence["definition"] = definition_line("itl")
         evidence["within"] = self.within

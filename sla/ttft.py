@@ -128,15 +128,19 @@ class Ttft(SlaSpec):
     to: str = "token"
 
     def judge(self, obs: Observations, phase: str | None) -> Verdict:
-        values = self.samples(obs, phase)
+        population = obs.population(phase)
+        values = self._samples(population)
         status, figure, _, _, evidence = judge_quantile(values, self.quantile, self.budget, self.confidence)
-        evidence.update(_evidence(obs.population(phase), values, self.budget, self.quantile, self.to))
+        evidence.update(_evidence(population, values, self.budget, self.quantile, self.to))
         return Verdict("ttft", phase, status, figure, self.budget, "s", len(values), evidence)
 
     def samples(self, obs: Observations, phase: str | None) -> list[float]:
         """TTFT (or TTFO) in seconds, in send order: every stream that has one, and every wait censored past
         the budget (counted at the wait, a lower bound)."""
-        return [v / NS for v in judged_in_send_order(obs.population(phase), self.budget, self.to)]
+        return self._samples(obs.population(phase))
+
+    def _samples(self, population: list[StreamRecord]) -> list[float]:
+        return [v / NS for v in judged_in_send_order(population, self.budget, self.to)]
 
     def budget_rule(self) -> BudgetRule:
         return BudgetRule("quantile", "budget", "s")

@@ -259,16 +259,20 @@ class StreamRecord:
         without reasoning or tool calls, as vLLM bench's ITL and AIPerf's inter-chunk latency time them."""
         return _gaps(self.t_tokens)
 
-    def gaps_within(self, kind: str) -> list[int]:
-        """Gaps between consecutive events of one kind: ``all`` (every token event, ``gaps_ns``), ``content``
-        (visible text only) or ``reasoning`` (reasoning text only)."""
+    def stamps_within(self, kind: str) -> list[int]:
+        """The event stamps of one kind: ``all`` (every token event, ``t_tokens``), ``content`` (visible text
+        only) or ``reasoning`` (reasoning text only)."""
         if kind == "all":
-            return self.gaps_ns
+            return self.t_tokens
         if kind == "content":
-            return _gaps(self.t_content)
+            return self.t_content
         if kind == "reasoning":
-            return _gaps(self.t_reasoning)
+            return self.t_reasoning
         raise ValueError(f"gaps within all, content or reasoning, not {kind!r}")
+
+    def gaps_within(self, kind: str) -> list[int]:
+        """Gaps between consecutive events of one kind (``stamps_within``)."""
+        return _gaps(self.stamps_within(kind))
 
 
 def _first(stamps: list[int]) -> int | None:
