@@ -62,28 +62,18 @@ def parse_workload(ctx: _Context, raw: object, path: KeyPath, target: TargetSpec
 
 
 def tokenizer_of(target: TargetSpec) -> tuple[str, str] | None:
-    """Whose tokenizer the load can count with, as (target kind, model), where this host has it: the rules
-    of ``chaos.load.workloads.tokens.target_tokenizer``, which the load process applies to a TargetSpec of
-    that kind and model, checked here without loading anything (the builtin stack's own tokenizer, a
-    vllm model directory's tokenizer.json); None elsewhere (an openai URL's model is only a name)."""
-    import importlib.util
+    """Whose tokenizer the load can count with, as (target kind, model: ``tiny`` or the model directory,
+    resolved), where this host has it (``chaos.load.workloads.tokens.tokenizer_file``, which the load process
+    then loads for that kind and model); None elsewhere (an openai URL's model is only a name)."""
     import os
     from pathlib import Path
 
-    if importlib.util.find_spec("tokenizers") is None:
-        return None
-    builtin_stack = target.kind == "builtin" or (target.kind == "docker" and target.image is None)
-    if not builtin_stack and target.kind != "vllm":
+    from chaos.load.workloads.tokens import tokenizer_file
+
+    if tokenizer_file(target) is None:
         return None
     model = str(target.model)
-    if model == "tiny":
-        return (target.kind, model)
-    directory = Path(os.path.expanduser(model))
-    if target.kind == "docker" or not directory.is_dir():
-        return None
-    if builtin_stack or (directory / "tokenizer.json").is_file():
-        return (target.kind, str(directory.resolve()))
-    return None
+    return (target.kind, model if model == "tiny" else str(Path(os.path.expanduser(model)).resolve()))
 
 
 def _context_tokens(target: TargetSpec) -> int | None:

@@ -42,7 +42,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from chaos.model.experiment import TargetSpec
 
-__all__ = ["HFTokenCounter", "PromptMaker", "TokenCounter", "builtin_tokenizer_path", "target_tokenizer"]
+__all__ = ["HFTokenCounter", "PromptMaker", "TokenCounter", "builtin_tokenizer_path", "target_tokenizer",
+           "tokenizer_file"]
 
 CHARS_PER_TOKEN = 4  # the approximation without a tokenizer: English text in a BPE vocabulary
 MIN_WORDS = 64  # fewer round-tripping word tokens than this: blocks would repeat too much to trust
@@ -280,8 +281,9 @@ def builtin_tokenizer_path() -> Path:
     return Path(chaos.__file__).resolve().parent / "stack" / "engine" / "data" / "tokenizer.json"
 
 
-def target_tokenizer(target: TargetSpec) -> TokenCounter | None:
-    """The tokenizer the target counts prompt tokens with, where this host has it; None otherwise.
+def tokenizer_file(target: TargetSpec) -> Path | None:
+    """The tokenizer.json the target counts prompt tokens with, where this host has it; None otherwise. Found
+    without loading it (the experiment's loader asks too: ``chaos.experiment.workload_section.tokenizer_of``).
 
     builtin (and a docker target running the builtin stack, no image): model ``tiny`` → the builtin
     tokenizer; a checkpoint directory → its tokenizer.json, or the builtin one where it has none (as
@@ -289,9 +291,9 @@ def target_tokenizer(target: TargetSpec) -> TokenCounter | None:
     model directory with a tokenizer.json → that. A model vLLM downloads by name, a remote URL, or a
     host without the ``tokenizers`` package (the light install) → None: prompts are approximate.
     """
-    try:
-        import tokenizers  # noqa: F401  (the light install has no tokenizers: approximate prompts then)
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("tokenizers") is None:  # the light install: approximate prompts then
         return None
     kind = target.kind
     builtin_stack = kind == "builtin" or (kind == "docker" and target.image is None)
@@ -299,12 +301,19 @@ def target_tokenizer(target: TargetSpec) -> TokenCounter | None:
         return None
     model = str(target.model)
     if model == "tiny":
-        return HFTokenCounter.from_file(builtin_tokenizer_path())
+        return builtin_tokenizer_path()
     if kind == "docker":  # a model path inside the container: not this host's to read
         return None
     directory = Path(os.path.expanduser(model))
     if not directory.is_dir():
         return None
     if (directory / "tokenizer.json").is_file():
-        return HFTokenCounter.from_file(directory / "tokenizer.json")
-    return HFTokenCounter.from_file(builtin_tokenizer_path()) if builtin_stack else None
+        return directory / "tokenizer.json"
+    return builtin_tokenizer_path() if builtin_stack else None
+
+
+def target_tokenizer(target: TargetSpec) -> TokenCounter | None:
+    """The tokenizer the target counts prompt tokens with (``tokenizer_file``), loaded; None where this host
+    has none."""
+    path = tokenizer_file(target)
+    return HFTokenCounter.from_file(path) if path is not None else None
