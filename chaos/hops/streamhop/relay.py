@@ -270,7 +270,7 @@ class Exchange:
             return EncodedBody(self)
         if encoding != b"identity":
             return RawBody(self)
-        self.silences(0)
+        self.pause_for(self.rules.silence_after(0))
         return SseBody(self)
 
     def _rewritten(self, headers: list[tuple[bytes, bytes]], acting: Acting,
@@ -417,14 +417,9 @@ class Exchange:
         self.down.pause(hold.params["seconds"], hold.params["keepalive_s"], hold, until=until)
         self.release_parked()
 
-    def silences(self, relayed: int) -> None:
-        for silence in self.rules.silence_after(relayed):
-            silence.act("silences")
-            self.down.pause(silence.params["seconds"], silence.params["keepalive_s"], silence)
-
-    def reasoning_silences(self, reasoning_relayed: int) -> None:
-        """Before the next reasoning event: the silences of ``during: reasoning`` due now."""
-        for silence in self.rules.silence_before_reasoning(reasoning_relayed):
+    def pause_for(self, silences: list[Acting]) -> None:
+        """The silences due now (``rules.silence_after`` or ``rules.silence_before_reasoning``), in order."""
+        for silence in silences:
             silence.act("silences")
             self.down.pause(silence.params["seconds"], silence.params["keepalive_s"], silence)
 
@@ -686,7 +681,8 @@ class SseBody(_Body):
             return True
         ex.hold_first(now_ns)
         if self.watch_reasoning and kind in ("data", "finish") and carries_reasoning(payload):
-            ex.reasoning_silences(self.reasoning)  # held before it: the gap lies between two reasoning events
+            # held before it: the gap lies between two reasoning events
+            ex.pause_for(ex.rules.silence_before_reasoning(self.reasoning))
             self.reasoning += 1
         copies = ex.rules.decide(kind, raw, self.data_index) if ex.rules.events else [[raw]]
         if kind in _DATA_KINDS:
@@ -698,7 +694,7 @@ class SseBody(_Body):
             ex.down.write(writes[-1], kind, dg)
         if countable:
             self.count += 1
-            ex.silences(self.count)
+            ex.pause_for(ex.rules.silence_after(self.count))
         return False
 
     def close(self, now_ns: int) -> bool:

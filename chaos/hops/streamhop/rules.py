@@ -272,7 +272,8 @@ class RequestRules:
         key = request_key(request_id, seq)
         evidence = request_id if request_id else f"seq:{seq}"
         self.single: dict[str, Acting] = {}
-        self.silences: list[Acting] = []
+        self.silences: list[Acting] = []  # during: any (after N events of any kind)
+        self.reasoning_silences: list[Acting] = []  # during: reasoning (after N reasoning events)
         self.events: list[Acting] = []  # drop, duplicate, split
         self.all: list[Acting] = []
         for rule in rules:
@@ -286,9 +287,12 @@ class RequestRules:
             if rule.kind in _SINGLE:
                 self.single[rule.kind] = acting
             elif rule.kind == "silence":
-                self.silences.append(acting)
+                # parse_rule fills ``during`` (default any)
+                (self.reasoning_silences if rule.params["during"] == "reasoning" else self.silences).append(acting)
             else:
                 self.events.append(acting)
+        # whether a silence waits for reasoning events (the relay then looks for them in each event)
+        self.watches_reasoning = bool(self.reasoning_silences)
 
     def get(self, kind: str) -> Acting | None:
         return self.single.get(kind)
@@ -301,19 +305,12 @@ class RequestRules:
 
     def silence_after(self, events_relayed: int) -> list[Acting]:
         """The silences due once ``events_relayed`` events have been relayed."""
-        return [s for s in self.silences if s.params["after_events"] == events_relayed
-                and s.params.get("during", "any") == "any"]
-
-    @property
-    def watches_reasoning(self) -> bool:
-        """Whether a silence waits for reasoning events (the relay then looks for them in each event)."""
-        return any(s.params.get("during") == "reasoning" for s in self.silences)
+        return [s for s in self.silences if s.params["after_events"] == events_relayed]
 
     def silence_before_reasoning(self, reasoning_relayed: int) -> list[Acting]:
         """The reasoning silences due before the next reasoning event, ``reasoning_relayed`` relayed so far:
         the silence falls between two reasoning events."""
-        return [s for s in self.silences if s.params.get("during") == "reasoning"
-                and s.params["after_events"] == reasoning_relayed]
+        return [s for s in self.reasoning_silences if s.params["after_events"] == reasoning_relayed]
 
     def decide(self, kind: str, raw: bytes, index: int) -> list[list[bytes]]:
         """How one event is written: a list of copies (none: dropped), each a list of writes (two or more:
