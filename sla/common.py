@@ -26,9 +26,17 @@ __all__ = [
     "stream_end",
     "summary_s",
     "summary_seconds",
+    "usage_count",
 ]
 
 MAX_IDS = 10  # how many offending stream ids evidence lists
+
+
+def usage_count(stream: StreamRecord, key: str) -> int | None:
+    """One of the server's own counts in the stream's ``usage`` (``completion_tokens``, ``prompt_tokens``), where
+    it sent it as an integer."""
+    value = (stream.usage or {}).get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 _PCT = re.compile(r"p(\d+(?:\.\d+)?)", re.IGNORECASE)
 

@@ -28,7 +28,7 @@ from chaos.model.context import HaltSpec
 from chaos.model.observations import Observations, StreamRecord
 from chaos.model.params import Param, Schema
 from sla.base import BudgetRule, SlaSpec, Status, Verdict, verifier
-from sla.common import MAX_IDS
+from sla.common import MAX_IDS, usage_count
 
 __all__ = ["ContextKept", "server_prompt_tokens"]
 
@@ -41,8 +41,7 @@ SCHEMA = Schema((
 
 def server_prompt_tokens(stream: StreamRecord) -> int | None:
     """The server's own count of the stream's prompt (``usage.prompt_tokens``), where it sent one."""
-    value = (stream.usage or {}).get("prompt_tokens")
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return usage_count(stream, "prompt_tokens")
 
 
 def _previous_counts(population: list[StreamRecord]) -> dict[tuple[str, int], int]:

@@ -52,6 +52,7 @@ __all__ = [
     "definitions_text",
     "e2e_ns",
     "output_tokens",
+    "tokens_per_event",
     "tpot_ns",
     "ttfo_ns",
     "ttft_ns",
@@ -164,6 +165,17 @@ def ttst_ns(stream: StreamRecord) -> int | None:
     """First to second token event (AIPerf's TTST); None with fewer than two."""
     stamps = stream.t_tokens
     return stamps[1] - stamps[0] if len(stamps) >= 2 else None
+
+
+def tokens_per_event(stream: StreamRecord) -> float | None:
+    """``usage.completion_tokens`` spread over the stream's token events (content, reasoning, tool-call
+    fragments), where the server reported at least as many as there were events (a chunk may carry several
+    tokens); None otherwise (each event is then one token)."""
+    reported = (stream.usage or {}).get("completion_tokens")
+    events = stream.token_events
+    if events and isinstance(reported, (int, float)) and not isinstance(reported, bool) and reported >= events:
+        return float(reported) / events
+    return None
 
 
 def output_tokens(stream: StreamRecord) -> int:

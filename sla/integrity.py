@@ -31,7 +31,7 @@ from chaos.model.context import HaltSpec
 from chaos.model.observations import STRICT_END, EndRule, Observations, StreamRecord, foreign_content_type
 from chaos.model.params import Param, Schema
 from sla.base import BudgetRule, SlaSpec, Status, Verdict, verifier
-from sla.common import MAX_IDS
+from sla.common import MAX_IDS, usage_count
 
 __all__ = ["diff_snippet", "framing_problem", "usage_tokens", "Integrity"]
 
@@ -72,8 +72,7 @@ def framing_problem(stream: StreamRecord) -> bool:
 
 def usage_tokens(stream: StreamRecord) -> int | None:
     """The server's own count of the tokens it generated for the stream (``usage.completion_tokens``)."""
-    value = (stream.usage or {}).get("completion_tokens")
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return usage_count(stream, "completion_tokens")
 
 
 def _over_usage(stream: StreamRecord) -> bool:

@@ -18,6 +18,7 @@ from chaos.model.observations import NS, Observations, StreamRecord
 from chaos.model.params import Param, Schema
 from sla.base import BudgetRule, SlaSpec, Status, Verdict, verifier
 from sla.common import rel_s
+from sla.definitions import tokens_per_event
 
 __all__ = ["Throughput", "window"]
 
@@ -48,10 +49,8 @@ def _tokens_in(stream: StreamRecord, t0: int, t1: int) -> tuple[float, bool]:
     inside = sum(1 for t in stamps if t0 <= t <= t1)
     if not inside:
         return 0.0, False
-    reported = (stream.usage or {}).get("completion_tokens")
-    if isinstance(reported, (int, float)) and not isinstance(reported, bool) and reported >= len(stamps):
-        return reported * inside / len(stamps), True
-    return float(inside), False
+    per_event = tokens_per_event(stream)
+    return (inside * per_event, True) if per_event is not None else (float(inside), False)
 
 
 @verifier

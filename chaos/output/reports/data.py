@@ -13,6 +13,7 @@ import numpy as np
 
 from chaos.model.observations import NS, Observations, StreamRecord
 from chaos.output.reports.plot import Window
+from sla.definitions import tokens_per_event
 
 __all__ = [
     "GPU_CLOCK_SERIES",
@@ -97,9 +98,5 @@ def stream_tokens(stream: StreamRecord) -> tuple[list[int], float]:
     """(token stamps, tokens per stamp): a chunk may carry several tokens; when the server reported
     ``usage.completion_tokens`` they are spread over the token events (content, reasoning, tool-call
     fragments), as `throughput` counts them."""
-    reported = (stream.usage or {}).get("completion_tokens")
-    stamps = stream.t_tokens
-    n = len(stamps)
-    if n and isinstance(reported, (int, float)) and not isinstance(reported, bool) and reported >= n:
-        return stamps, float(reported) / n
-    return stamps, 1.0
+    per_event = tokens_per_event(stream)
+    return stream.t_tokens, per_event if per_event is not None else 1.0
