@@ -150,13 +150,10 @@ class _EventStream(Response):
         if first:  # vLLM sends the role with the first engine output, i.e. at the first token
             out.append(protocol.chat_chunk(gen.request_id, gen.created, req.model, {"role": "assistant", "content": ""},
                                            None))
-        if self.shaper is not None:
+        if self.shaper is not None:  # always, for chat
             shaped = self.shaper.shape(delta.text, gen.completion_tokens, delta.finish_reason)
             out += [protocol.chat_chunk(gen.request_id, gen.created, req.model, body, reason)
                     for body, reason in shaped]
-        elif delta.text or delta.finish_reason is not None:
-            body = {"content": delta.text} if delta.text else {}
-            out.append(protocol.chat_chunk(gen.request_id, gen.created, req.model, body, delta.finish_reason))
         return out
 
 
@@ -185,10 +182,11 @@ class _Collected(Response):
         try:
             async with contextlib.aclosing(gen.deltas()) as deltas:
                 async for delta in deltas:
-                    texts.append(delta.text)
                     reason = delta.finish_reason or reason
                     if self.shaper is not None:
                         shaped += self.shaper.shape(delta.text, gen.completion_tokens, delta.finish_reason)
+                    else:
+                        texts.append(delta.text)
             gen.stack.hooks.check(gen.request_id, "send")
         except Exception as exc:
             if not isinstance(exc, (GenerationFailed, asyncio.TimeoutError)):
@@ -196,9 +194,9 @@ class _Collected(Response):
             gen.fail()
             body = _failure(exc)
             return JSONResponse(body, status_code=body["error"]["code"])
-        if self.shaper is None:
-            build = protocol.chat_response if req.chat else protocol.completion_response
-            return JSONResponse(build(gen.request_id, gen.created, req.model, "".join(texts), reason, gen.usage()))
+        if self.shaper is None:  # a completion: every chat request has a shaper
+            return JSONResponse(protocol.completion_response(gen.request_id, gen.created, req.model, "".join(texts),
+                                                             reason, gen.usage()))
         reason = next((r for _, r in reversed(shaped) if r is not None), reason)
         use = self.shaper.usage(gen.usage())
         body = protocol.chat_response(gen.request_id, gen.created, req.model, "", reason, use)

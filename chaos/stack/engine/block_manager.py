@@ -56,8 +56,6 @@ class BlockManager:
         self._plain: deque[int] = deque(range(num_blocks))  # free, nothing cached in them
         self._cached_free: OrderedDict[int, None] = OrderedDict()  # free, cached: least recently freed first
         self._ref = [0] * num_blocks
-        self._num_held = 0  # blocks with ref > 0
-        self._refs_total = 0  # sum of ref counts == sum of table lengths
         self._hash_of: dict[int, bytes] = {}  # cached block -> its hash (held or free)
         self._by_hash: dict[bytes, int] = {}  # hash -> the block caching it
         self.tables: dict[str, list[int]] = {}
@@ -92,7 +90,8 @@ class BlockManager:
 
     @property
     def num_used_by_seqs(self) -> int:
-        return self._num_held
+        """Blocks held by sequences (ref count > 0): every block is held, free or reserved."""
+        return self.num_used - len(self._reserved)
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -102,9 +101,6 @@ class BlockManager:
 
     def ref_count(self, block: int) -> int:
         return self._ref[block]
-
-    def is_cached(self, block: int) -> bool:
-        return block in self._hash_of
 
     # -- prefix cache -----------------------------------------------------------------------------
     def match_prefix(self, hashes: Sequence[bytes], num_tokens: int) -> list[int]:
@@ -177,15 +173,11 @@ class BlockManager:
     def _hold(self, block: int) -> None:
         if self._ref[block] == 0:
             self._cached_free.pop(block, None)  # a cache hit on a free block takes it off the free queue
-            self._num_held += 1
         self._ref[block] += 1
-        self._refs_total += 1
 
     def _unhold(self, block: int) -> None:
         self._ref[block] -= 1
-        self._refs_total -= 1
         if self._ref[block] == 0:
-            self._num_held -= 1
             if block in self._hash_of:
                 self._cached_free[block] = None  # keeps its contents: evictable, most recently freed last
             else:
@@ -270,17 +262,19 @@ class BlockManager:
 
     # -- invariants -----------------------------------------------------------------------------
     def check(self, full: bool = False) -> None:
-        """Assert the accounting; ``full`` also walks every block (O(blocks): at idle and in tests)."""
+        """Assert the accounting (two C-speed passes over the ref counts); ``full`` also walks every block in
+        Python (at idle and in tests)."""
         free, reserved = self.num_free, len(self._reserved)
-        assert self._num_held + free + reserved == self.num_total, (self._num_held, free, reserved, self.num_total)
-        in_tables = sum(len(t) for t in self.tables.values())
-        assert in_tables == self._refs_total, (in_tables, self._refs_total)
+        num_held = self.num_total - self._ref.count(0)  # blocks with ref > 0
+        assert num_held + free + reserved == self.num_total, (num_held, free, reserved, self.num_total)
+        in_tables, refs_total = sum(len(t) for t in self.tables.values()), sum(self._ref)
+        assert in_tables == refs_total, (in_tables, refs_total)
         if not full:
             return
         refs = Counter(b for t in self.tables.values() for b in t)
         assert all(self._ref[b] == refs.get(b, 0) for b in range(self.num_total)), "ref counts differ from the tables"
-        assert sum(1 for r in self._ref if r > 0) == self._num_held, "held count"
         held = set(refs)
+        assert len(held) == self.num_used_by_seqs, "held count"
         plain, cached_free, res = set(self._plain), set(self._cached_free), set(self._reserved)
         assert len(plain) == len(self._plain) and len(res) == reserved, "a block is listed twice"
         for a, b, what in ((held, plain, "held and plain free"), (held, cached_free, "held and cached free"),

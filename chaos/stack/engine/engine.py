@@ -500,8 +500,10 @@ class Engine:
             self._postprocess(seq, tok, outs)
 
     def _cache(self, seq: Sequence) -> None:
-        if self.bm.prefix_caching:
-            self.bm.cache_blocks(seq.request_id, seq.hashes(self.bm.block_size), seq.num_computed)
+        bs = self.bm.block_size
+        # only a step that filled a block has one to cache: skip the hashing and the call on most decodes
+        if self.bm.prefix_caching and seq.num_computed // bs > (seq.num_computed - seq.num_scheduled) // bs:
+            self.bm.cache_blocks(seq.request_id, seq.hashes(bs), seq.num_computed)
 
     def _postprocess(self, seq: Sequence, tok: int, outs: list[tuple[OutputCallback, TokenOutput]]) -> None:
         seq.num_computed = seq.num_tokens
