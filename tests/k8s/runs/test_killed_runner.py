@@ -58,7 +58,11 @@ def test_a_killed_runner_leaves_no_deployment_scaled_down(cluster: ClusterUnderT
         if runner.poll() is None:
             runner.kill()
     cluster.wait(lambda: cluster.replicas(namespace, "web") == 3, 30, "the watchdog to restore the replicas")
-    log = (run_dir / "watchdog.log").read_text(encoding="utf-8")
+    # the watchdog logs what it did once its rollback returns, a moment after the cluster shows it
+    log_file = run_dir / "watchdog.log"
+    cluster.wait(lambda: log_file.exists() and "'restored': True" in log_file.read_text(encoding="utf-8"), 30,
+                 "the watchdog to log its rollback")
+    log = log_file.read_text(encoding="utf-8")
     assert "runner process gone" in log and "'restored': True" in log
     (rolled,) = [r for r in journal(run_dir) if r.get("action") == "rollback"]
     assert rolled["kind"] == "k8s.scale" and rolled["evidence"]["restored"] is True
