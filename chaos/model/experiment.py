@@ -152,6 +152,10 @@ class TargetSpec:
     # builtin: a chat answer's first N tokens are reasoning (delta.reasoning_content), N drawn per request
     # in [lo, hi]; (0, 0): none (chaos.stack.reasoning)
     reasoning_tokens: tuple[int, int] = (0, 0)
+    # builtin: serve TLS with the run's certificate (chaos.host.certs) and/or HTTP/2 (Hypercorn: h2 by ALPN
+    # over TLS, h2c with prior knowledge without; HTTP/1.1 on the same port either way)
+    tls: bool = False
+    http: str = "1.1"
     startup_timeout: float = 60.0  # seconds
     api_key: str | None = field(default=None, repr=False)  # secrets: kept out of reprs and logs
     api_key_env: str | None = None  # the environment variable holding the API key (read at run time)
@@ -259,6 +263,15 @@ class WorkloadSpec:
 
 
 @dataclass(frozen=True)
+class HttpSpec:
+    """``load.http``: the protocol the load client speaks (chaos.load.http1 / chaos.load.http2)."""
+
+    version: str = "1.1"  # 1.1 | 2 (h2 over TLS by ALPN, h2c with prior knowledge over http://) | auto (ALPN decides)
+    streams_per_connection: int = 100  # HTTP/2: streams one connection carries at once (the server's limit caps it)
+    window: int = 65_535  # HTTP/2: each stream's receive window in bytes (SETTINGS_INITIAL_WINDOW_SIZE)
+
+
+@dataclass(frozen=True)
 class LoadSpec:
     """The streaming load: closed loop (concurrency) or open loop (rate), and request shape."""
 
@@ -295,6 +308,7 @@ class LoadSpec:
     tools: tuple[FrozenMap, ...] = ()
     tool_choice: str | FrozenMap | None = None
     reasoning: bool | None = None
+    http: HttpSpec = HttpSpec()
 
     def __post_init__(self) -> None:
         # One place for the default, so LoadSpec() and a YAML without load: agree. A Mooncake trace's

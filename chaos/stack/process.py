@@ -22,18 +22,27 @@ from chaos.host.runfiles import open_append
 from chaos.model.errors import SetupFailed
 from chaos.stack.serve import ADMIN_TOKEN_ENV, READY_PREFIX
 
-__all__ = ["StackProcess"]
+__all__ = ["StackProcess", "parse_ready"]
+
+
+def parse_ready(line: str) -> tuple[str, str | None]:
+    """``(url, ca)`` of a ready line: ``READY_PREFIX`` + URL, then `` ca=PATH`` (the rest of the line)
+    where the stack made its own certificate."""
+    url, _, rest = line[len(READY_PREFIX):].strip().partition(" ")
+    return url, rest[len("ca="):] if rest.startswith("ca=") else None
 
 
 class StackProcess:
-    """A running builtin stack: ``url`` (``http://H:P``), ``base_url`` (``/v1``), ``admin_url``, ``pid``,
-    and the ``admin_token`` its admin API wants (``admin_headers`` for a request)."""
+    """A running builtin stack: ``url`` (``http://H:P``, or ``https://`` with ``--tls``), ``base_url``
+    (``/v1``), ``admin_url``, ``pid``, the ``admin_token`` its admin API wants (``admin_headers`` for a
+    request), and ``ca``: the CA of a certificate it made itself (``--tls`` without files), else None."""
 
     def __init__(self, proc: subprocess.Popen[bytes], url: str, stderr: IO[bytes], admin_token: str = "") -> None:
         self.proc = proc
         self.url = url
         self._stderr = stderr
         self.admin_token = admin_token
+        self.ca: str | None = None
 
     @property
     def admin_headers(self) -> dict[str, str]:
@@ -93,7 +102,7 @@ class StackProcess:
             tail = self.stderr_text()[-2000:]
             why = f"exited with {code}" if code is not None else f"printed no ready line within {timeout:g}s"
             raise SetupFailed(f"builtin stack {why}; stdout {line!r}; stderr tail:\n{tail}")
-        self.url = line[len(READY_PREFIX):]
+        self.url, self.ca = parse_ready(line)
         return self.url
 
     @classmethod

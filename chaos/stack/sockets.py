@@ -59,6 +59,10 @@ class Connections:
         self.nagle = False
         self.accepted = 0
 
+    def count(self) -> int:
+        """Connections open now (the HTTP/2 server's connection cap counts them)."""
+        return len(self._transports)
+
     def opened(self, transport: Any) -> None:
         self.accepted += 1
         self._transports.add(transport)

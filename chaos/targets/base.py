@@ -48,6 +48,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from chaos.host.capped import Capped
+    from chaos.host.certs import CertPair
     from chaos.model.experiment import Experiment, TargetSpec
 
 log = logging.getLogger("chaos.targets.base")
@@ -57,6 +58,38 @@ ResourceRecorder = Callable[[dict[str, Any]], None]
 
 
 _BUILTIN_URL = "http://127.0.0.1:<ephemeral port>"  # what a dry run says of the builtin stack's address
+
+
+def builtin_tls(spec: TargetSpec) -> bool:
+    """``target.tls``: a field of the spec where it has one, else the kind's own keys (``options``)."""
+    value = getattr(spec, "tls", None)
+    return bool(spec.option("tls", False) if value is None else value)
+
+
+def builtin_http(spec: TargetSpec) -> str:
+    """``target.http``: "1.1" or "2" (a field of the spec where it has one, else the kind's own keys)."""
+    value = getattr(spec, "http", None)
+    return str(spec.option("http", "1.1") if value is None else value)
+
+
+def _builtin_url(spec: TargetSpec) -> str:
+    """What a dry run says of the builtin stack's address: https:// with ``tls: true``."""
+    return _BUILTIN_URL.replace("http://", "https://") if builtin_tls(spec) else _BUILTIN_URL
+
+
+def _say_protocol(spec: TargetSpec, out: Account) -> None:
+    """The dry run's line on TLS and HTTP/2, where the experiment asks for either."""
+    tls, h2 = builtin_tls(spec), builtin_http(spec) == "2"
+    if tls:
+        out.say("TLS with a certificate the run makes under <run dir>/tls (its CA trusted by the run and the load)", 1)
+    if h2:
+        out.say("HTTP/2 through Hypercorn: " + ("h2 by ALPN" if tls else "h2c with prior knowledge (no TLS)")
+                + ", HTTP/1.1 still served on the same port; no header or body deadline", 1)
+        try:
+            require_hypercorn("target.http: 2")
+        except SetupFailed as exc:
+            out.say(f"NOT POSSIBLE HERE: {exc}", 1)
+            out.worst(4)
 
 # What the builtin stack imports that the light core (`pip install -e .` in a clone) leaves out.
 ENGINE_MODULES = ("torch", "tokenizers", "safetensors", "starlette", "uvicorn")
@@ -74,6 +107,15 @@ def require_engine(what: str) -> None:
                           "run at a running server with --target-url URL")
 
 
+def require_hypercorn(what: str) -> None:
+    """``SetupFailed`` (exit 4) naming what to install when Hypercorn (``stack serve --http 2``) is missing."""
+    import importlib.util
+
+    if importlib.util.find_spec("hypercorn") is None:
+        raise SetupFailed(f"{what} serves through Hypercorn, which is not installed: pip install hypercorn (the engine "
+                          "extra has it: pip install -e '.[engine]')")
+
+
 def configured_admin_token(spec: TargetSpec, environ: Mapping[str, str] = os.environ) -> str | None:
     """The admin token the configuration gives: ``target.admin_token``, ``target.admin_token_file``
     (owner-only mode), or ``STREAMCHAOS_ADMIN_TOKEN``; None when none does."""
@@ -88,9 +130,9 @@ def configured_admin_token(spec: TargetSpec, environ: Mapping[str, str] = os.env
     return environ.get(ADMIN_TOKEN_ENV, "").strip() or None
 
 
-def serve_args(spec: TargetSpec, port: int, seed: int) -> list[str]:
+def serve_args(spec: TargetSpec, port: int, seed: int, tls: CertPair | None = None) -> list[str]:
     """`streamchaos stack serve` arguments for the builtin stack the spec describes (never the admin token:
-    a command line is public on the host)."""
+    a command line is public on the host); ``tls``: the run's certificate, served with --tls."""
     args = [
         "--host", "127.0.0.1", "--port", str(port),
         "--model", str(spec.model), "--device", spec.device,
@@ -103,10 +145,36 @@ def serve_args(spec: TargetSpec, port: int, seed: int) -> list[str]:
         args += ["--reasoning-tokens", f"{reasoning[0]},{reasoning[1]}"]
     if not getattr(spec, "prefix_caching", True):
         args.append("--no-prefix-caching")
+    if tls is not None:
+        args += ["--tls", "--tls-cert", str(tls.cert), "--tls-key", str(tls.key)]
+    if builtin_http(spec) == "2":
+        args += ["--http", "2"]
     return args + list(spec.extra_args)
 
 
 ENGINE_CHOICES = ("auto", *PROFILES)
+
+
+@dataclass(frozen=True)
+class _VersionParam(Param):
+    """A choice of HTTP versions, which YAML reads as numbers where written bare (``http: 2``, ``http: 1.1``):
+    a number is taken as the version it spells."""
+
+    def parse(self, raw: object) -> Any:
+        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            raw = f"{raw:g}"  # 2 -> "2", 2.0 -> "2", 1.1 -> "1.1"
+        return super().parse(raw)
+
+
+# The builtin stack's own keys (`stack serve --tls`, `--http 2`).
+BUILTIN_KEYS = (
+    Param("tls", "bool", False,
+          doc="builtin: serve HTTPS with a certificate the run makes under <run dir>/tls (its CA trusted by the "
+              "run's clients and the load); the target's URL is https://"),
+    _VersionParam("http", "choice", "1.1", choices=("1.1", "2"),
+                  doc="builtin: 2 serves through Hypercorn: HTTP/2 by ALPN with tls, h2c with prior knowledge "
+                      "without (HTTP/1.1 still served); 1.1: uvicorn, HTTP/1.1 only"),
+)
 
 # The keys of `target:` every kind takes (the loader adds `kind`, its choices the registered kinds). A
 # kind's ``section`` is these plus its own keys; a key only other kinds take is refused for it.
@@ -298,7 +366,9 @@ def target_kind(cls: _Kind) -> _Kind:
 
 @target_kind
 class BuiltinStack(Target):
-    """`streamchaos stack serve` as a child process on an ephemeral loopback port."""
+    """`streamchaos stack serve` as a child process on an ephemeral loopback port; with ``tls: true`` it
+    serves HTTPS with the run's certificate (``chaos.host.certs.certs_for_run``, whose CA this process
+    then trusts), with ``http: 2`` HTTP/2 through Hypercorn (h2c without tls)."""
 
     kind = "builtin"
     summary = "this project's own engine and OpenAI-compatible server, started as a child process on a loopback port"
@@ -307,16 +377,20 @@ class BuiltinStack(Target):
     support = (SupportColumn("builtin", "builtin (started by the run)", {
         "client": "yes", "proxy": "yes", "admin": "yes", "engine-hooks": "yes", "pid": "yes", "gpu": "GPU host",
     }, rank=0),)
+    section = Schema((*COMMON_SECTION.params, *BUILTIN_KEYS))
 
     @classmethod
     def create(cls, spec: TargetSpec, start: TargetStart) -> Target:
         require_engine("target kind builtin")
-        return cls(spec, start.run_dir / "stack.log", start.seed)
+        if builtin_http(spec) == "2":
+            require_hypercorn("target.http: 2")
+        return cls(spec, start.run_dir / "stack.log", start.seed, run_dir=start.run_dir)
 
     @classmethod
     async def dry_run(cls, exp: Experiment, url: str | None, probe: bool, out: Account) -> tuple[TargetInfo, bool]:
         spec = exp.target
-        out.say(f"target: the builtin stack, started as a child process on {_BUILTIN_URL} and stopped at the end "
+        where = _builtin_url(spec)
+        out.say(f"target: the builtin stack, started as a child process on {where} and stopped at the end "
                 "(not started now)")
         try:  # without the engine extra the run would stop at once (exit 4)
             require_engine("the experiment's target (kind builtin)")
@@ -330,20 +404,23 @@ class BuiltinStack(Target):
         if hi > 0:
             out.say(f"reasons first: a chat answer's first {lo if lo == hi else f'{lo}-{hi}'} tokens stream as "
                     "delta.reasoning_content", 1)
-        return TargetInfo(kind="builtin", base_url=f"{_BUILTIN_URL}/v1", metrics_url=f"{_BUILTIN_URL}/metrics",
-                          admin_url=f"{_BUILTIN_URL}/admin", device=spec.device, model=spec.model), True
+        _say_protocol(spec, out)
+        return TargetInfo(kind="builtin", base_url=f"{where}/v1", metrics_url=f"{where}/metrics",
+                          admin_url=f"{where}/admin", device=spec.device, model=spec.model), True
 
-    def __init__(self, spec: TargetSpec, log_path: Path, seed: int) -> None:
+    def __init__(self, spec: TargetSpec, log_path: Path, seed: int, *, run_dir: Path | None = None) -> None:
         self.spec = spec
         self.log_path = log_path
         self.seed = seed
+        self.run_dir = run_dir if run_dir is not None else log_path.parent  # where tls: true keeps the run's pair
+        self.tls: CertPair | None = None
         self.process: StackProcess | None = None
         self.info = TargetInfo(kind="builtin", base_url="", model=spec.model)
         self._port = 0
         self._token: str | None = None
 
     def serve_args(self) -> list[str]:
-        return serve_args(self.spec, self._port, self.seed)
+        return serve_args(self.spec, self._port, self.seed, self.tls)
 
     async def start(self) -> TargetInfo:
         # spawned here, in the loop's thread, so it dies with us (chaos.host.children); its own session
@@ -351,6 +428,12 @@ class BuiltinStack(Target):
         if self._token is None:  # one per run, kept across a restart
             self._token = configured_admin_token(self.spec) or secrets.token_urlsafe(32)
             register_secret(self._token)  # never recorded or printed (chaos.host.redact)
+        if builtin_tls(self.spec) and self.tls is None:
+            from chaos.host.certs import certs_for_run
+
+            # the run's one pair (a hop or gateway with tls: true shares it), its CA trusted from now on by
+            # this process's clients: the readiness probe below, the scraper, the admin client, preflight
+            self.tls = await asyncio.to_thread(certs_for_run, self.run_dir)
         self.process = StackProcess.launch(*self.serve_args(), log=self.log_path, new_session=True,
                                            admin_token=self._token)
         url = await asyncio.to_thread(self.process.wait_ready, self.spec.startup_timeout)

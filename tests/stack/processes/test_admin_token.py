@@ -90,7 +90,7 @@ def test_a_stack_started_by_hand_writes_its_token_to_a_0600_file() -> None:
     try:
         line = first_line(proc, 60)
         assert line.startswith(READY_PREFIX), line
-        url = line[len(READY_PREFIX):]
+        url = line[len(READY_PREFIX):].split(" ", 1)[0]  # `` ca=PATH`` follows under --tls
         assert proc.stderr is not None
         notice = proc.stderr.readline().decode()
         path = Path(notice.split("admin token written to ", 1)[1].split(" ", 1)[0])
