@@ -42,6 +42,7 @@ from chaos.host.contention import host_contention
 from chaos.host.hostinfo import environment_facts
 from chaos.host.redact import redact, strip_userinfo
 from chaos.host.runfiles import open_append, release_dir, write_new
+from chaos.host.tls import trusted
 from chaos.load import LoadDriver, LoadTarget, running_load
 from chaos.model.allowlist import credentials_allowed, enforce_cluster
 from chaos.model.allowlist import enforce as enforce_allowed_targets
@@ -504,7 +505,7 @@ class Runner:
         if exp.load.shards > 1:
             self._stage("load", f"waiting for {exp.load.shards} load shards ({exp.load.shard_launch})")
         load_target = LoadTarget(base_url=load_url, model=self._model(ctx.target), seed=exp.seed,
-                                 api_key=self.credentials.api_key)
+                                 api_key=self.credentials.api_key, ca_pems=trusted())
         load = self.load = await resources.enter_async_context(running_load(
             found.preflight.load, load_target, policy=ctx.clients, sink=emit,
             run_dir=self.out_dir, notes=emit, run_id=self._run_id(), lifetime_s=exp.safety.max_duration))

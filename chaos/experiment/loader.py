@@ -25,6 +25,7 @@ from chaos.model.experiment import (
     AllowedTargets,
     Experiment,
     HopSpec,
+    HttpSpec,
     KubernetesSpec,
     LoadSpec,
     PhaseSpec,
@@ -502,6 +503,9 @@ def _hop_name(ctx: _Context, data: dict[str, Any], path: KeyPath) -> str | None:
 def _hop_values(ctx: _Context, data: dict[str, Any], path: KeyPath, kind: str, gateway: Any) -> dict[str, Any]:
     """The hop's own keys, parsed and checked by its kind."""
     if kind == "stream":
+        http = data.get("http")
+        if isinstance(http, (int, float)) and not isinstance(http, bool):
+            data = {**data, "http": f"{http:g}"}  # YAML reads 1.1 and 2 as numbers: the versions they spell
         return _parse(ctx, data, path, sections.PATH_STREAM)
     if kind == "url":
         values = _parse(ctx, data, path, sections.PATH_URL)
@@ -617,8 +621,11 @@ def _hop_spec(draft: _HopDraft, name: str) -> HopSpec:
         spec = ProxySpec(enabled=True, server=values.get("server", "auto"), url=values.get("url"),
                          name=proxy_name, listen=values.get("listen", "127.0.0.1:0"))
         return HopSpec(kind=kind, name=name, proxy=spec)
-    if kind == "stream":
-        return HopSpec(kind=kind, name=name, tap=bool(values.get("tap", True)))
+    if kind == "stream":  # what it speaks to its client (http: 2, tls: true) as options, where not the default
+        speaks: tuple[tuple[str, Any], ...] = (("http", str(values.get("http", "1.1"))),
+                                               ("tls", bool(values.get("tls", False))))
+        options = tuple((k, v) for k, v in speaks if v not in ("1.1", False))
+        return HopSpec(kind=kind, name=name, tap=bool(values.get("tap", True)), options=options)
     if kind == "url":
         return HopSpec(kind=kind, name=name, url=str(values["url"]).rstrip("/"))
     options = tuple(sorted((k, _frozen(v)) for k, v in values.get("options", {}).items()))
@@ -701,8 +708,10 @@ def _load(ctx: _Context, raw: object, target: TargetSpec) -> LoadSpec:
     data = _mapping(ctx, raw, path, "the load section")
     if data is None:
         return LoadSpec()
-    values = _parse(ctx, data, path, sections.LOAD, extra=("connect_backoff", "workload", "tools", "tool_choice"))
+    values = _parse(ctx, data, path, sections.LOAD,
+                    extra=("connect_backoff", "workload", "tools", "tool_choice", "http"))
     backoff = _connect_backoff(ctx, data.get("connect_backoff"), path + ("connect_backoff",))
+    http = _http(ctx, data.get("http"), path + ("http",))
     _positive(ctx, values, path, "rate", "burstiness", "request_timeout", "lag_threshold")
     max_tokens = values.get("max_tokens")
     if target.kind == "builtin" and isinstance(max_tokens, tuple) and max_tokens[1] >= target.max_model_len:
@@ -718,9 +727,28 @@ def _load(ctx: _Context, raw: object, target: TargetSpec) -> LoadSpec:
     workload = parse_workload(ctx, data.get("workload"), path + ("workload",), target, values, data, prompts)
     tools, tool_choice, reasoning = chat_extras(ctx, data, path, str(values.get("endpoint", "completions")))
     return LoadSpec(**_fields(values, LoadSpec, skip=("prompts", "headers", "connect_backoff", "workload", "tools",
-                                                      "tool_choice", "reasoning")),
+                                                      "tool_choice", "reasoning", "http")),
                     prompts=prompts, headers=headers, connect_backoff=backoff, workload=workload, tools=tools,
-                    tool_choice=tool_choice, reasoning=reasoning)
+                    tool_choice=tool_choice, reasoning=reasoning, http=http)
+
+
+def _http(ctx: _Context, raw: object, path: KeyPath) -> HttpSpec:
+    """``load.http``: ``{version, streams_per_connection, window}``; a bare version (``http: 2``) too.
+    YAML reads ``1.1`` and ``2`` as numbers: they are taken as the versions they spell."""
+    if raw is None:
+        return HttpSpec()
+    if not isinstance(raw, dict):
+        raw = {"version": raw}
+    data = _mapping(ctx, raw, path, "a mapping {version: 1.1 | 2 | auto, streams_per_connection, window}")
+    if data is None:
+        return HttpSpec()
+    version = data.get("version")
+    if isinstance(version, (int, float)) and not isinstance(version, bool):
+        data = {**data, "version": f"{version:g}"}  # 2 -> "2", 1.1 -> "1.1", 2.0 -> "2"
+    values = _parse(ctx, data, path, sections.HTTP)
+    if values.get("window") is not None:
+        values["window"] = int(values["window"])  # a size parses to float bytes
+    return HttpSpec(**_fields(values, HttpSpec))
 
 
 def _connect_backoff(ctx: _Context, raw: object, path: KeyPath) -> tuple[float, float, float] | None:

@@ -94,6 +94,11 @@ PATH_STREAM = Schema((
     Param("kind", "str", required=True),
     Param("name", "str", None, doc="the hop's name in the path (faults and verifiers name it); default: stream"),
     Param("tap", "bool", True, doc="record what it received and forwarded, per request (the relay verifier)"),
+    Param("http", "choice", "1.1", choices=("1.1", "2"),
+          doc="2: it speaks HTTP/2 to its client too (h2 by ALPN with tls, h2c with prior knowledge without), "
+              "each stream relayed, faulted and tapped as a request; the stream.h2.* faults need it"),
+    Param("tls", "bool", False, doc="serve TLS with the run's own certificate (its CA trusted by the load): "
+                                    "the hop's URL is https"),
 ))
 
 PATH_URL = Schema((
@@ -167,6 +172,9 @@ LOAD = Schema(
         Param("tools", "mapping", None, doc="a list of OpenAI tool definitions sent in every chat request"),
         Param("tool_choice", "str", None,
               doc="auto | required | none, or {type: function, function: {name}}: sent with tools in chat requests"),
+        Param("http", "mapping", None,
+              doc="the protocol of the load: {version: 1.1 | 2 | auto, streams_per_connection: 100, window: 64KiB} "
+                  "(2: HTTP/2, h2 by ALPN over https, h2c with prior knowledge over http; auto: what ALPN picks)"),
         Param("reasoning", "bool", None,
               doc="false: chat requests ask for no reasoning (chat_template_kwargs.enable_thinking false); "
                   "unset: nothing sent"),
@@ -214,6 +222,18 @@ WORKLOAD = {
         Param("max_output_tokens", "int", 1024, min=1, doc="sharegpt: an answer's length in tokens is capped at this"),
     )),
 }
+
+# `load.http:` (chaos.load.http1, chaos.load.http2)
+HTTP_VERSIONS = ("1.1", "2", "auto")
+HTTP = Schema((
+    Param("version", "choice", "1.1", choices=HTTP_VERSIONS,
+          doc="1.1; 2: HTTP/2 (ALPN h2 over https, h2c with prior knowledge over http); auto: ALPN decides"),
+    Param("streams_per_connection", "int", 100, min=1, max=1000,
+          doc="HTTP/2: streams one connection carries at once; the server's SETTINGS_MAX_CONCURRENT_STREAMS caps it"),
+    Param("window", "size", 65_535, min=1024, max=2**31 - 1,
+          doc="HTTP/2: each stream's receive window (SETTINGS_INITIAL_WINDOW_SIZE); a slow reader stops "
+              "granting it, so the server stalls on that stream alone"),
+))
 
 # `load.connect_backoff:` (chaos.load.backoff); `off` (or false) turns it off
 CONNECT_BACKOFF = Schema((

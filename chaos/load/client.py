@@ -1,7 +1,8 @@
 """One streaming request → a filled ``StreamRecord``, shaped by the request's ``ClientPlan``.
 
 The request goes over ``chaos.load.http1`` (an asyncio Protocol per keep-alive connection, httptools
-for framing): its cost per event is flat in the number of streams, where httpx's pool was O(N) per
+for framing) or ``chaos.load.http2`` (one per HTTP/2 connection, ``h2`` for framing, a stream per
+request): its cost per event is flat in the number of streams, where httpx's pool was O(N) per
 response close. Stamps, all from ``time.monotonic_ns()``:
 
 - ``t_sent``: when the request leaves this process: the start of the TCP connect on a new
@@ -13,8 +14,9 @@ A client that reads as the bytes come (no pacing in its plan) is fed straight fr
 ``data_received`` and its task wakes once per request, not once per read. A slow or impatient
 client (read delay, byte-rate cap, per-read timeout) consumes reads from a queue in its own task,
 and the socket is not read while it holds unread bytes (``pause_reading``), so the kernel buffers
-fill and the server feels the back-pressure. A hang-up closes the TCP connection; a stream that
-ended cleanly gives its connection back for the slot's next request.
+fill and the server feels the back-pressure (over HTTP/2 the stream's flow-control window is not
+reopened instead: the server stalls on that stream alone). A hang-up closes the TCP connection (resets
+the HTTP/2 stream); a stream that ended cleanly gives its connection back for the slot's next request.
 
 Nothing here raises for what a server does wrong: errors, early closes and malformed events all
 end up as fields of the record. Only cancellation (the generator draining) propagates, after the
@@ -30,16 +32,16 @@ import re
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from chaos.load.encoding import BodyDecoder, DecodeError, decoder_for
-from chaos.load.http1 import Connection, ConnectionClosed, H1Client, Target
+from chaos.load.http1 import ConnectionClosed, H1Client, ResponseSink, Target
 from chaos.load.limits import HEADER_VALUE_CHARS, ContentLimits
 from chaos.load.sse import DEFAULT_MAX_EVENT_BYTES, SSEEvent, SSEOverflow, SSEParser
 from chaos.model.context import ClientPlan
 from chaos.model.observations import ErrorInfo, Hangup, StreamRecord, foreign_content_type
 
-__all__ = ["StreamCall", "StreamClient", "make_http_client", "not_event_stream", "stream_request"]
+__all__ = ["HttpConnection", "StreamCall", "StreamClient", "make_http_client", "not_event_stream", "stream_request"]
 
 _BODY_LIMIT = 64 * 1024  # how much of an error body to read
 _RATE_SLICE_S = 0.05  # a rate-capped reader consumes this much time's worth of bytes per step
@@ -50,13 +52,74 @@ _TOOL_CALLS = 64  # tool calls (distinct indexes) a record assembles; a fragment
 _TOOL_WORDS = 256  # of a tool call's id and of its function name
 _SURROGATE = re.compile("[\ud800-\udfff]")  # a JSON "\ud800" decodes to a str no UTF-8 file can hold
 
-StreamClient = H1Client
+
+class HttpConnection(Protocol):
+    """What a request uses of the connection it goes on: an HTTP/1.1 ``chaos.load.http1.Connection`` or an
+    HTTP/2 stream (``chaos.load.http2.H2Stream``); the rest is read for the record (``_describe``)."""
+
+    @property
+    def protocol(self) -> str: ...
+    @property
+    def conn_label(self) -> str: ...
+    @property
+    def stream_id(self) -> int | None: ...
+    @property
+    def reused(self) -> bool: ...
+    @property
+    def t_connected(self) -> int | None: ...
+    @property
+    def t_tls(self) -> int | None: ...
+    @property
+    def t_request(self) -> int | None: ...
+
+    def send(self, payload: Any, sink: ResponseSink, label: str = "") -> None: ...
+    def pause_reading(self) -> None: ...
+    def resume_reading(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class StreamClient(Protocol):
+    """A load client of either protocol (``H1Client``, ``chaos.load.http2.H2Client``). ``encode`` makes an
+    opaque request (bytes for HTTP/1.1, an ``H2Request`` for HTTP/2) that only that client's connections
+    send, and ``release`` takes back only the connections it handed out: hence ``Any`` there."""
+
+    @property
+    def limit(self) -> int: ...
+    @property
+    def connect_timeout(self) -> float: ...
+    @property
+    def connects(self) -> int: ...
+    @property
+    def closed(self) -> bool: ...
+
+    def target(self, url: str) -> Target: ...
+    def encode(self, target: Target, body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> Any: ...
+    async def acquire_slot(self) -> None: ...
+    def take_slot(self) -> bool: ...
+    def release_slot(self) -> None: ...
+    def idle_connection(self, target: Target) -> HttpConnection | None: ...
+    async def connect(self, target: Target) -> HttpConnection: ...
+    def release(self, conn: Any, *, in_band_error: bool = False) -> None: ...
+    async def aclose(self) -> None: ...
+    async def __aenter__(self) -> StreamClient: ...
+    async def __aexit__(self, *exc: object) -> None: ...
 
 
 def make_http_client(connections: int, *, api_key: str | None = None, connect_timeout: float = 10.0,
-                     headers: Mapping[str, str] | None = None) -> H1Client:
-    """A keep-alive HTTP/1.1 client that keeps up to ``connections`` idle connections per origin;
-    ``headers``: sent with every request (default: the OpenAI Python SDK's, ``chaos.load.sdk_headers``)."""
+                     headers: Mapping[str, str] | None = None, version: str = "1.1",
+                     streams_per_connection: int = 100, stream_window: int = 65_535) -> StreamClient:
+    """A keep-alive client with ``connections`` exchange slots: HTTP/1.1 (``version`` "1.1": up to that many
+    idle connections kept per origin) or HTTP/2 ("2": ``streams_per_connection`` streams on a connection,
+    each with a ``stream_window``-byte receive window; ``chaos.load.http2``). ``headers``: sent with every
+    request (default: the OpenAI Python SDK's, ``chaos.load.sdk_headers``). "auto" is decided before
+    (``chaos.load.http2.negotiate``)."""
+    if version == "2":
+        from chaos.load.http2 import H2Client
+
+        return H2Client(connections, api_key=api_key, connect_timeout=connect_timeout, headers=headers,
+                        streams_per_connection=streams_per_connection, stream_window=stream_window)
+    if version != "1.1":
+        raise ValueError(f"HTTP version {version!r}: expected 1.1 or 2 (auto is decided before, by ALPN)")
     return H1Client(connections, api_key=api_key, connect_timeout=connect_timeout, headers=headers)
 
 
@@ -417,7 +480,7 @@ class _Exchange:
     __slots__ = ("state", "record", "plan", "conn", "pull", "ready", "queue", "waiter", "ended", "failure",
                  "error_body")
 
-    def __init__(self, state: _Stream, plan: ClientPlan, conn: Connection, pull: bool) -> None:
+    def __init__(self, state: _Stream, plan: ClientPlan, conn: HttpConnection, pull: bool) -> None:
         self.state = state
         self.record = state.record
         self.plan = plan
@@ -584,7 +647,7 @@ def _paces(plan: ClientPlan) -> bool:
     return plan.read_delay_s > 0 or bool(plan.read_rate_bps) or plan.read_timeout_s is not None
 
 
-async def stream_request(http: H1Client, url: str, body: Mapping[str, Any], record: StreamRecord, *,
+async def stream_request(http: StreamClient, url: str, body: Mapping[str, Any], record: StreamRecord, *,
                          plan: ClientPlan | None = None, request_timeout: float = 600.0,
                          headers: Mapping[str, str] | None = None, queued_grace_s: float = 0.05,
                          max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> StreamRecord:
@@ -612,10 +675,10 @@ class StreamCall:
     __slots__ = ("http", "url", "body", "record", "plan", "request_timeout", "headers", "payload", "state",
                  "attempt", "hang_after", "started")
 
-    def __init__(self, http: H1Client, url: str, body: Mapping[str, Any], record: StreamRecord, *,
+    def __init__(self, http: StreamClient, url: str, body: Mapping[str, Any], record: StreamRecord, *,
                  plan: ClientPlan | None = None, request_timeout: float = 600.0,
                  headers: Mapping[str, str] | None = None, queued_grace_s: float = 0.05,
-                 max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES, payload: bytes | None = None) -> None:
+                 max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES, payload: Any = None) -> None:
         self.http, self.url, self.body, self.record = http, url, body, record
         self.plan = plan = plan or ClientPlan()
         self.request_timeout, self.headers, self.payload = request_timeout, headers, payload
@@ -680,13 +743,14 @@ class _Attempt:
     the connection back to the pool when the response ended clean, else closed (the server sees
     the disconnect), and the slot always returned. ``exchange``: set once the request was sent."""
 
-    def __init__(self, http: H1Client, record: StreamRecord, state: _Stream, plan: ClientPlan, fault: str) -> None:
+    def __init__(self, http: StreamClient, record: StreamRecord, state: _Stream, plan: ClientPlan, fault: str) -> None:
         self.http, self.record, self.state, self.plan, self.fault = http, record, state, plan, fault
-        self.conn: Connection | None = None
+        self.conn: HttpConnection | None = None
+        self.sent: HttpConnection | None = None  # what the request went on (kept after ``conn`` is given back)
         self.exchange: _Exchange | None = None
         self.slot = False
 
-    def send_now(self, target: Target, payload: bytes) -> bool:
+    def send_now(self, target: Target, payload: Any) -> bool:
         """Send on an idle kept-alive connection without waiting (``StreamCall.send_now``); False, having
         taken nothing, where a slot or an idle connection would have to be waited for."""
         http = self.http
@@ -700,6 +764,8 @@ class _Attempt:
         self.record.t_sent = time.monotonic_ns()  # the request bytes are written now
         self.exchange = _Exchange(self.state, self.plan, conn, pull=_paces(self.plan))
         conn.send(payload, self.exchange, self.record.id)
+        self.sent = conn
+        _describe(self.record, conn)
         return True
 
     def abandon(self) -> None:
@@ -712,7 +778,7 @@ class _Attempt:
             self.http.release_slot()
 
     async def run(self, url: str, body: Mapping[str, Any], headers: Mapping[str, str] | None,
-                  payload: bytes | None = None) -> StreamRecord:
+                  payload: Any = None) -> StreamRecord:
         http, record, plan = self.http, self.record, self.plan
         try:
             if self.exchange is None:  # not sent already (``send_now``)
@@ -724,6 +790,8 @@ class _Attempt:
                 self.conn = await _connection(http, target, record)
                 self.exchange = _Exchange(self.state, plan, self.conn, pull=_paces(plan))
                 self.conn.send(payload, self.exchange, record.id)
+                self.sent = self.conn
+                _describe(record, self.conn)
             if await self.exchange.ready == "pull":
                 await _read_paced(self.exchange, self.state, plan, record)
             # kept for the slot's next request only if it ended clean (``may_reuse``): not after an error event
@@ -744,8 +812,11 @@ class _Attempt:
                 self.conn = None
             return record
         finally:
+            if self.sent is not None:  # again: an HTTP/2 stream refused unprocessed was sent again elsewhere
+                _describe(record, self.sent)
             if self.conn is not None:
-                # an unfinished response closes its TCP connection, so the server sees the disconnect
+                # an unfinished response closes its TCP connection (an HTTP/2 stream: RST_STREAM), so the
+                # server sees the disconnect
                 self.conn.close()
                 self.conn = None
             if self.slot:
@@ -753,7 +824,19 @@ class _Attempt:
                 http.release_slot()
 
 
-async def _connection(http: H1Client, target: Target, record: StreamRecord) -> Connection:
+def _describe(record: StreamRecord, conn: HttpConnection) -> None:
+    """The connection under a request, on its record: protocol, which connection (and HTTP/2 stream), whether
+    it was reused, and for a new one when its TCP connect and TLS handshake ended; when the request was written."""
+    record.protocol = conn.protocol
+    record.connection = conn.conn_label or None
+    record.stream_id = conn.stream_id
+    record.reused = conn.reused
+    record.t_request = conn.t_request
+    if not conn.reused:
+        record.t_connected, record.t_tls = conn.t_connected, conn.t_tls
+
+
+async def _connection(http: StreamClient, target: Target, record: StreamRecord) -> HttpConnection:
     """An idle keep-alive connection to ``target``, else a new one; ``t_sent`` stamped as the request leaves."""
     conn = http.idle_connection(target)
     record.t_sent = time.monotonic_ns()  # the request bytes are written now, or leave as the connect begins

@@ -32,12 +32,14 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, NamedTuple
 
+from chaos.host.tls import trust_data
 from chaos.load.backoff import DEFAULT_CONNECT_BACKOFF, ConnectBackoff
 from chaos.load.client import StreamCall, StreamClient, make_http_client, stream_request
 from chaos.load.lag import LagMonitor, delay_summary
 from chaos.load.pacer import Pacer
 from chaos.load.sdk_headers import request_headers
 from chaos.load.workload import (
+    LoadSettings,
     LoadSpecLike,
     LoadTarget,
     Prompt,
@@ -88,6 +90,10 @@ class LoadGenerator:
             raise ExperimentInvalid("load: give concurrency (closed loop) or rate (open loop, requests/s)")
         self.spec = spec
         self.target = target
+        for pem in target.ca_pems:  # what the run serves over TLS itself (chaos.host.certs): one trust policy
+            trust_data(pem)
+        self.settings = LoadSettings.of(spec)
+        self.http_version = self.settings.http_version  # "auto": decided by ALPN in ``run`` (``negotiate``)
         self.policy = policy
         self.sink = sink
         self.worker_index = worker_index
@@ -127,8 +133,22 @@ class LoadGenerator:
 
     def _client(self) -> StreamClient:
         if self._http is None:
-            self._http = make_http_client(self.inflight_cap, api_key=self.target.api_key, headers=self._headers())
+            self._http = self._new_client(self.inflight_cap)
         return self._http
+
+    async def _settle_version(self) -> None:
+        """``load.http.version: auto``: what the server picks by ALPN, asked once, before the first client is
+        made (``run``, or a fault's background load that starts before it)."""
+        if self.http_version == "auto":
+            from chaos.load.http2 import negotiate
+
+            self.http_version = await negotiate(self.url)
+
+    def _new_client(self, connections: int) -> StreamClient:
+        s = self.settings
+        return make_http_client(connections, api_key=self.target.api_key, headers=self._headers(),
+                                version=self.http_version, streams_per_connection=s.streams_per_connection,
+                                stream_window=s.stream_window)
 
     def _headers(self) -> dict[str, str]:
         """What every request of this load sends: the SDK's headers with the experiment's ``load.headers``."""
@@ -176,7 +196,7 @@ class LoadGenerator:
         http = self._client()
         request_id = f"{self.worker_index}-{n}"
         try:
-            payload: bytes | None = http.encode(http.target(self.url), body, {"X-Request-Id": request_id})
+            payload: object | None = http.encode(http.target(self.url), body, {"X-Request-Id": request_id})
         except ValueError:
             payload = None  # a header or URL it cannot send: the request's own run records why
         return _Made(body, prompt, payload, self._plan_rng(request_id))
@@ -187,7 +207,7 @@ class LoadGenerator:
         return random.Random(f"{self.target.seed}:client:{request_id}")
 
     def _send(self, request_id: str, body: dict[str, Any], record: StreamRecord, t_scheduled: int | None,
-              t_ready: int | None, payload: bytes | None = None,
+              t_ready: int | None, payload: object | None = None,
               plan_rng: random.Random | None = None) -> asyncio.Task[StreamRecord]:
         """Send ``body`` as ``record``'s stream: the client plan drawn, the task tracked to its sink. With its
         request bytes made ahead (``payload``), it is written now when an idle connection waits
@@ -266,6 +286,7 @@ class LoadGenerator:
 
     async def run(self, deadline_ns: int) -> None:
         """Send until ``deadline_ns`` (monotonic) or max_requests; in-flight streams keep running."""
+        await self._settle_version()
         self._client()  # build the pool (and its TLS context) before the lag clock starts
         self.lag.start()
         self.deadline_ns = deadline_ns
@@ -555,7 +576,8 @@ class LoadGenerator:
         if fault in self._bg:
             await self.stop(fault)
         if self._bg_http is None:
-            self._bg_http = make_http_client(max(streams, 1) + 16, api_key=self.target.api_key, headers=self._headers())
+            await self._settle_version()
+            self._bg_http = self._new_client(max(streams, 1) + 16)
         tasks: set[asyncio.Task[StreamRecord]] = set()
         current: list[StreamRecord | None] = [None] * streams  # each slot's stream now
         held = [False] * streams  # a slot whose stream had its first token, even one that has ended since
@@ -698,7 +720,7 @@ class _Made(NamedTuple):
 
     body: dict[str, Any]
     prompt: Prompt
-    payload: bytes | None  # its request bytes; None: to be encoded as it goes (an error to record there)
+    payload: object | None  # its request, encoded (bytes; an H2Request over HTTP/2); None: encoded as it goes
     plan_rng: random.Random | None  # its client plan's seeded generator (None: seeded as it goes)
 
 

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -31,7 +32,10 @@ from chaos.load.limits import HEAD_BYTES, HEAD_FIELDS, head_message
 from chaos.load.sdk_headers import openai_python_headers
 from chaos.model.errors import ChaosError
 
-__all__ = ["Connection", "ConnectionClosed", "H1Client", "ResponseSink", "Target", "may_reuse"]
+__all__ = [
+    "Connection", "ConnectionClosed", "ExchangeSlots", "H1Client", "ResponseSink", "Target", "may_reuse",
+    "open_transport",
+]
 
 # An idle kept-alive connection is reused only within this long of its last response. A server closes
 # an idle one on its own timer (uvicorn's 5 s: vLLM, SGLang, the builtin stack), and a request sent
@@ -115,8 +119,12 @@ class Connection(asyncio.Protocol):
     __slots__ = (
         "client", "origin", "transport", "parser", "sink", "t_read", "status", "headers", "keep_alive",
         "complete", "closed", "framed", "idle_since", "reading_paused", "served", "reused", "answered",
-        "label", "previous", "idle_s", "head_read", "head_fields", "head_bytes",
+        "label", "previous", "idle_s", "head_read", "head_fields", "head_bytes", "conn_label", "t_connected",
+        "t_tls", "t_request",
     )
+
+    protocol = "http/1.1"
+    stream_id: int | None = None  # HTTP/2 only (``chaos.load.http2.H2Stream``); here for the record's one shape
 
     def __init__(self, client: H1Client, origin: tuple[str, str, int]) -> None:
         self.client = client
@@ -145,6 +153,10 @@ class Connection(asyncio.Protocol):
         self.head_read = 0
         self.head_fields = 0
         self.head_bytes = 0
+        self.conn_label = ""  # which of the client's connections ("c7": the 7th it opened), for the record
+        self.t_connected: int | None = None  # monotonic ns: the TCP connect done
+        self.t_tls: int | None = None  # monotonic ns: the TLS handshake done (None: plain TCP)
+        self.t_request: int | None = None  # monotonic ns: the request under way was written
 
     # ---- use by the request side -----------------------------------------------------------------
 
@@ -169,6 +181,7 @@ class Connection(asyncio.Protocol):
         self.answered = False
         self.label = label
         self.head_read = self.head_fields = self.head_bytes = 0
+        self.t_request = time.monotonic_ns()
         self.transport.write(payload)
 
     def pause_reading(self) -> None:
@@ -296,6 +309,49 @@ class Connection(asyncio.Protocol):
             sink.on_complete(self.t_read)
 
 
+async def open_transport(factory: Callable[[], asyncio.Protocol], host: str, port: int,
+                         ssl_ctx: ssl.SSLContext | None) -> tuple[asyncio.BaseTransport, int, int | None]:
+    """Connect to ``host:port`` and run ``factory``'s protocol on it; the transport, and the monotonic ns
+    stamps of the TCP connect done and of the TLS handshake done (None without ``ssl_ctx``).
+
+    In two steps (the socket connected by hand, then handed to ``create_connection``) so that a record can
+    tell a slow TCP connect from a slow handshake. Raises what ``create_connection`` raises: ``OSError``
+    (``socket.gaierror`` for a name, ``Connect call failed`` for a refusal), ``ssl.SSLError``; the caller
+    bounds the whole in time."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    errors: list[OSError] = []
+    sock: socket.socket | None = None
+    for family, kind, proto, _name, address in infos:  # every address, in the resolver's order
+        candidate = socket.socket(family, kind, proto)
+        try:
+            candidate.setblocking(False)
+            candidate.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # an event is one small write
+            await loop.sock_connect(candidate, address)
+        except OSError as exc:
+            candidate.close()
+            errors.append(exc)
+            continue
+        except BaseException:  # cancelled, or the caller's timeout: no socket left behind
+            candidate.close()
+            raise
+        sock = candidate
+        break
+    if sock is None:
+        if len(errors) == 1:
+            raise errors[0]
+        raise OSError(f"Multiple exceptions: {', '.join(str(exc) for exc in errors)}" if errors
+                      else f"no address for {host!r}")
+    t_connected = time.monotonic_ns()
+    try:
+        transport, _protocol = await loop.create_connection(
+            factory, sock=sock, ssl=ssl_ctx, server_hostname=host if ssl_ctx is not None else None)
+    except BaseException:
+        sock.close()  # a failed handshake leaves the socket ours (closing it twice is harmless)
+        raise
+    return transport, t_connected, time.monotonic_ns() if ssl_ctx is not None else None
+
+
 def _lost(exc: Exception | None, responded: bool) -> tuple[str, str | None]:
     """A connection lost under a response, in words, and its ``ErrorInfo.cause``: a clean close (FIN)
     in the middle of a framed body is a bare EOF (a truncated 200 looks complete to a careless
@@ -309,69 +365,20 @@ def _lost(exc: Exception | None, responded: bool) -> tuple[str, str | None]:
     return "peer closed connection without sending complete message body", "bare_eof"
 
 
-class H1Client:
-    """Keep-alive HTTP/1.1 connections, O(1) to hand out and take back, per origin.
+class ExchangeSlots:
+    """The part every load client shares, whatever its protocol: ``limit`` exchange slots (a request beyond
+    them waits client-side, before ``t_sent``, as httpx's pool limit made it) and each URL parsed once."""
 
-    ``connections`` bounds the exchanges in flight at once (``slot()``: a request beyond it waits
-    client-side, before ``t_sent``, as httpx's pool limit made it) and the idle connections kept
-    per origin. A closed-loop slot takes a connection and gives it back, so in effect each slot
-    owns one persistent connection.
-    """
-
-    def __init__(
-        self,
-        connections: int,
-        *,
-        api_key: str | None = None,
-        connect_timeout: float = 10.0,
-        keepalive_expiry: float = KEEPALIVE_EXPIRY_S,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        self.max_idle = max(1, connections)
-        self.limit = max(1, connections)
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, limit)
         self._slots: asyncio.Semaphore | None = None
-        self.connect_timeout = connect_timeout
-        self.keepalive_expiry = keepalive_expiry
-        # what a real client sends (default: the OpenAI Python SDK's, Accept-Encoding included)
-        sent = dict(openai_python_headers(600.0) if headers is None else headers)
-        self._base_headers = ""
-        for name, value in sent.items():
-            _check_header(name, value)
-            self._base_headers += f"{name}: {value}\r\n"
-        self._base_headers += "Content-Type: application/json\r\n"
-        if api_key:
-            _check_header("Authorization", f"Bearer {api_key}")
-            self._base_headers += f"Authorization: Bearer {api_key}\r\n"
-        self._idle: dict[tuple[str, str, int], list[Connection]] = {}
-        self._open: set[Connection] = set()
         self._targets: dict[str, Target] = {}
-        self.connects = 0  # connections opened, for tests and benchmarks
-        self.closed = False
-
-    async def __aenter__(self) -> H1Client:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     def target(self, url: str) -> Target:
         target = self._targets.get(url)
         if target is None:
             target = self._targets[url] = parse_target(url)
         return target
-
-    def encode(self, target: Target, body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> bytes:
-        """The request bytes of a JSON POST (compact JSON, UTF-8, as httpx encodes it)."""
-        payload = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-        extra = ""
-        for name, value in (headers or {}).items():
-            _check_header(name, value)
-            extra += f"{name}: {value}\r\n"
-        head = (
-            f"POST {target.path} HTTP/1.1\r\nHost: {target.host_header}\r\n{self._base_headers}{extra}"
-            f"Content-Length: {len(payload)}\r\n\r\n"
-        )
-        return head.encode("latin-1") + payload
 
     async def acquire_slot(self) -> None:
         """Wait for one of the ``connections`` exchange slots (no wait while fewer are in flight)."""
@@ -398,6 +405,63 @@ class H1Client:
         assert self._slots is not None
         self._slots.release()
 
+
+class H1Client(ExchangeSlots):
+    """Keep-alive HTTP/1.1 connections, O(1) to hand out and take back, per origin.
+
+    ``connections`` bounds the exchanges in flight at once (``slot()``: a request beyond it waits
+    client-side, before ``t_sent``, as httpx's pool limit made it) and the idle connections kept
+    per origin. A closed-loop slot takes a connection and gives it back, so in effect each slot
+    owns one persistent connection.
+    """
+
+    def __init__(
+        self,
+        connections: int,
+        *,
+        api_key: str | None = None,
+        connect_timeout: float = 10.0,
+        keepalive_expiry: float = KEEPALIVE_EXPIRY_S,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(connections)
+        self.max_idle = max(1, connections)
+        self.connect_timeout = connect_timeout
+        self.keepalive_expiry = keepalive_expiry
+        # what a real client sends (default: the OpenAI Python SDK's, Accept-Encoding included)
+        sent = dict(openai_python_headers(600.0) if headers is None else headers)
+        self._base_headers = ""
+        for name, value in sent.items():
+            _check_header(name, value)
+            self._base_headers += f"{name}: {value}\r\n"
+        self._base_headers += "Content-Type: application/json\r\n"
+        if api_key:
+            _check_header("Authorization", f"Bearer {api_key}")
+            self._base_headers += f"Authorization: Bearer {api_key}\r\n"
+        self._idle: dict[tuple[str, str, int], list[Connection]] = {}
+        self._open: set[Connection] = set()
+        self.connects = 0  # connections opened, for tests and benchmarks
+        self.closed = False
+
+    async def __aenter__(self) -> H1Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def encode(self, target: Target, body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> bytes:
+        """The request bytes of a JSON POST (compact JSON, UTF-8, as httpx encodes it)."""
+        payload = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        extra = ""
+        for name, value in (headers or {}).items():
+            _check_header(name, value)
+            extra += f"{name}: {value}\r\n"
+        head = (
+            f"POST {target.path} HTTP/1.1\r\nHost: {target.host_header}\r\n{self._base_headers}{extra}"
+            f"Content-Length: {len(payload)}\r\n\r\n"
+        )
+        return head.encode("latin-1") + payload
+
     def idle_connection(self, target: Target) -> Connection | None:
         """A kept-alive connection to ``target``'s origin, or None: O(1) apart from dead ones skipped."""
         stack = self._idle.get(target.origin)
@@ -413,15 +477,15 @@ class H1Client:
         """Open a new connection (raises OSError, or TimeoutError after ``connect_timeout``)."""
         if self.closed:
             raise ConnectionClosed("the HTTP client is closed")
-        loop = asyncio.get_running_loop()
         ssl_ctx: ssl.SSLContext | None = None
         if target.scheme == "https":
             ssl_ctx = tls_context()  # the run's one trust policy (chaos.host.tls), SSL_CERT_FILE included
         conn = Connection(self, target.origin)
-        async with asyncio.timeout(self.connect_timeout):
-            await loop.create_connection(lambda: conn, target.host, target.port, ssl=ssl_ctx,
-                                         server_hostname=target.host if ssl_ctx else None)
+        async with asyncio.timeout(self.connect_timeout):  # the TCP connect and the TLS handshake together
+            _transport, conn.t_connected, conn.t_tls = await open_transport(lambda: conn, target.host, target.port,
+                                                                            ssl_ctx)
         self.connects += 1
+        conn.conn_label = f"c{self.connects}"
         if self.closed:
             conn.close()
             raise ConnectionClosed("the HTTP client was closed while connecting")

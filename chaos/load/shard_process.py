@@ -104,6 +104,7 @@ class _Shard:
 
     def setup(self, config: dict[str, Any], target_url: str | None, api_key: str | None) -> None:
         from chaos.host.fd_limit import ensure_open_files, open_files_needed
+        from chaos.host.tls import trust_data
         from chaos.load.generator import DEFAULT_INFLIGHT_CAP
         from chaos.load.workload import streams_at_most
 
@@ -121,6 +122,8 @@ class _Shard:
                             "open_files": open_files.to_dict()}, durable=True)
         target = LoadTarget(base_url=target_url or str(config["base_url"]), model=str(config["model"]),
                             seed=int(config["seed"]), api_key=api_key)
+        for pem in config.get("ca_pems", ()):  # what the runner trusts beyond the host (its own TLS servers)
+            trust_data(str(pem))
         self.gen = LoadGenerator(settings, target, policy=self.policy, sink=self.sink, worker_index=self.index,
                                  workers=self.count)
 

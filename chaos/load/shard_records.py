@@ -79,6 +79,7 @@ _BY_ANNOTATION: dict[str, Callable[[Any], bool]] = {
     "str": _is_str,
     "int": _is_int,
     "bool": lambda value: type(value) is bool,
+    "bool | None": _optional(lambda value: type(value) is bool),
     "str | None": _optional(_is_str),
     "int | None": _optional(_is_int),
     "list[int]": lambda value: type(value) is list and _ints(value),

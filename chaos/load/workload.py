@@ -94,6 +94,9 @@ class LoadTarget:
     model: str
     seed: int
     api_key: str | None = field(default=None, repr=False)  # a secret: never printed
+    # CA certificates (PEM text) the run trusts beyond the host's (chaos.host.tls.trusted(): the CA of what
+    # the run serves over TLS itself), trusted by the load processes too: one TLS policy in every process
+    ca_pems: tuple[str, ...] = field(default=(), repr=False)
 
 
 @dataclass(frozen=True)
@@ -385,6 +388,11 @@ class LoadSettings:
     tools: tuple[dict[str, Any], ...] = ()  # passed through into chat bodies (chat_extras)
     tool_choice: Any = None  # a string or a {"type": "function", ...} mapping
     reasoning: bool | None = None
+    # ``load.http`` (chaos.model.experiment.HttpSpec): 1.1 | 2 | auto, HTTP/2's streams per connection and
+    # each stream's receive window in bytes
+    http_version: str = "1.1"
+    streams_per_connection: int = 100
+    stream_window: int = 65_535
 
     @classmethod
     def of(cls, spec: LoadSpecLike, **overrides: Any) -> LoadSettings:
@@ -409,6 +417,14 @@ class LoadSettings:
         values["tools"] = tuple(_plain(t) for t in getattr(spec, "tools", ()))
         values["tool_choice"] = _plain(getattr(spec, "tool_choice", None))
         values["reasoning"] = getattr(spec, "reasoning", None)
+        http = getattr(spec, "http", None)
+        if http is not None:  # a LoadSpec's HttpSpec; a LoadSettings carries the three as fields of its own
+            values.update(http_version=str(http.version), streams_per_connection=int(http.streams_per_connection),
+                          stream_window=int(http.window))
+        else:
+            values.update(http_version=str(getattr(spec, "http_version", "1.1")),
+                          streams_per_connection=int(getattr(spec, "streams_per_connection", 100)),
+                          stream_window=int(getattr(spec, "stream_window", 65_535)))
         values.update(overrides)
         return cls(**values)
 
