@@ -11,7 +11,7 @@ fails when a module that registers no kind is added here).
 
 from __future__ import annotations
 
-from faults import client, docker, gpu, k8s, kv, network, process, server, stream  # noqa: F401  (each registers its kinds)
+from faults import client, docker, gpu, h2, k8s, kv, network, process, server, stream  # noqa: F401  (each registers its kinds)
 from faults.base import REGISTRY, Fault, Injection, register
 
 __all__ = ["REGISTRY", "Fault", "Injection", "register"]

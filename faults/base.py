@@ -49,6 +49,9 @@ class Fault(ABC):
     # its own phase (PHASE_SCOPE); the runner writes it on the plan event, and a stream is judged in the
     # phase of the fault that touched it (``Observations.population``)
     scope: ClassVar[str] = IN_FLIGHT
+    # the protocols of the load's streams it acts on (docs/support.md's protocol column): most act on both;
+    # HTTP/2's own frames (``h2.*``) need a stream hop that speaks HTTP/2 to the load
+    protocols: ClassVar[tuple[str, ...]] = ("http/1.1", "h2")
 
     name: str
 

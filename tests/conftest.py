@@ -70,6 +70,7 @@ ONE_WORKER: tuple[tuple[str, str], ...] = (
     ("tests/hops/runs/test_gateway_processes.py", "gateway-processes"),
     ("tests/hops/runs/test_stream_fault_kinds.py", "stream-fault-kinds"),
     ("tests/hops/runs/test_streamhop.py", "streamhop"),
+    ("tests/hops/runs/test_streamhop_h2.py", "streamhop-h2"),
     ("tests/e2e/test_path_runs.py", "path-runs"),
     ("tests/e2e/test_kill_matrix.py", "kill-matrix"),
     ("tests/stack/processes/test_malformed_http.py", "malformed-http"),

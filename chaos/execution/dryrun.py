@@ -201,8 +201,13 @@ async def _hop(exp: Experiment, spec: HopSpec, upstream: str, probe: bool, envir
         return HopInfo(spec.name, spec.kind, _host_port(spec.url or ""), "", spec.url or ""), None
     if spec.kind == "stream":
         taps = "taps what it relays (journaled at the end)" if spec.tap else "taps nothing (tap: false)"
+        tls = bool(spec.option("tls", False))
+        speaks = ("HTTP/2 (h2 by ALPN) and HTTP/1.1 over TLS" if tls else "HTTP/2 (h2c) and HTTP/1.1") \
+            if str(spec.option("http", "1.1")) == "2" else ("HTTP/1.1 over TLS" if tls else "HTTP/1.1")
         out.say(f"hop {spec.name!r} (stream): the embedded stream hop, a child process listening on {_PLACEHOLDER}, "
-                f"upstream {upstream}; {taps}; stream faults act through its control API", 1)
+                f"speaking {speaks}, upstream {upstream}; {taps}; stream faults act through its control API", 1)
+        if tls:
+            root = "https" + root[len("http"):]
         return HopInfo(spec.name, spec.kind, _PLACEHOLDER, upstream, root, control_url=f"http://{_PLACEHOLDER}",
                        taps=spec.tap), None
     _gateway(spec, upstream, out)

@@ -141,7 +141,8 @@ async def _start(stack: contextlib.AsyncExitStack, spec: HopSpec, experiment: Ex
     run_dir = run_dir.resolve()  # a hop process runs in a directory of its own: every path it is told is absolute
     if spec.kind == "stream":
         info, started = await process.start_stream_hop(spec.name, root, run_dir, taps=spec.tap, record=record,
-                                                       api_path=api_path)
+                                                       api_path=api_path, http=str(spec.option("http", "1.1")),
+                                                       tls=bool(spec.option("tls", False)))
     else:
         info, started = await process.start_gateway(
             spec.name, spec.kind, root, run_dir, record=record, options=dict(spec.options),
@@ -149,6 +150,8 @@ async def _start(stack: contextlib.AsyncExitStack, spec: HopSpec, experiment: Ex
     stack.push_async_callback(started.stop)
     register_secret(info.control_token)  # registered where it was made too: redacted from all the run writes
     facts = {**_info_facts(info), "config": _bounded(started.config_text) or None, "log": str(started.log_path)}
+    if spec.kind == "stream":  # what it speaks to its client
+        facts.update(http=str(spec.option("http", "1.1")), tls=bool(spec.option("tls", False)))
     return _Hop(info=info, facts=facts, taps=started.taps_path)
 
 

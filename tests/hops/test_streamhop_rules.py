@@ -21,6 +21,11 @@ GOOD: dict[str, dict[str, Any]] = {
     "rewrite": {"content_type": "text/plain", "gzip": True, "gzip_buffer_bytes": 4096, "x_accel_buffering": "yes",
                 "remove": ["Cache-Control"]},
     "deadline": {"seconds": 15, "how": "status"},
+    "h2_rst_stream": {"after_events": 3, "error": "cancel"},
+    "h2_goaway": {"after_streams": 10},
+    "h2_max_streams": {"streams": 2},
+    "h2_window": {"bytes": 1024, "seconds": 2},
+    "h2_header_leak": {"how": "neighbour"},
 }
 
 

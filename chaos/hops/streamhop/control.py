@@ -6,7 +6,8 @@ is 401 and nothing changes. Routes:
 - ``GET /status`` → ``{"name", "listen", "upstream", "in_flight", "requests", "version", "rules": [...]}``
 - ``GET /rules`` → ``{"rules": [...]}``
 - ``PUT /rules/{rule}`` with ``{"kind", "params", "seed", "share"}`` → ``{"rule": {...}, "t_active": ns}``;
-  a rule the hop cannot take → 400 ``{"error": "<one line>"}``. A rule of the same name is replaced.
+  a rule the hop cannot take → 400 ``{"error": "<one line>"}`` (an ``h2_*`` kind on a hop that does not
+  speak HTTP/2 to its client among them). A rule of the same name is replaced.
 - ``DELETE /rules/{rule}`` → ``{"removed", "t_removed", "acted_on", "request_ids", "details", "running"}``;
   ``running`` counts the requests it still acts on (a hold or silence under way finishes as planned).
 
@@ -25,7 +26,7 @@ from urllib.parse import unquote
 
 import h11
 
-from .rules import MAX_RULES, Rule, RuleError, parse_rule
+from .rules import H2_KINDS, MAX_RULES, Rule, RuleError, parse_rule
 
 __all__ = ["CONTROL_TIMEOUT_S", "MAX_CONTROL_CONNECTIONS", "ControlAPI", "serve_control"]
 
@@ -36,10 +37,14 @@ MAX_CONTROL_CONNECTIONS = 64
 
 class ControlledHop(Protocol):
     rules: dict[str, Rule]
+    http2: bool  # it speaks HTTP/2 to its client: the h2_* kinds can act
 
     def status(self) -> dict[str, Any]: ...
 
     def log(self, message: str) -> None: ...
+
+    def rules_changed(self) -> None:
+        """A rule was put or removed: what acts on connections rather than requests acts now."""
 
 
 class ControlAPI:
@@ -80,6 +85,9 @@ class ControlAPI:
             if name not in rules and len(rules) >= MAX_RULES:
                 raise RuleError(f"at most {MAX_RULES} rules at once")
             rule = parse_rule(name, parsed, time.monotonic_ns())
+            if rule.kind in H2_KINDS and not self.hop.http2:
+                raise RuleError(f"{rule.kind} acts on HTTP/2 streams and this hop speaks HTTP/1.1 to its client "
+                                "(start it with --http 2)")
         except RuleError as exc:
             return 400, {"error": str(exc).splitlines()[0]}
         old = rules.pop(name, None)
@@ -87,6 +95,7 @@ class ControlAPI:
             old.removed = True
         rules[name] = rule
         self.hop.log(f"rule {name}: {rule.kind} {json.dumps(rule.params)} seed {rule.seed} share {rule.share:g}")
+        self.hop.rules_changed()
         return 200, {"rule": rule.listing(), "t_active": rule.t_active}
 
     def _delete(self, name: str) -> dict[str, Any]:
@@ -96,6 +105,7 @@ class ControlAPI:
             return {"removed": False, "t_removed": now, "acted_on": 0, "request_ids": [], "details": {},
                     "running": 0}
         rule.removed = True
+        self.hop.rules_changed()
         self.hop.log(f"rule {name} removed: acted on {rule.acted_on} requests, {rule.running} still running")
         return {"removed": True, "t_removed": now, "acted_on": rule.acted_on, "request_ids": list(rule.request_ids),
                 "details": dict(rule.details), "running": rule.running}

@@ -25,7 +25,7 @@ import h11
 
 from .downstream import QUEUE_LIMIT, WRITE_HIGH, Down, GzipOut
 from .framing import BodyReader, FramingError
-from .rules import SPLIT_PAUSE_S, Acting, RequestRules, Rule
+from .rules import H2_ERRORS, SPLIT_PAUSE_S, Acting, RequestRules, Rule
 from .sse import DONE_EVENT, EventParser, carries_reasoning, classify, digest
 from .taps import Tap, headers_kept
 from .upstream import (
@@ -38,13 +38,14 @@ from .upstream import (
     forwarded_request_headers,
 )
 
-__all__ = ["DECODE_LIMIT", "ERROR_EVENT", "EVENT_LIMIT", "ClientGone", "Exchange", "HopState"]
+__all__ = ["DECODE_LIMIT", "ERROR_EVENT", "EVENT_LIMIT", "ClientGone", "Exchange", "H2Side", "HopState"]
 
 EVENT_LIMIT = 1 << 20  # bytes of one unfinished SSE event; past it the rest of the body is relayed raw
 DECODE_LIMIT = 64 << 20  # decoded bytes of an encoded body the tap parses; past it the tap stops
 DISCARD_LIMIT = 1 << 20  # request-body bytes read and dropped before a rule's status answer
 ERROR_EVENT = b'data: {"error": {"message": "stream cut by streamchaos", "type": "stream_cut"}}\n\n'
 _DATA_KINDS = frozenset({"data", "usage", "finish", "error"})
+_FRAME_KINDS = frozenset({"h2_header_leak", "h2_window"})  # request rules h2front applies, not the relay
 _ERROR_DIGEST = digest(ERROR_EVENT[6:-2])
 _DONE_DIGEST = digest(b"[DONE]")
 
@@ -58,6 +59,15 @@ class HopState(Protocol):
     in_flight: int
     requests: int
     rules: dict[str, Rule]
+
+
+class H2Side(Protocol):
+    """What an exchange asks of the HTTP/2 stream it runs on (``h2front.StreamPipe``, the transport's
+    ``get_extra_info("h2_stream")``); on an HTTP/1.1 connection there is none."""
+
+    reset_code: int  # the RST_STREAM error code the stream ends with if the response is cut short
+
+    def bind(self, rules: RequestRules, tap: Tap) -> None: ...
 
 
 class ClientGone(Exception):
@@ -95,7 +105,11 @@ class Exchange:
         self.request_id = rid.decode("latin-1") if rid else None
         self.tap = Tap(hop.name, hop.requests, self.request_id, request.target.decode("latin-1"), now,
                        hop.max_events)
-        self.rules = RequestRules(hop.rules.values(), self.request_id, hop.requests, hop.in_flight)
+        self.h2: H2Side | None = writer.get_extra_info("h2_stream")  # an HTTP/2 stream of h2front, or None
+        self.rules = RequestRules(hop.rules.values(), self.request_id, hop.requests, hop.in_flight,
+                                  http2=self.h2 is not None)
+        if self.h2 is not None:  # its HTTP/2 rules act where the frames are (h2front)
+            self.h2.bind(self.rules, self.tap)
         self.down = Down(writer, conn, self.tap)
         self.up = upstream
         self.stopped: str | None = None  # "deadline" | "client_gone": ended from outside the relay
@@ -424,14 +438,19 @@ class Exchange:
             self.down.pause(silence.params["seconds"], silence.params["keepalive_s"], silence)
 
     def cut(self, acting: Acting, raw: bytes, now_ns: int) -> None:
-        """End the response here as the cut rule says, and close the upstream connection at once."""
-        how = acting.params["how"]
+        """End the response here as the cut rule says (or an h2_rst_stream rule: the HTTP/2 stream reset
+        with its error code), and close the upstream connection at once."""
+        how = acting.params.get("how", "rst_stream")
         acting.act(how)
         assert self.up is not None
         self.up.close()
         self.tap.closed_upstream(now_ns, "cut")
         self.release_parked()
-        if how == "error_event":
+        if how == "rst_stream":
+            if self.h2 is not None:
+                self.h2.reset_code = H2_ERRORS.index(acting.params["error"])
+            self.down.end("reset")  # the stream's transport aborted: RST_STREAM with that code
+        elif how == "error_event":
             self.down.write(ERROR_EVENT, "error", _ERROR_DIGEST)
             self.down.write(DONE_EVENT, "done", _DONE_DIGEST)
             self.down.end("clean", label="error_event")
@@ -642,8 +661,11 @@ class SseBody(_Body):
         self.reasoning = 0  # reasoning events relayed (a reasoning silence's after_events)
         self.watch_reasoning = exchange.rules.watches_reasoning
         self.data_index = 0  # data events seen (drop's and duplicate's skip_first)
-        self.plain = not exchange.rules.all
-        self.cut_rule = exchange.rules.get("cut")
+        # no rule acts on its events (the HTTP/2 frame-level ones act in h2front): each written as it comes
+        self.plain = all(a.rule.kind in _FRAME_KINDS for a in exchange.rules.all)
+        # a cut, or an HTTP/2 stream reset after N events: whichever comes first ends the response
+        cuts = [a for a in (exchange.rules.get("cut"), exchange.rules.get("h2_rst_stream")) if a is not None]
+        self.cut_rule = min(cuts, key=lambda a: a.params["after_events"]) if cuts else None
 
     def feed(self, data: bytes, now_ns: int) -> bool:
         if self.raw:

@@ -9,9 +9,15 @@ once, when a request's head arrives: a rule put later acts on later requests, an
 meanwhile keeps acting on the requests it was already acting on (a ``deadline`` excepted: the relay
 asks ``removed`` when its timer fires).
 
-Of the kinds that do one thing to a request (hold, cut, status, rewrite, deadline) the first rule put
-that selects the request acts and any other of that kind is ignored for it; silences and the event
-kinds (drop, duplicate, split) all act, in the order they were put.
+Of the kinds that do one thing to a request (hold, cut, status, rewrite, deadline, and the HTTP/2
+request kinds) the first rule put that selects the request acts and any other of that kind is ignored
+for it; silences and the event kinds (drop, duplicate, split) all act, in the order they were put.
+
+The HTTP/2 kinds (``h2_*``, ``H2_KINDS``) act on a hop that speaks HTTP/2 to its client (``--http 2``,
+``h2front``) and only on its HTTP/2 streams. ``h2_rst_stream``, ``h2_header_leak`` and ``h2_window`` act
+per request like the others (``h2_window`` also sets the initial window of every connection while in
+force); ``h2_goaway`` and ``h2_max_streams`` act on connections (``CONNECTION_KINDS``), never chosen per
+request: their ``share`` picks connections, drawn by the connection's label (``c3``) in place of a request id.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ from typing import Any
 
 from .sse import utf8_inner_offsets
 
-__all__ = ["CUT_HOWS", "DEADLINE_HOWS", "KINDS", "MAX_RULES", "SILENCE_DURING", "SPLIT_PAUSE_S", "STATUS_CODES",
+__all__ = ["CONNECTION_KINDS", "CUT_HOWS", "DEADLINE_HOWS", "H2_ERRORS", "H2_KINDS", "H2_LEAK_HOWS", "KINDS",
+           "MAX_H2_STREAMS", "MAX_H2_WINDOW", "MAX_RULES", "SILENCE_DURING", "SPLIT_PAUSE_S", "STATUS_CODES",
            "Acting",
            "RequestRules", "Rule", "RuleError", "check_name", "parse_rule", "request_key"]
 
@@ -42,6 +49,17 @@ MAX_SECONDS = 86_400.0  # the longest duration a rule may ask for (a day)
 MIN_KEEPALIVE_S = 0.01  # a shorter period would be a flood of comments, not a keep-alive
 MAX_GZIP_BUFFER = 1 << 20  # bytes a gzip rewrite may hold before it flushes
 MAX_REQUEST_IDS = 50  # request ids a rule remembers for its evidence
+# HTTP/2 error codes (RFC 9113 7), lower-case, in code order: the index is the code on the wire
+H2_ERRORS = ("no_error", "protocol_error", "internal_error", "flow_control_error", "settings_timeout",
+             "stream_closed", "frame_size_error", "refused_stream", "cancel", "compression_error", "connect_error",
+             "enhance_your_calm", "inadequate_security", "http_1_1_required")
+# how h2_header_leak spoils a stream's head: its content-type dropped, or a neighbour stream's put in its place
+H2_LEAK_HOWS = ("drop", "neighbour")
+MAX_H2_STREAMS = 1000  # SETTINGS_MAX_CONCURRENT_STREAMS a rule may advertise (the hop's default is 100)
+# h2_window's largest: HTTP/2's default initial window. The fault starves; a window above the default would be
+# advertised to the client while h2 keeps counting each stream against its own 65,535, and a client that
+# trusts the larger window past 64 KiB would trip h2's flow-control error, which ends the whole connection
+MAX_H2_WINDOW = 65_535
 
 _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,128}$")
 
@@ -131,6 +149,14 @@ def _header_names(what: str, value: Any) -> list[str]:
     return [name.lower() for name in value]
 
 
+def _ranged(low: int, high: int, unit: str) -> _Check:
+    def check(what: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise RuleError(f"{what} must be a whole number of {unit} from {low} to {high}, got {value!r}")
+        return value
+    return check
+
+
 def _buffer_bytes(what: str, value: Any) -> int:
     size = _count(what, value)
     if not 1 <= size <= MAX_GZIP_BUFFER:
@@ -154,7 +180,19 @@ KINDS: dict[str, dict[str, tuple[_Check, Any]]] = {
                 "gzip_buffer_bytes": (_buffer_bytes, 8192), "x_accel_buffering": (_header_value, None),
                 "remove": (_header_names, [])},
     "deadline": {"seconds": (_positive_seconds, _REQUIRED), "how": (_one_of(*DEADLINE_HOWS), "clean")},
+    # HTTP/2 (h2front): after N events the stream is reset with this error code; its neighbours live
+    "h2_rst_stream": {"after_events": (_count, 1), "error": (_one_of(*H2_ERRORS), "internal_error")},
+    # a graceful GOAWAY: at once to the connections open when put, or to every connection once it has
+    # taken after_streams streams (null: the first)
+    "h2_goaway": {"after_streams": (_optional(_ranged(1, 1_000_000_000, "streams")), None)},
+    "h2_max_streams": {"streams": (_ranged(0, MAX_H2_STREAMS, "streams"), _REQUIRED)},
+    # request bodies: an initial window of ``bytes`` on every connection, the rest granted ``seconds``
+    # after the stream opened on the streams chosen
+    "h2_window": {"bytes": (_ranged(0, MAX_H2_WINDOW, "bytes"), _REQUIRED), "seconds": (_seconds, _REQUIRED)},
+    "h2_header_leak": {"how": (_one_of(*H2_LEAK_HOWS), "drop")},
 }
+H2_KINDS = frozenset(kind for kind in KINDS if kind.startswith("h2_"))
+CONNECTION_KINDS = frozenset({"h2_goaway", "h2_max_streams"})  # act on connections, never chosen per request
 
 
 def _params(kind: str, given: Any) -> dict[str, Any]:
@@ -262,13 +300,15 @@ class Acting:
         self.rule.count(detail, n)
 
 
-_SINGLE = ("hold", "cut", "status", "rewrite", "deadline")
+_SINGLE = ("hold", "cut", "status", "rewrite", "deadline", "h2_rst_stream", "h2_header_leak", "h2_window")
 
 
 class RequestRules:
-    """The rules one request is subject to, chosen when its head arrived (see the module's docstring)."""
+    """The rules one request is subject to, chosen when its head arrived (see the module's docstring);
+    ``http2``: it came on an HTTP/2 stream (else the HTTP/2 kinds pass it by)."""
 
-    def __init__(self, rules: Iterable[Rule], request_id: str | None, seq: int, in_flight: int) -> None:
+    def __init__(self, rules: Iterable[Rule], request_id: str | None, seq: int, in_flight: int,
+                 http2: bool = False) -> None:
         key = request_key(request_id, seq)
         evidence = request_id if request_id else f"seq:{seq}"
         self.single: dict[str, Acting] = {}
@@ -277,6 +317,8 @@ class RequestRules:
         self.events: list[Acting] = []  # drop, duplicate, split
         self.all: list[Acting] = []
         for rule in rules:
+            if rule.kind in CONNECTION_KINDS or (not http2 and rule.kind in H2_KINDS):
+                continue
             if not rule.selects(key) or not _storm_applies(rule, in_flight):
                 continue
             if rule.kind in _SINGLE and rule.kind in self.single:

@@ -1,11 +1,19 @@
 """The stream hop as a process: its state (``StreamHop``), its two listeners, and the command line.
 
     STREAMCHAOS_HOP_TOKEN=... python -m chaos.hops.streamhop --name NAME --listen 127.0.0.1:0 \\
-        --upstream http://HOST:PORT --control 127.0.0.1:0 [--taps FILE] [--max-events 2048]
+        --upstream http://HOST:PORT --control 127.0.0.1:0 [--taps FILE] [--max-events 2048] \\
+        [--http 1.1|2] [--tls-cert CHAIN.pem --tls-key KEY.pem] [--upstream-ca CA.pem ...]
 
 When both listeners are bound it prints one line to stdout and nothing more after it::
 
-    streamhop ready {"listen": "127.0.0.1:P", "control": "127.0.0.1:Q", "pid": N, "version": "..."}
+    streamhop ready {"listen": "127.0.0.1:P", "control": "127.0.0.1:Q", "pid": N, "version": "...",
+                     "http": "1.1", "tls": false}
+
+What its listen side speaks: HTTP/1.1 (``--http 1.1``, the default), or HTTP/2 as well (``--http 2``,
+``h2front``): over TLS (``--tls-cert``/``--tls-key``) ALPN picks h2 or http/1.1; in the clear an HTTP/2
+client's preface is answered as h2c with prior knowledge and anything else as HTTP/1.1. Either way
+every stream goes through the same relay, rules and taps. ``--upstream-ca`` adds a CA the hop trusts for
+an https upstream (the run's own, where the next hop or the target serves the run's certificate).
 
 Everything else it says goes to stderr (the run's hop log). SIGTERM or SIGINT: stop accepting, close
 every connection (a response under way ends as a bare EOF, its tap says so), write the taps of the
@@ -24,6 +32,7 @@ import json
 import os
 import resource
 import signal
+import ssl
 import sys
 import time
 from importlib import metadata
@@ -33,6 +42,7 @@ import h11
 
 from .control import MAX_CONTROL_CONNECTIONS, ControlAPI, serve_control
 from .downstream import WRITE_HIGH
+from .h2front import PREFACE, SOCKET_HIGH, H2Front, sniff
 from .relay import Exchange
 from .rules import Rule
 from .taps import TapFile
@@ -81,8 +91,11 @@ class StreamHop:
     """The hop's state: its rules, counters and taps file, and the connections it serves."""
 
     def __init__(self, name: str, origin: Origin, token: str, taps: str | None = None,
-                 max_events: int = DEFAULT_MAX_EVENTS) -> None:
+                 max_events: int = DEFAULT_MAX_EVENTS, *, http2: bool = False,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.name, self.origin, self.max_events = name, origin, max_events
+        self.http2, self.tls = http2, tls
+        self.front = H2Front(self) if http2 else None  # the HTTP/2 side (h2front)
         self.rules: dict[str, Rule] = {}
         self.in_flight = 0
         self.requests = 0
@@ -93,10 +106,12 @@ class StreamHop:
         self._relays: set[asyncio.Task[None]] = set()
         self._controls: set[asyncio.Task[None]] = set()
         self._exchanges: set[Exchange] = set()
+        self._fronts: set[asyncio.Task[None]] = set()  # HTTP/2 connections
+        self._spawned: set[asyncio.Task[None]] = set()  # HTTP/2 streams' relays, until they run
 
     async def start(self, listen: tuple[str, int], control: tuple[str, int]) -> None:
-        relay = await asyncio.start_server(self._relay_connection, listen[0], listen[1], limit=READ_SIZE,
-                                           backlog=4096)
+        relay = await asyncio.start_server(self._accept, listen[0], listen[1], limit=READ_SIZE, backlog=4096,
+                                           ssl=self.tls)
         self._servers.append(relay)
         ctl = await asyncio.start_server(self._control_connection, control[0], control[1])
         self._servers.append(ctl)
@@ -104,8 +119,16 @@ class StreamHop:
         self.control = _shown(ctl.sockets[0].getsockname())
 
     def status(self) -> dict[str, Any]:
-        return {"name": self.name, "listen": self.listen, "upstream": self.origin.url, "in_flight": self.in_flight,
-                "requests": self.requests, "version": VERSION, "rules": [r.listing() for r in self.rules.values()]}
+        body = {"name": self.name, "listen": self.listen, "upstream": self.origin.url, "in_flight": self.in_flight,
+                "requests": self.requests, "version": VERSION, "http": "2" if self.http2 else "1.1",
+                "tls": self.tls is not None, "rules": [r.listing() for r in self.rules.values()]}
+        if self.front is not None:
+            body["h2"] = self.front.status()
+        return body
+
+    def rules_changed(self) -> None:
+        if self.front is not None:
+            self.front.rules_changed()
 
     def log(self, message: str) -> None:
         print(f"streamhop {self.name}: {message}", file=sys.stderr, flush=True)
@@ -123,7 +146,48 @@ class StreamHop:
         finally:
             self._controls.discard(task)
 
-    async def _relay_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A downstream connection: HTTP/1.1, or where the hop speaks HTTP/2, h2 by ALPN over TLS and by
+        its preface in the clear."""
+        if self.front is None:
+            await self._relay_connection(reader, writer)
+            return
+        ssl_object = writer.get_extra_info("ssl_object")
+        initial = b""
+        if ssl_object is not None:
+            h2 = ssl_object.selected_alpn_protocol() == "h2"
+        else:
+            initial = await sniff(reader)
+            h2 = initial.startswith(PREFACE)
+        if h2:
+            await self._h2_connection(reader, writer, initial)
+        else:
+            await self._relay_connection(reader, writer, initial)
+
+    async def _h2_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, initial: bytes) -> None:
+        assert self.front is not None
+        if len(self._relays) + len(self._fronts) >= MAX_CONNECTIONS:
+            writer.transport.abort()
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        self._fronts.add(task)
+        nodelay(writer)
+        writer.transport.set_write_buffer_limits(high=SOCKET_HIGH)
+        try:
+            await self.front.serve(reader, writer, initial)
+        finally:
+            self._fronts.discard(task)
+            writer.close()
+
+    def relay_stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """An HTTP/2 stream's exchange (``h2front``), run as a connection of its own."""
+        task = asyncio.get_running_loop().create_task(self._relay_connection(reader, writer))
+        self._spawned.add(task)
+        task.add_done_callback(self._spawned.discard)
+
+    async def _relay_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                                initial: bytes = b"") -> None:
         if len(self._relays) >= MAX_CONNECTIONS:
             writer.transport.abort()
             return
@@ -133,6 +197,8 @@ class StreamHop:
         nodelay(writer)
         writer.transport.set_write_buffer_limits(high=WRITE_HIGH)
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=HEAD_LIMIT)
+        if initial:  # read already, to tell HTTP/1.1 from HTTP/2's preface
+            conn.receive_data(initial)
         upstream: UpstreamConn | None = None
         try:
             while True:
@@ -174,7 +240,7 @@ class StreamHop:
         """Stop accepting, end every connection, write the running requests' taps, close the taps file."""
         for server in self._servers:
             server.close()
-        tasks = [*self._relays, *self._controls]
+        tasks = [*self._relays, *self._controls, *self._fronts, *self._spawned]
         for task in tasks:
             task.cancel()
         if tasks:
@@ -227,7 +293,21 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--taps", default=None, help="append one JSON line per finished request here (mode 0600)")
     ap.add_argument("--max-events", type=int, default=DEFAULT_MAX_EVENTS,
                     help="events a tap keeps per side (default %(default)s)")
+    ap.add_argument("--http", choices=("1.1", "2"), default="1.1",
+                    help="2: speak HTTP/2 to clients too (h2 by ALPN over TLS, h2c with prior knowledge in the clear)")
+    ap.add_argument("--tls-cert", default=None, help="serve TLS with this certificate chain (PEM, leaf first)")
+    ap.add_argument("--tls-key", default=None, help="... and this private key (PEM)")
+    ap.add_argument("--upstream-ca", action="append", default=[],
+                    help="a CA file trusted for an https upstream besides the system's (repeatable)")
     return ap.parse_args(argv)
+
+
+def server_context(cert: str, key: str, http2: bool) -> ssl.SSLContext:
+    """The listen side's TLS: the certificate and key given, ALPN h2 then http/1.1 where it speaks HTTP/2."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    context.set_alpn_protocols(["h2", "http/1.1"] if http2 else ["http/1.1"])
+    return context
 
 
 async def _serve(hop: StreamHop, listen: tuple[str, int], control: tuple[str, int]) -> int:
@@ -240,10 +320,13 @@ async def _serve(hop: StreamHop, listen: tuple[str, int], control: tuple[str, in
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    ready = {"listen": hop.listen, "control": hop.control, "pid": os.getpid(), "version": VERSION}
+    ready = {"listen": hop.listen, "control": hop.control, "pid": os.getpid(), "version": VERSION,
+             "http": "2" if hop.http2 else "1.1", "tls": hop.tls is not None}
     sys.stdout.write(READY_PREFIX + json.dumps(ready) + "\n")
     sys.stdout.flush()
-    hop.log(f"relaying {hop.listen} → {hop.origin.url}, control on {hop.control}")
+    scheme = "https" if hop.tls is not None else "http"
+    hop.log(f"relaying {scheme}://{hop.listen} (HTTP/{'2 and 1.1' if hop.http2 else '1.1'}) → {hop.origin.url}, "
+            f"control on {hop.control}")
     await stop.wait()
     t0 = time.monotonic()
     await hop.stop()
@@ -258,10 +341,14 @@ def main(argv: list[str] | None = None) -> int:
         if not token:
             raise ValueError(f"${TOKEN_ENV} is not set: the control API needs a token")
         listen, control = loopback(args.listen, "--listen"), loopback(args.control, "--control")
-        origin = Origin.parse(args.upstream)
+        origin = Origin.parse(args.upstream, tuple(args.upstream_ca))
         if args.max_events < 0:
             raise ValueError("--max-events must be 0 or more")
-        hop = StreamHop(args.name, origin, token, args.taps, args.max_events)
+        if (args.tls_cert is None) != (args.tls_key is None):
+            raise ValueError("--tls-cert and --tls-key go together")
+        http2 = args.http == "2"
+        tls = server_context(args.tls_cert, args.tls_key, http2) if args.tls_cert else None
+        hop = StreamHop(args.name, origin, token, args.taps, args.max_events, http2=http2, tls=tls)
     except (ValueError, OSError) as exc:
         print(f"streamhop: {exc}", file=sys.stderr, flush=True)
         return 2

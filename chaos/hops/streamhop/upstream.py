@@ -5,6 +5,7 @@ and the header rules of a forwarding proxy (hop-by-hop headers dropped, ``Host``
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import ssl
 import struct
@@ -16,7 +17,7 @@ from urllib.parse import urlsplit
 import h11
 
 __all__ = ["CONNECT_TIMEOUT_S", "HEAD_LIMIT", "HOP_BY_HOP", "READ_SIZE", "Origin", "UpstreamConn",
-           "UpstreamFailed", "forwarded_request_headers", "linger_reset", "nodelay"]
+           "UpstreamFailed", "forwarded_request_headers", "linger_reset", "nodelay", "upstream_context"]
 
 READ_SIZE = 65536  # bytes asked of the socket per read
 HEAD_LIMIT = 64 * 1024  # bytes of a request or response head (h11's max_incomplete_event_size): more is refused
@@ -33,15 +34,18 @@ class UpstreamFailed(Exception):
 
 @dataclass(frozen=True)
 class Origin:
-    """The upstream as ``--upstream`` names it: ``http(s)://host:port[/prefix]``."""
+    """The upstream as ``--upstream`` names it: ``http(s)://host:port[/prefix]``; ``cafiles``: CA files
+    trusted for an https upstream besides the system's (``--upstream-ca``: the run's own CA, when the
+    hop after this one, or the target, serves the run's certificate)."""
 
     scheme: str
     host: str
     port: int
     prefix: str  # a path prefix put before every request target ("" for none)
+    cafiles: tuple[str, ...] = ()
 
     @classmethod
-    def parse(cls, url: str) -> Origin:
+    def parse(cls, url: str, cafiles: tuple[str, ...] = ()) -> Origin:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"--upstream must be http://HOST:PORT or https://HOST:PORT, got {url!r}")
@@ -51,7 +55,9 @@ class Origin:
             port = parts.port or (443 if parts.scheme == "https" else 80)
         except ValueError as exc:
             raise ValueError(f"--upstream has a bad port: {url!r}") from exc
-        return cls(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
+        if cafiles:
+            upstream_context(cafiles)  # a file that is no CA fails here, at the start, not at the first request
+        return cls(parts.scheme, parts.hostname, port, parts.path.rstrip("/"), cafiles)
 
     @property
     def host_header(self) -> bytes:
@@ -62,6 +68,16 @@ class Origin:
     @property
     def url(self) -> str:
         return f"{self.scheme}://{self.host_header.decode()}{self.prefix}"
+
+
+@functools.cache
+def upstream_context(cafiles: tuple[str, ...]) -> ssl.SSLContext:
+    """The client context for an https upstream: the system's CAs and ``cafiles``, made once (a context
+    loads the whole CA store: milliseconds, not something to pay per connection)."""
+    context = ssl.create_default_context()
+    for cafile in cafiles:
+        context.load_verify_locations(cafile=cafile)
+    return context
 
 
 def nodelay(transport: asyncio.BaseTransport | asyncio.StreamWriter) -> None:
@@ -121,7 +137,7 @@ class UpstreamConn(asyncio.Protocol):
 
     @classmethod
     async def open(cls, origin: Origin) -> UpstreamConn:
-        context = ssl.create_default_context() if origin.scheme == "https" else None
+        context = upstream_context(origin.cafiles) if origin.scheme == "https" else None
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
