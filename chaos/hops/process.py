@@ -11,10 +11,17 @@ Every hop process is started the same way, so rollback and the watchdog already 
   group_undo(pid)}`` the moment it exists, before anything waits on it (the record the vLLM target
   writes: ``streamchaos rollback`` ends the group if the runner could not);
 - waited for, bounded: the stream hop's ready line, a gateway answering HTTP on its port (a request
-  it answers itself, so nothing reaches the upstream or a tap); then its listening sockets are read
+  it answers itself, so nothing reaches the upstream or a tap; over TLS, after a handshake verified
+  against the run's CA, and as HTTP/2 where it speaks it: the client preface, answered by its
+  SETTINGS); then its listening sockets are read
   from /proc and a hop listening anywhere but loopback is stopped and refused;
 - stopped by ``StartedHop.stop()``: SIGTERM to the group, a grace, SIGKILL to whatever is left, and
   ``"action": "release"`` journaled with what it took.
+
+A gateway that serves TLS (``tls: true``, or a user's file naming ``{{cert}}``, ``{{key}}`` or
+``{{cert_key}}``) gets the run's certificate (``chaos.host.certs.certs_for_run``: one pair per run, its
+CA trusted by this process's clients and handed to the load's) copied into its work directory, and
+its ``HopInfo.base_url`` is ``https://``.
 
 A gateway's configuration is checked by its own tool (``nginx -t``, ``haproxy -c``, ``caddy validate``)
 before it starts: a user's file it refuses is ``ExperimentInvalid`` (exit 2) quoting the tool's words;
@@ -32,6 +39,7 @@ import re
 import secrets
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -41,16 +49,25 @@ from pathlib import Path
 from typing import Any
 
 from chaos.hops.gateways.base import (
+    TLS_PLACEHOLDERS,
     Gateway,
+    Listener,
+    Upstream,
+    all_values,
     gateway_class,
+    loopback_host,
+    named_placeholders,
     read_template,
     substitute,
-    template_values,
+    template_listener,
+    write_tls_files,
 )
+from chaos.host.certs import CertPair, certs_for_run
 from chaos.host.children import first_line, spawn
 from chaos.host.procguard import group_members, group_undo
 from chaos.host.redact import redact, register_secret
 from chaos.host.runfiles import check_private_dir, make_private_dir, open_append, write_new
+from chaos.host.tls import tls_context
 from chaos.model.context import HopInfo
 from chaos.model.errors import ExperimentInvalid, Problem, SetupFailed
 
@@ -70,6 +87,11 @@ PROBE_TIMEOUT_S = 2.0
 POLL_S = 0.1
 # not an HTTP request line, so every server answers it itself (400) and forwards nothing upstream
 PROBE = b"\x01 / HTTP/1.1\r\n\r\n"
+# an HTTP/2 client's preface and an empty SETTINGS frame: an h2 server answers with its SETTINGS
+# (type 4, the 4th byte of a frame's head), and no request is made, so nothing goes upstream
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes((0, 0, 0, 4, 0, 0, 0, 0, 0))
+H2_SETTINGS = 4
+PROBE_ALPN = ("h2", "http/1.1")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _STAMP = re.compile(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d (\[\w+\] )?(?:\d+#\d+: )?")  # nginx's: time, pid
 _ERROR_WORDS = re.compile(r"emerg|alert|crit|error|fatal|failed|refused|denied", re.IGNORECASE)
@@ -245,14 +267,24 @@ def _exposed(pgid: int) -> list[str]:
 # ---------------------------------------------------------------------------------- the stream hop
 
 
-def stream_hop_command(name: str, upstream_base: str, taps_path: Path | None, max_events: int | None) -> list[str]:
-    """``python -m chaos.hops.streamhop ...`` on loopback, ephemeral ports (its token: ``TOKEN_ENV``)."""
+def stream_hop_command(name: str, upstream_base: str, taps_path: Path | None, max_events: int | None, *,
+                       http: str = "1.1", tls: CertPair | None = None,
+                       upstream_cas: tuple[Path, ...] = ()) -> list[str]:
+    """``python -m chaos.hops.streamhop ...`` on loopback, ephemeral ports (its token: ``TOKEN_ENV``): HTTP/2
+    to its client as well where ``http`` is ``"2"``, over TLS with ``tls``'s certificate, trusting
+    ``upstream_cas`` for an https upstream."""
     command = [sys.executable, "-m", "chaos.hops.streamhop", "--name", name, "--listen", "127.0.0.1:0",
                "--upstream", upstream_base, "--control", "127.0.0.1:0"]
     if taps_path is not None:
         command += ["--taps", str(taps_path)]
     if max_events is not None:
         command += ["--max-events", str(max_events)]
+    if http != "1.1":
+        command += ["--http", http]
+    if tls is not None:
+        command += ["--tls-cert", str(tls.cert), "--tls-key", str(tls.key)]
+    for ca in upstream_cas:
+        command += ["--upstream-ca", str(ca)]
     return command
 
 
@@ -270,17 +302,26 @@ def _ready_facts(line: str, name: str, log_path: Path, process: subprocess.Popen
 
 
 async def start_stream_hop(name: str, upstream_base: str, run_dir: Path, *, taps: bool, record: Recorder,
-                           api_path: str = "/v1", max_events: int | None = None) -> tuple[HopInfo, StartedHop]:
-    """Start the stream hop ``name`` in front of ``upstream_base`` (``http://host:port``), its taps in
-    ``run_dir/hops/<name>.taps.jsonl`` when ``taps``; wait for its ready line (bounded). The HopInfo's
-    ``base_url`` is its root + ``api_path``; its control token is fresh, registered as a secret."""
+                           api_path: str = "/v1", max_events: int | None = None, http: str = "1.1",
+                           tls: bool = False) -> tuple[HopInfo, StartedHop]:
+    """Start the stream hop ``name`` in front of ``upstream_base`` (``http(s)://host:port``), its taps in
+    ``run_dir/hops/<name>.taps.jsonl`` when ``taps``; wait for its ready line (bounded). ``http``: "2"
+    speaks HTTP/2 to its client too (h2 by ALPN over TLS, h2c with prior knowledge in the clear);
+    ``tls``: it serves the run's certificate (``certs_for_run``), and its ``base_url`` is https. The
+    HopInfo's ``base_url`` is its root + ``api_path``; its control token is fresh, registered as a secret.
+    An https upstream is verified with the run's CA too, where the run made one (the hop after it, or
+    the target, serves the run's certificate)."""
     hops = _hops_dir(run_dir, name)
     log_path = hops / f"{name}.log"
     taps_path = hops / f"{name}.taps.jsonl" if taps else None
     token = secrets.token_urlsafe(32)
     register_secret(token)
-    process = _spawn(stream_hop_command(name, upstream_base, taps_path, max_events), log_path,
-                     env={TOKEN_ENV: token, "PYTHONUNBUFFERED": "1"}, cwd=None, pipe_stdout=True)
+    pair = certs_for_run(run_dir) if tls else None
+    run_ca = run_dir / "tls" / "ca.pem"
+    upstream_cas = (run_ca,) if upstream_base.startswith("https://") and run_ca.is_file() else ()
+    command = stream_hop_command(name, upstream_base, taps_path, max_events, http=http, tls=pair,
+                                 upstream_cas=upstream_cas)
+    process = _spawn(command, log_path, env={TOKEN_ENV: token, "PYTHONUNBUFFERED": "1"}, cwd=None, pipe_stdout=True)
     _journal(record, name, process.pid)  # before anything waits on it
     started = StartedHop(name, "stream", process.pid, log_path, process, record, STREAM_STOP_GRACE_S,
                          taps_path=taps_path)
@@ -296,8 +337,9 @@ async def start_stream_hop(name: str, upstream_base: str, run_dir: Path, *, taps
         raise
     assert process.stdout is not None
     process.stdout.close()  # it prints nothing after its ready line
+    scheme = "https" if facts.get("tls") else "http"  # the control API stays plain HTTP on loopback
     info = HopInfo(name=name, kind="stream", listen=str(facts["listen"]), upstream=upstream_base,
-                   base_url=f"http://{facts['listen']}{api_path}", control_url=f"http://{facts['control']}",
+                   base_url=f"{scheme}://{facts['listen']}{api_path}", control_url=f"http://{facts['control']}",
                    control_token=token, pid=process.pid, version=str(facts.get("version") or "") or None, taps=taps)
     return info, started
 
@@ -320,39 +362,74 @@ def _refusal(gateway: Gateway, config: Path | None, message: str) -> Exception:
 
 
 def _configure(gateway: Gateway, binary: str, workdir: Path, port: int, upstream_root: str,
-               options: Mapping[str, Any] | None, config: Path | None) -> Path:
+               options: Mapping[str, Any] | None, config: Path | None, run_dir: Path) -> tuple[Path, Listener]:
     """Write the hop's configuration into ``workdir`` (the shipped one, or the user's template
-    substituted) and have the gateway's own tool check it."""
+    substituted) and the TLS files it reads (``_tls_files``); have the gateway's own tool check it.
+    Its path, and what it serves its client."""
     if config is None:
+        listener = gateway.listener(options)
+        _tls_files(workdir, run_dir, upstream_root, serve=listener.tls, named=False)
         text = gateway.render(port, upstream_root, workdir, options or {})
     else:
         template = read_template(config, needs_listen=gateway.listen_in_config)
-        text = substitute(template, template_values(port, upstream_root, workdir))
+        listener = template_listener(template)
+        _tls_files(workdir, run_dir, upstream_root, serve=listener.tls,
+                   named=bool(named_placeholders(template) & set(TLS_PLACEHOLDERS)))
+        text = substitute(template, all_values(port, upstream_root, workdir))
     config_path = workdir / gateway.config_name
     write_new(config_path, text)
     complaint = gateway.check(binary, config_path, workdir)
     if complaint is not None:
         raise _refusal(gateway, config, f"{gateway.kind}'s own check refused it: {complaint}")
-    return config_path
+    return config_path, listener
 
 
-async def _probe(port: int) -> bool:
-    """Whether something answers HTTP on 127.0.0.1:``port`` (to a request it answers itself)."""
+def _tls_files(workdir: Path, run_dir: Path, upstream_root: str, *, serve: bool, named: bool) -> None:
+    """The run's certificate in the hop's ``tls/`` where it serves TLS (``certs_for_run``: the run's one
+    pair, made here if first, its CA trusted by this process from now on), and the run's CA where the
+    upstream is https on this host and the run already serves TLS (the hop after it, or the target,
+    serves the run's certificate: the gateway verifies it with that CA, not the system's). A user's
+    file naming any TLS placeholder gets them all."""
+    run_ca = run_dir / "tls" / "ca.pem"
+    upstream = Upstream.parse(upstream_root)
+    # the run's certificates name this host's loopback only: a remote https upstream keeps the system's CAs
+    trust_upstream = upstream.scheme == "https" and loopback_host(upstream.host) and run_ca.is_file()
+    if serve or named:
+        pair = certs_for_run(run_dir)
+        write_tls_files(workdir, chain=pair.cert, key=pair.key, ca=pair.ca if named or trust_upstream else None)
+    elif trust_upstream:
+        write_tls_files(workdir, ca=run_ca)
+
+
+async def _probe(port: int, listener: Listener, prior_knowledge: bool) -> bool:
+    """Whether something answers HTTP on 127.0.0.1:``port`` (to a request it answers itself): over TLS
+    after a handshake verified against the run's CA (``ssl.SSLError`` raised: the caller says why),
+    then HTTP/2's preface where ALPN chose h2 (in the clear: where ``prior_knowledge``), else ``PROBE``."""
+    context = tls_context(PROBE_ALPN) if listener.tls else None
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), PROBE_TIMEOUT_S)
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection("127.0.0.1", port, ssl=context, server_hostname="127.0.0.1" if context else None),
+            PROBE_TIMEOUT_S)
+    except ssl.SSLError:
+        raise
     except (OSError, asyncio.TimeoutError):
         return False
     try:
-        writer.write(PROBE)
+        if context is not None:
+            ssl_object = writer.get_extra_info("ssl_object")
+            h2 = ssl_object is not None and ssl_object.selected_alpn_protocol() == "h2"
+        else:
+            h2 = prior_knowledge
+        writer.write(H2_PREFACE if h2 else PROBE)
         await writer.drain()
         head = await asyncio.wait_for(reader.read(16), PROBE_TIMEOUT_S)
     except (OSError, asyncio.TimeoutError):
         return False
     finally:
         writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
-    return head.startswith(b"HTTP/")
+        with contextlib.suppress(OSError, asyncio.TimeoutError):
+            await asyncio.wait_for(writer.wait_closed(), PROBE_TIMEOUT_S)
+    return head.startswith(b"HTTP/") or (h2 and len(head) >= 9 and head[3] == H2_SETTINGS)
 
 
 def _listens_on(pgid: int, port: int) -> bool:
@@ -361,15 +438,25 @@ def _listens_on(pgid: int, port: int) -> bool:
 
 
 async def _wait_answering(gateway: Gateway, name: str, process: subprocess.Popen[bytes], port: int,
-                          log_path: Path) -> None:
+                          log_path: Path, listener: Listener) -> None:
     """Until the gateway answers on its port; ``SetupFailed`` with its last word when it exits or
     ``startup_timeout_s`` passes. An answer counts only when the gateway's own process group listens
     there: the port was free when chosen, but another process may have taken it since, and the load
     must not go through a stranger's server under the gateway's name."""
     deadline = time.monotonic() + gateway.startup_timeout_s
     stranger = False
+    tls_error = ""
+    tries = 0
     while True:
-        if await _probe(port):
+        # in the clear, a user's file may serve h2c alone (HAProxy's `proto h2`), which never answers an
+        # HTTP/1.1 request: every other try is HTTP/2's preface
+        prior_knowledge = listener.http2 if listener.http2 is not None else tries % 2 == 1
+        tries += 1
+        try:
+            answered = await _probe(port, listener, prior_knowledge)
+        except ssl.SSLError as exc:  # it listens, but its TLS is not what the run serves: said if it lasts
+            answered, tls_error = False, f" (TLS: {exc.reason or exc})"
+        if answered:
             if _listens_on(process.pid, port):
                 return
             stranger = True
@@ -379,8 +466,8 @@ async def _wait_answering(gateway: Gateway, name: str, process: subprocess.Popen
         if time.monotonic() > deadline:
             other = (f" (another process answers on 127.0.0.1:{port}, not the gateway: it took the port the run"
                      " chose; run again)") if stranger else ""
-            raise SetupFailed(f"{gateway.kind} hop {name!r} did not answer on 127.0.0.1:{port} within "
-                              f"{gateway.startup_timeout_s:g}s{other}; log: {log_path}")
+            raise SetupFailed(f"{gateway.kind} hop {name!r} did not answer {listener.scheme} on 127.0.0.1:{port}"
+                              f" within {gateway.startup_timeout_s:g}s{tls_error}{other}; log: {log_path}")
         await asyncio.sleep(POLL_S)
 
 
@@ -391,7 +478,8 @@ async def start_gateway(name: str, kind: str | type[Gateway], upstream_root: str
     ``upstream_root`` (``http://host:port``): its shipped configuration with ``options`` (parsed values;
     defaults for the rest), or the user's ``config`` template; checked by its own tool, started,
     journaled, waited for until it answers (bounded), its listening sockets checked for loopback.
-    Its work directory is ``run_dir/hops/<name>/``; ``search_path`` replaces PATH when finding it."""
+    Its work directory is ``run_dir/hops/<name>/``; ``search_path`` replaces PATH when finding it. The
+    HopInfo's ``base_url`` is ``https://`` where it serves TLS (the run's certificate: ``_configure``)."""
     gateway = (gateway_class(kind) if isinstance(kind, str) else kind)()
     binary = gateway.find_binary(search_path)  # SetupFailed naming the package: before anything is made
     version = await asyncio.to_thread(gateway.version, binary)
@@ -402,7 +490,8 @@ async def start_gateway(name: str, kind: str | type[Gateway], upstream_root: str
     except FileExistsError:
         raise SetupFailed(f"{gateway.kind} hop {name!r}: {workdir} exists already (two hops of one name?)") from None
     port = _free_port()
-    config_path = await asyncio.to_thread(_configure, gateway, binary, workdir, port, upstream_root, options, config)
+    config_path, listener = await asyncio.to_thread(_configure, gateway, binary, workdir, port, upstream_root,
+                                                    options, config, run_dir)
     log_path = hops / f"{name}.log"
     process = _spawn(gateway.command(binary, config_path, workdir, port), log_path,
                      env=gateway.environment(workdir), cwd=workdir, pipe_stdout=False)
@@ -410,7 +499,7 @@ async def start_gateway(name: str, kind: str | type[Gateway], upstream_root: str
     started = StartedHop(name, gateway.kind, process.pid, log_path, process, record, gateway.stop_grace_s,
                          config_path=config_path, config_text=redact(config_path.read_text(encoding="utf-8")))
     try:
-        await _wait_answering(gateway, name, process, port, log_path)
+        await _wait_answering(gateway, name, process, port, log_path, listener)
         exposed = _exposed(process.pid)
         if exposed:
             raise _refusal(gateway, config, f"{gateway.kind} listens on {', '.join(exposed)}: a hop listens on"
@@ -419,5 +508,5 @@ async def start_gateway(name: str, kind: str | type[Gateway], upstream_root: str
         await started.stop()
         raise
     info = HopInfo(name=name, kind=gateway.kind, listen=f"127.0.0.1:{port}", upstream=upstream_root,
-                   base_url=f"http://127.0.0.1:{port}{api_path}", pid=process.pid, version=version)
+                   base_url=f"{listener.scheme}://127.0.0.1:{port}{api_path}", pid=process.pid, version=version)
     return info, started

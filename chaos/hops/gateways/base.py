@@ -11,18 +11,25 @@ A gateway carries its own facts, so the runner, the loader and the dry run ask i
   its command line does (LiteLLM);
 - ``version(binary)``, ``render(port, upstream, workdir, options)`` (the shipped configuration, made
   for streaming), ``check(binary, config_path, workdir)`` (its own check's words, or None),
-  ``command(binary, config_path, workdir, port)`` and ``environment(workdir)``.
+  ``command(binary, config_path, workdir, port)`` and ``environment(workdir)``;
+- ``listener(options)``: what it serves its client with those options (``Listener``: TLS with the
+  run's certificate, HTTP/2), from the ``tls`` and ``http2`` options of those that have them.
 
 A user's ``config:`` file replaces the shipped configuration. It is a template: ``{{listen}}``
 (``127.0.0.1:P``), ``{{port}}``, ``{{upstream}}`` (``http://host:port``), ``{{upstream_hostport}}`` and
 ``{{workdir}}`` are substituted; a file that names neither ``{{listen}}`` nor ``{{port}}`` (where the
 gateway's configuration says where it listens) is refused, since the gateway could not listen where
-the run says. Every refusal is a located ``Problem``.
+the run says. Every refusal is a located ``Problem``. ``{{cert}}`` (the certificate chain, PEM),
+``{{key}}`` (its key) and ``{{cert_key}}`` (both in one file, what HAProxy's ``crt`` reads) are the
+run's certificate for 127.0.0.1, and ``{{ca}}`` the run's CA (to verify an https upstream the run
+serves), copied owner-only into the hop's ``tls/`` directory when the file names them: a file that
+names one of the first three serves TLS, so the hop's URL is ``https://`` (``template_listener``).
 """
 
 from __future__ import annotations
 
 import importlib
+import ipaddress
 import os
 import pkgutil
 import re
@@ -30,22 +37,28 @@ import shutil
 import subprocess
 import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import urlsplit
 
 from chaos.model.errors import ExperimentInvalid, Problem, SetupFailed
-from chaos.model.params import Schema, suggest
+from chaos.model.params import Param, Schema, suggest
 
 __all__ = [
-    "GATEWAY_KINDS", "PLACEHOLDERS", "Gateway", "Upstream", "gateway_class", "gateway_kind", "gateway_kinds",
-    "millis", "quote_lines", "read_template", "run_tool", "substitute", "template_problems", "template_values",
-    "validate_user_config",
+    "GATEWAY_KINDS", "PLACEHOLDERS", "SERVING_PLACEHOLDERS", "TLS_PLACEHOLDERS", "Gateway", "GatewayOptions",
+    "Listener", "TlsFiles", "Upstream", "all_values", "gateway_class", "gateway_kind", "gateway_kinds",
+    "loopback_host", "millis",
+    "named_placeholders", "quote_lines", "read_template", "run_tool", "substitute", "template_listener",
+    "template_problems", "template_values", "tls_param", "tls_values", "upstream_ca", "validate_user_config",
+    "write_tls_files",
 ]
 
-PLACEHOLDERS = ("listen", "port", "upstream", "upstream_hostport", "workdir")
+TLS_PLACEHOLDERS = ("cert", "key", "cert_key", "ca")
+SERVING_PLACEHOLDERS = ("cert", "key", "cert_key")  # a file naming one of these serves TLS
+PLACEHOLDERS = ("listen", "port", "upstream", "upstream_hostport", "workdir", *TLS_PLACEHOLDERS)
+TLS_DIR = "tls"  # under the hop's work directory: the run's certificate as the gateway reads it
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 TOOL_TIMEOUT_S = 60.0  # a version or a configuration check: each runs in well under a second here
 CHECK_LINES = 12  # at most this many lines of a check's complaint are quoted
@@ -81,6 +94,95 @@ class Upstream:
         except ValueError:
             raise SetupFailed(f"a gateway's upstream has a bad port: {url!r}") from None
         return cls(parts.scheme, parts.hostname, port)
+
+
+@dataclass(frozen=True)
+class Listener:
+    """What a gateway serves its client: over TLS (the run's certificate) or not, HTTP/2 or not (None:
+    a user's file, whichever it says: the readiness probe and the load's client learn it by asking)."""
+
+    tls: bool = False
+    http2: bool | None = False
+
+    @property
+    def scheme(self) -> str:
+        """The scheme of the hop's URL: what the load (or the hop before it) connects with."""
+        return "https" if self.tls else "http"
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """The run's certificate in a hop's work directory, as its gateway reads it (``write_tls_files``)."""
+
+    cert: Path  # PEM: the leaf, then the run's CA
+    key: Path  # PEM, PKCS#8
+    cert_key: Path  # the chain and the key in one PEM file: HAProxy's ``crt`` takes no separate key here
+    ca: Path  # the run's CA: what an https upstream the run serves itself (a hop, the target) is verified with
+
+    @classmethod
+    def under(cls, workdir: Path) -> TlsFiles:
+        """Where they are for the hop working in ``workdir`` (whether written yet or not). Pure."""
+        tls = workdir / TLS_DIR
+        return cls(cert=tls / "cert.pem", key=tls / "key.pem", cert_key=tls / "cert_key.pem", ca=tls / "ca.pem")
+
+
+def write_tls_files(workdir: Path, *, chain: Path | None = None, key: Path | None = None,
+                    ca: Path | None = None) -> TlsFiles:
+    """Copy what is given into ``workdir/tls/`` (0700; each file 0600, made new, never through a link):
+    a certificate chain and its key (and the two in one file), the run's CA. Copies, not the run's own
+    files, so a gateway reads only what lies in its own directory."""
+    files = TlsFiles.under(workdir)
+    writes: list[tuple[Path, bytes]] = []
+    if chain is not None and key is not None:
+        pem, secret = chain.read_bytes(), key.read_bytes()
+        writes += [(files.cert, pem), (files.key, secret), (files.cert_key, pem.rstrip(b"\n") + b"\n" + secret)]
+    if ca is not None:
+        writes.append((files.ca, ca.read_bytes()))
+    files.cert.parent.mkdir(mode=0o700, exist_ok=True)
+    for path, data in writes:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+    return files
+
+
+def upstream_ca(workdir: Path, upstream: Upstream) -> Path | None:
+    """The CA a gateway verifies an https ``upstream`` on this host with, instead of the system's: the
+    run's, where it lies in the hop's directory (the next hop or the target serves the run's
+    certificate), else None (a remote upstream always: the run's certificates name loopback only)."""
+    ca = TlsFiles.under(workdir).ca
+    return ca if upstream.scheme == "https" and loopback_host(upstream.host) and ca.is_file() else None
+
+
+def loopback_host(host: str) -> bool:
+    """Whether ``host`` (a name or an address, no brackets) is this host's loopback."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def tls_param(gateway: str) -> Param:
+    """The ``tls`` option, the same for every gateway that has it."""
+    return Param("tls", "bool", False,
+                 doc=f"{gateway} serves its client over TLS with a certificate the run makes for 127.0.0.1 (its CA"
+                     " trusted by the load): the hop's URL is https://")
+
+
+@dataclass(frozen=True)
+class GatewayOptions(Schema):
+    """A gateway's options (``path[].options``): a ``Schema`` and the checks across its options, each
+    ``values -> (key, message)`` or None, run when every value parsed (so the loader locates them)."""
+
+    checks: tuple[Callable[[Mapping[str, Any]], tuple[str, str] | None], ...] = field(default=())
+
+    def parse(self, raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+        values, problems = super().parse(raw)
+        if not problems:
+            problems = [found for check in self.checks if (found := check(values)) is not None]
+        return values, problems
 
 
 def millis(seconds: float) -> str:
@@ -157,6 +259,12 @@ class Gateway(ABC):
         """Variables set for its process and its check, over the runner's environment."""
         return {}
 
+    def listener(self, options: Mapping[str, Any] | None = None) -> Listener:
+        """What its shipped configuration serves its client with ``options``: its ``tls`` and ``http2``
+        options (a gateway without them serves HTTP/1.1 in the clear)."""
+        o = self.effective_options(options)
+        return Listener(tls=bool(o.get("tls")), http2=bool(o.get("http2")))
+
 
 GATEWAY_KINDS: dict[str, type[Gateway]] = {}
 _Kind = TypeVar("_Kind", bound=type[Gateway])
@@ -193,10 +301,33 @@ def gateway_class(kind: str) -> type[Gateway]:
 
 
 def template_values(listen_port: int, upstream_root: str, workdir: Path) -> dict[str, str]:
-    """What each placeholder stands for in one hop's configuration."""
+    """What each placeholder but the TLS ones (``tls_values``) stands for in one hop's configuration."""
     upstream = Upstream.parse(upstream_root)
     return {"listen": f"127.0.0.1:{listen_port}", "port": str(listen_port), "upstream": upstream.root,
             "upstream_hostport": upstream.hostport, "workdir": str(workdir)}
+
+
+def all_values(listen_port: int, upstream_root: str, workdir: Path) -> dict[str, str]:
+    """What every placeholder stands for: ``template_values`` and ``tls_values``."""
+    return {**template_values(listen_port, upstream_root, workdir), **tls_values(workdir)}
+
+
+def tls_values(workdir: Path) -> dict[str, str]:
+    """The TLS placeholders: where their files are written in the hop's directory when a template names them."""
+    files = TlsFiles.under(workdir)
+    return {"cert": str(files.cert), "key": str(files.key), "cert_key": str(files.cert_key), "ca": str(files.ca)}
+
+
+def template_listener(text: str) -> Listener:
+    """What a user's configuration serves: TLS when it names the run's certificate (``{{cert}}``,
+    ``{{key}}`` or ``{{cert_key}}``). Whether it speaks HTTP/2 is its own business: the run's readiness
+    probe and the load's client learn it by asking (ALPN; a prior-knowledge preface in the clear)."""
+    return Listener(tls=bool(named_placeholders(text) & set(SERVING_PLACEHOLDERS)), http2=None)
+
+
+def named_placeholders(text: str) -> set[str]:
+    """The placeholders a template names (known or not)."""
+    return {match.group(1) for match in _PLACEHOLDER.finditer(text)}
 
 
 def template_problems(text: str, *, needs_listen: bool = True) -> list[tuple[int, int, str]]:
@@ -253,7 +384,12 @@ def validate_user_config(gateway: Gateway, path: Path, *, key: str = "config") -
     with tempfile.TemporaryDirectory(prefix="streamchaos-check-") as tmp:
         workdir = Path(tmp)
         config = workdir / gateway.config_name
-        config.write_text(substitute(text, template_values(9, "http://127.0.0.1:9", workdir)), encoding="utf-8")
+        if named_placeholders(text) & set(TLS_PLACEHOLDERS):  # throwaway files, so the check can load them
+            from chaos.host.certs import make_local_certs
+
+            pair = make_local_certs(workdir / "made")
+            write_tls_files(workdir, chain=pair.cert, key=pair.key, ca=pair.ca)
+        config.write_text(substitute(text, all_values(9, "http://127.0.0.1:9", workdir)), encoding="utf-8")
         complaint = gateway.check(binary, config, workdir)
     if complaint is None:
         return []
