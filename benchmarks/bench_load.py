@@ -36,6 +36,19 @@ process of it used ≥ 90% of a core. Prints figures; asserts nothing.
                                     [--through-run [--pairs 6]] [--tick 0.02] [--seconds 5] [--warmup 1.5]
                                     [--gzip] [--json] [--first-hold 0.05]
                                     [--clients ours,run,aiohttp,aiperf,guidellm,inference-perf]
+    python benchmarks/bench_load.py --http 2 [--streams 256,1024] [--connections 1,8,64]
+                                    [--stream-window 16777216] [--first-hold 0.05] [--seconds 8] [--warmup 2] [--json]
+
+``--http 2``: the HTTP/2 client (``chaos.load.http2``) beside the HTTP/1.1 one. The server also speaks h2c
+with prior knowledge (``h2c_server.py``: a connection that opens with the HTTP/2 preface; the same events,
+``/events`` counts and first holds, each event a DATA frame built once per stream and written by a ticker of
+its own, a connection's due frames in one write). Per (N streams, C connections), in one round, each in its
+own process: ``ours`` over HTTP/2 (``load.http`` version 2, ``streams_per_connection`` = ceil(N / C)) and
+``ours`` over HTTP/1.1 (N connections, as the rounds above), in alternating order, and the ratio h2 / h1.1
+of events/s and of CPU per event; besides the columns above, TTFT p50 minus the server's true hold p50
+(with ``--first-hold``) and the connections the HTTP/2 client opened. The server does no flow control (it
+never waits on the client's window) and the client runs with a ``--stream-window`` its responses never use
+up, so this is the client's cost per event, not flow control's.
 
 Needs aiohttp for the anchor (``pip install -e '.[dev]'``); without it the anchor rows are skipped. Each
 peer tool lives in a virtualenv of its own (their pins are not ours), found from ``$STREAMCHAOS_AIPERF``,
@@ -92,11 +105,13 @@ def pct(values: list[float], q: float) -> float:
 # ---- the server ----------------------------------------------------------------------------------
 
 
-def serve(port: int, tick: float, compress: bool = False, first_hold: float = 0.0) -> None:
+def serve(port: int, tick: float, compress: bool = False, first_hold: float = 0.0, h2c: bool = False) -> None:
     """``compress``: answer a client that sends Accept-Encoding with gzip, each event sync-flushed in
     its own chunk (as nginx's gzip filter does for an unbuffered upstream). ``first_hold``: hold each
     stream's first event that long after its request arrived, and record the hold as it really was
-    (``GET /holds`` returns their p50/p99 and clears them): the wire TTFT a client should measure."""
+    (``GET /holds`` returns their p50/p99 and clears them): the wire TTFT a client should measure.
+    ``h2c``: a connection that opens with the HTTP/2 preface is served in HTTP/2 (``h2c_server.py``: the
+    same events, holds and counts, by a ticker of its own), any other in HTTP/1.1 as without it."""
     import zlib
 
     import httptools
@@ -203,6 +218,17 @@ def serve(port: int, tick: float, compress: bool = False, first_hold: float = 0.
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
+        if h2c:
+            from h2c_server import h2c_protocols  # beside this file
+
+            factory, h2_ticker = h2c_protocols(
+                first_hold=first_hold, token=raw_token, last=raw_last + b"data: [DONE]\n\n", holds=holds,
+                counts=counts, max_tokens=_max_tokens, get_body=lambda path: _get_body(path, holds, counts),
+                http1=Conn)
+            server = await loop.create_server(factory, "127.0.0.1", port, backlog=4096)
+            print(f"PORT {server.sockets[0].getsockname()[1]}", flush=True)
+            await asyncio.gather(ticker(), h2_ticker(tick))
+            return
         server = await loop.create_server(Conn, "127.0.0.1", port, backlog=4096)
         print(f"PORT {server.sockets[0].getsockname()[1]}", flush=True)
         await ticker()
@@ -278,6 +304,9 @@ async def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     spec: Any = LoadSettings(concurrency=args.streams, workers=args.workers, max_tokens=(args.tokens, args.tokens),
                         request_timeout=60.0, include_usage=False, lag_threshold=LAG_THRESHOLD_S,
                         prompts=PromptSettings(min_chars=32, max_chars=64))
+    if args.http == "2":  # --http 2: the streams spread over --connections, each with a window never used up
+        spec = LoadSettings.of(spec, http_version="2", streams_per_connection=_per_connection(args),
+                               stream_window=args.stream_window)
     records: list[StreamRecord] = []
     load = make_load(spec, LoadTarget(args.url, "bench", 0), policy=ClientPolicy(), sink=records.append)
     pids = [os.getpid()]
@@ -293,12 +322,22 @@ async def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     await load.drain(0.0)  # cancel what is left: only the window counts
     lag = load.refresh_lag() if isinstance(load, WorkerPool) else None
     lag_stats = await lag if lag is not None else load.lag_stats()
+    connects = getattr(getattr(load, "_http", None), "connects", None)  # the bare generator's connections opened
     await load.aclose()
     t0, t1 = int(win["t0"] * 1e9), int(win["t1"] * 1e9)
     events = sum(1 for r in records for t in r.t_content if t0 <= t <= t1)
     ttft = [r.ttft_ns / 1e6 for r in records if r.ttft_ns is not None and r.t_sent is not None and t0 <= r.t_sent <= t1]
     errors = sum(1 for r in records if r.error is not None and r.error.kind != "cancelled")
-    return _row(args, win, events, ttft, errors, lag_stats["p50_ms"], lag_stats["p99_ms"], len(pids))
+    row = _row(args, win, events, ttft, errors, lag_stats["p50_ms"], lag_stats["p99_ms"], len(pids))
+    if args.http == "2":
+        row.update(http="2", connections=args.connections, streams_per_connection=_per_connection(args),
+                   stream_window=args.stream_window, connects=connects)
+    return row
+
+
+def _per_connection(args: argparse.Namespace) -> int:
+    """--http 2: streams per connection, so that the streams fill ``--connections`` connections."""
+    return -(-args.streams // max(1, args.connections))
 
 
 async def run_aiohttp(args: argparse.Namespace) -> dict[str, Any]:
@@ -741,21 +780,21 @@ def _row(args: argparse.Namespace, win: dict[str, float], events: int, ttft: lis
 
 
 def _client_process(args: argparse.Namespace, client: str, streams: int, workers: int, url: str,
-                    server_pid: int) -> dict[str, Any] | None:
+                    server_pid: int, extra: tuple[str, ...] = ()) -> dict[str, Any] | None:
     cmd = [sys.executable, __file__, "--client", client, "--streams", str(streams), "--workers", str(workers),
            "--tokens", str(args.tokens), "--tick", str(args.tick), "--seconds", str(args.seconds),
            "--warmup", str(args.warmup), "--url", url, "--server-pid", str(server_pid),
-           "--first-hold", str(args.first_hold)]
+           "--first-hold", str(args.first_hold), *extra]
     timeout = args.seconds + args.warmup + 90 + (PEER_START_S + PEER_REPORT_S + 30 if client in PEERS else 0)
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
-        print(f"  {client} N={streams} W={workers}: timed out", file=sys.stderr)
+        print(f"  {client} N={streams} W={workers} {' '.join(extra)}: timed out", file=sys.stderr)
         return None
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if out.returncode != 0 or not lines:
-        print(f"  {client} N={streams} W={workers}: failed (exit {out.returncode}): {out.stderr.strip()[-800:]}",
-              file=sys.stderr)
+        print(f"  {client} N={streams} W={workers} {' '.join(extra)}: failed (exit {out.returncode}): "
+              f"{out.stderr.strip()[-800:]}", file=sys.stderr)
         return None
     row: dict[str, Any] = json.loads(lines[-1])
     return row
@@ -909,10 +948,96 @@ def orchestrate(args: argparse.Namespace) -> None:
         print(json.dumps(rows, indent=1))
 
 
+# ---- --http 2: the HTTP/2 client beside the HTTP/1.1 one ------------------------------------------------
+
+H2_HEADER = (f"{'streams':>7} {'conns':>5} {'per conn':>8} {'client':>7} {'offered/s':>9} {'events/s':>9} "
+             f"{'share':>6} {'CPU-ms/1k':>9} {'client CPU':>10} {'lag p50':>8} {'lag p99':>8} {'TTFT p50':>8} "
+             f"{'TTFT p99':>8} {'p50-hold':>8} {'server CPU':>10} {'errors':>6}  saturated")
+
+
+def _h2_fmt(row: dict[str, Any]) -> str:
+    hold = row.get("true_hold") or {}
+    over = f"{row['ttft_p50_ms'] - hold['p50_ms']:>+6.1f}ms" if hold.get("n") else f"{'-':>8}"
+    h2 = row.get("http") == "2"
+    return (f"{row['streams']:>7} {row['connections'] if h2 else row['streams']:>5} "
+            f"{row['streams_per_connection'] if h2 else 1:>8} {'h2' if h2 else 'h1.1':>7} "
+            f"{row['offered_per_s']:>9.0f} {row['events_per_s']:>9.0f} {row['share_of_offered']:>6.0%} "
+            f"{row['cpu_ms_per_1k_events']:>9.1f} {row['client_cpu_util']:>10.0%} {row['lag_p50_ms']:>6.2f}ms "
+            f"{row['lag_p99_ms']:>6.1f}ms {row['ttft_p50_ms']:>6.1f}ms {row['ttft_p99_ms']:>6.1f}ms {over} "
+            f"{row['server_cpu_util']:>10.0%} {row['errors']:>6}  {row['saturated']}"
+            + (f"  ({row['connects']} connections opened)" if h2 else "")
+            + (f"  true hold p50/p99 {hold['p50_ms']:.1f}/{hold['p99_ms']:.1f}ms" if hold.get("n") else ""))
+
+
+def orchestrate_h2(args: argparse.Namespace) -> None:
+    """``--http 2``: per (streams, connections), ``ours`` over HTTP/2 (the streams spread over the connections)
+    and ``ours`` over HTTP/1.1 (a connection per stream, as the default rounds run it), each in its own process,
+    in turn against one server that speaks both (``--h2c``), and the ratio h2 / h1.1. The two go in alternate
+    order from one round to the next, so that a drift of the shared host does not always favour the same one."""
+    server = subprocess.Popen([sys.executable, __file__, "--serve", "--h2c", "--tick", str(args.tick),
+                               "--first-hold", str(args.first_hold)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    rows: list[dict[str, Any]] = []
+    try:
+        assert server.stdout is not None
+        url = f"http://127.0.0.1:{int(server.stdout.readline().split()[1])}/v1"
+        from chaos.load.loop import loop_name
+
+        if not args.json:
+            print(f"server: h2c (prior knowledge) and HTTP/1.1, {1 / args.tick:g} events/s per stream, {args.tokens} "
+                  f"tokens per request (turnover); h2 stream window {args.stream_window} bytes; {args.seconds:g}s "
+                  f"window after {args.warmup:g}s warm-up; loop {loop_name()}; lag threshold "
+                  f"{LAG_THRESHOLD_S * 1e3:g}ms; first hold {args.first_hold * 1e3:g}ms; load average "
+                  f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+            print(H2_HEADER, flush=True)
+        turn = 0
+        for streams in (int(s) for s in args.streams.split(",")):
+            for connections in (int(c) for c in args.connections.split(",")):
+                if connections > streams:
+                    continue
+                h2 = ("--http", "2", "--connections", str(connections), "--stream-window", str(args.stream_window))
+                got: dict[str, dict[str, Any]] = {}
+                for label, extra in (("h2", h2), ("h1.1", ()))[::1 if turn % 2 == 0 else -1]:
+                    row = _client_process(args, "ours", streams, 1, url, server.pid, extra)
+                    if row is None:
+                        continue
+                    row["true_hold"] = _fetch_holds(url) if args.first_hold > 0 else None
+                    row.setdefault("http", "1.1")
+                    got[label] = row
+                    if not args.json:
+                        print(_h2_fmt(row), flush=True)
+                turn += 1
+                if "h2" in got and "h1.1" in got:
+                    x, y = got["h2"], got["h1.1"]
+                    x["h2_over_h1_events_per_s"] = x["events_per_s"] / max(1e-9, y["events_per_s"])
+                    x["h2_over_h1_cpu_per_event"] = x["cpu_ms_per_1k_events"] / max(1e-9, y["cpu_ms_per_1k_events"])
+                    if not args.json:
+                        print(f"{'':>7} {'':>5} {'':>8} {'h2/h1.1':>7} {'':>9} {x['h2_over_h1_events_per_s']:>9.2f} "
+                              f"{'':>6} {x['h2_over_h1_cpu_per_event']:>9.2f} {'':>10} {'':>8} {'':>8} "
+                              f"{x['ttft_p50_ms'] - y['ttft_p50_ms']:>+6.1f}ms", flush=True)
+                rows += got.values()
+    finally:
+        server.terminate()  # our own child
+        server.wait(10)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    elif rows:
+        print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", default="64,256,512,1024")
     parser.add_argument("--workers", default="1,2")
+    parser.add_argument("--http", choices=("1.1", "2"), default="1.1",
+                        help="2: the bare generator over HTTP/2 (h2c) beside it over HTTP/1.1, at each --streams and "
+                             "--connections, one process each (no --workers; see this file's docstring); 1.1: the "
+                             "rounds as without it")
+    parser.add_argument("--connections", default="1,8,64",
+                        help="--http 2: the connections the streams are spread over (streams per connection: "
+                             "streams / connections, rounded up)")
+    parser.add_argument("--stream-window", type=int, default=16 << 20,
+                        help="--http 2: the client's receive window per stream in bytes, large enough that the "
+                             "server never waits on flow control (it does not implement it)")
     parser.add_argument("--tokens", type=int, default=64, help="content events per request (turnover)")
     parser.add_argument("--tick", type=float, default=0.02, help="seconds between a stream's events")
     parser.add_argument("--seconds", type=float, default=5.0, help="measured window per row")
@@ -936,18 +1061,23 @@ def main() -> None:
                         help="the server gzips each stream (sync flush per event) for clients that send "
                              "Accept-Encoding")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--h2c", action="store_true", help=argparse.SUPPRESS)  # the server: HTTP/2 too
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--client", choices=("ours", "aiohttp", "run", *PEERS), help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--server-pid", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.http == "2" and not args.client and (args.clients not in (None, "ours") or args.gzip or args.through_run):
+        raise SystemExit("--http 2 runs the client `ours` over HTTP/2 and over HTTP/1.1: no other --clients, no "
+                         "--gzip, no --through-run")
     named = args.clients.split(",") if args.clients else ([] if args.through_run else ["ours", "run", "aiohttp"])
     args.clients = ",".join(dict.fromkeys((["ours", "run"] if args.through_run else []) + named))
     if args.serve:
-        serve(args.port, args.tick, args.gzip, args.first_hold)
+        serve(args.port, args.tick, args.gzip, args.first_hold, args.h2c)
         return
     if args.client:
         args.streams, args.workers = int(args.streams), int(args.workers)
+        args.connections = int(args.connections) if args.http == "2" else 0
         from chaos.load.loop import run
 
         if args.client == "run":
@@ -957,6 +1087,9 @@ def main() -> None:
         else:
             row = run(run_ours(args) if args.client == "ours" else run_aiohttp(args))
         print(json.dumps(row), flush=True)
+        return
+    if args.http == "2":
+        orchestrate_h2(args)
         return
     orchestrate(args)
 

@@ -266,7 +266,7 @@ def _write_page(path: Path, text: str) -> None:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from chaos.output.reports.compare import compare_reports, compare_table, render_compare
+    from chaos.output.reports.compare import compare_reports, compare_table, render_compare, setup_differences
 
     dir_a, dir_b = (Path(d) for d in args.compare)
     if (dir_a / "capacity.json").is_file() and (dir_b / "capacity.json").is_file():
@@ -276,6 +276,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     label_a, label_b = f"A {dir_a.name}", f"B {dir_b.name}"
     if a.get("experiment") != b.get("experiment"):
         print(f"note: comparing different experiments ({a.get('experiment')} and {b.get('experiment')})")
+    for difference in setup_differences(a, b):
+        print(f"setup differs: {difference}")
     for line in compare_table(rows, label_a, label_b):
         print(line)
     flagged = [r for r in rows if r.flagged]

@@ -11,7 +11,12 @@ experiment can show the splits it provoked really happened.
 Two more checks use what the server itself says. A 2xx response that came with a ``Content-Type`` other
 than ``text/event-stream`` is a ``content_type`` problem, and the evidence names the types seen (the
 load client also fails such a stream as a ``protocol`` error, so ``errors`` and ``early_close`` name it
-in experiments that do not list integrity); one with none is judged as SSE. Where the stream carried
+in experiments that do not list integrity). One with none is judged as SSE where no stream of the
+run had one (a homemade server may never send it); where others of the run came as ``text/event-stream``
+it is ``content_type_missing``: the same server labelled some streams and not others, which is what a
+response header lost or leaked between the streams of one HTTP/2 connection looks like, and a
+browser's ``EventSource`` refuses the stream. Its evidence names the stream, its connection and HTTP/2
+stream id, and the header. Where the stream carried
 ``usage.completion_tokens`` (the load asks for ``stream_options.include_usage``), more content events
 than that count is ``events_over_usage``: every content event carries at least one token, so the
 surplus was sent twice (or made up). Repeated events (a content event whose whole payload, JSON and SSE
@@ -63,6 +68,11 @@ def diff_snippet(expected: str, got: str) -> dict[str, Any]:
     }
 
 
+# every problem a stream can have, in the order the evidence lists them
+PROBLEMS = ("content_type", "content_type_missing", "events_over_usage", "utf8_errors", "replacement_char",
+            "json_errors", "sse_errors", "text_mismatch", "prefix_mismatch")
+
+
 def framing_problem(stream: StreamRecord) -> bool:
     """A 2xx response that came with a Content-Type other than text/event-stream (none at all is no
     problem here: the body is judged as SSE, by the other checks). Pure."""
@@ -81,10 +91,23 @@ def _over_usage(stream: StreamRecord) -> bool:
     return tokens is not None and len(stream.t_content) + len(stream.t_reasoning) > tokens
 
 
-def _problems(stream: StreamRecord, rule: EndRule = STRICT_END) -> list[str]:
+def missing_content_type(stream: StreamRecord) -> bool:
+    """A 2xx response that came with no Content-Type at all (``""``; None: no response, or an older journal). Pure."""
+    ok = stream.status is None or 200 <= stream.status < 300
+    return ok and stream.content_type == ""
+
+
+def labelled_sse(stream: StreamRecord) -> bool:
+    """A response that came as ``text/event-stream``. Pure."""
+    return bool(stream.content_type) and not foreign_content_type(stream.content_type)
+
+
+def _problems(stream: StreamRecord, rule: EndRule = STRICT_END, sse_elsewhere: bool = False) -> list[str]:
     found = []
     if framing_problem(stream):
         found.append("content_type")
+    if sse_elsewhere and missing_content_type(stream):
+        found.append("content_type_missing")
     if _over_usage(stream):
         found.append("events_over_usage")
     if stream.utf8_errors:
@@ -95,12 +118,16 @@ def _problems(stream: StreamRecord, rule: EndRule = STRICT_END) -> list[str]:
         found.append("json_errors")
     if stream.sse_errors:
         found.append("sse_errors")
-    if stream.expected_text is not None:
-        if stream.is_complete(rule) and stream.text != stream.expected_text:
-            found.append("text_mismatch")
-        elif not stream.is_complete(rule) and not stream.expected_text.startswith(stream.text):
-            found.append("prefix_mismatch")
-    return found
+    return found + _reference_problems(stream, rule)
+
+
+def _reference_problems(stream: StreamRecord, rule: EndRule) -> list[str]:
+    """Its text against its reference: equal when complete, a prefix of it when not."""
+    if stream.expected_text is None:
+        return []
+    if stream.is_complete(rule):
+        return ["text_mismatch"] if stream.text != stream.expected_text else []
+    return [] if stream.expected_text.startswith(stream.text) else ["prefix_mismatch"]
 
 
 @verifier
@@ -129,22 +156,16 @@ class Integrity(SlaSpec):
     def judge(self, obs: Observations, phase: str | None) -> Verdict:
         require_reference: bool = self.require_reference
         population = obs.population(phase)
-        counts: dict[str, int] = {
-            "content_type": 0,
-            "events_over_usage": 0,
-            "utf8_errors": 0,
-            "replacement_char": 0,
-            "json_errors": 0,
-            "sse_errors": 0,
-            "text_mismatch": 0,
-            "prefix_mismatch": 0,
-        }
+        counts: dict[str, int] = dict.fromkeys(PROBLEMS, 0)
         offenders: list[dict[str, Any]] = []
         first_diff: dict[str, Any] | None = None
         bad = 0
         rule = obs.end_rule
+        # over the whole run, not the phase's: a phase where every stream lost the header is no proof the
+        # server never sends it
+        sse_labelled = sum(1 for st in obs.population(None) if labelled_sse(st))
         for stream in population:
-            found = _problems(stream, rule)
+            found = _problems(stream, rule, sse_elsewhere=sse_labelled > 0)
             bad += bool(found)
             for problem in found:
                 counts[problem] += 1
@@ -168,6 +189,7 @@ class Integrity(SlaSpec):
             "split_chars": sum(st.split_chars for st in population),
             "utf8_error_bytes": sum(st.utf8_errors for st in population),
             **_server_said(population),
+            "labelled_event_stream": sse_labelled,
         }
         status: Status
         if bad:
@@ -191,6 +213,10 @@ def _offender(stream: StreamRecord, found: list[str]) -> dict[str, Any]:
     entry: dict[str, Any] = {"id": stream.id, "problems": found}
     if "content_type" in found:
         entry["content_type"] = stream.content_type
+    if "content_type_missing" in found:
+        entry["missing_header"] = "content-type"
+    if stream.connection is not None:  # which connection (and HTTP/2 stream) carried it: neighbours share one
+        entry.update(protocol=stream.protocol, connection=stream.connection, stream_id=stream.stream_id)
     if "events_over_usage" in found:
         entry.update(content_events=len(stream.t_content), usage_completion_tokens=usage_tokens(stream),
                      repeated_events=stream.repeated_events)
@@ -216,11 +242,25 @@ def _reason(counts: dict[str, int], evidence: dict[str, Any], streams: int) -> s
         shown = ", ".join(f"{t!r} ({n})" for t, n in evidence["content_types"].items())
         said.append(f"{counts['content_type']} of {streams} streams came as Content-Type {shown}, "
                     "not text/event-stream")
+    if counts["content_type_missing"]:
+        first = next((o for o in evidence["offenders"] if "content_type_missing" in o["problems"]), None)
+        where = ""
+        if first is not None:
+            where = f" (first: {first['id']}"
+            if first.get("connection"):
+                where += f" on connection {first['connection']}"
+                if first.get("stream_id") is not None:
+                    where += f", HTTP/2 stream {first['stream_id']}"
+            where += ")"
+        said.append(f"{counts['content_type_missing']} of {streams} streams came with no content-type header while "
+                    f"{evidence['labelled_event_stream']} came as text/event-stream{where}: a header lost or leaked "
+                    "between streams; a browser's EventSource refuses such a stream")
     if counts["events_over_usage"]:
         said.append(f"{counts['events_over_usage']} streams carried more content events than the server's own "
                     f"usage.completion_tokens ({evidence['repeated_events']} content events repeated the one before "
                     "whole): events sent twice")
-    others = {k: n for k, n in counts.items() if n and k not in ("content_type", "events_over_usage")}
+    others = {k: n for k, n in counts.items()
+              if n and k not in ("content_type", "content_type_missing", "events_over_usage")}
     if others:
         said.append(", ".join(f"{k}: {n}" for k, n in others.items()))
     return "; ".join(said)

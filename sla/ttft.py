@@ -21,6 +21,9 @@ Under open-loop arrivals the evidence also gives the schedule delay (scheduled �
 backlog, or the in-flight cap's queue) and TTFT measured from the scheduled time, as its own
 figure: a user who arrived on schedule waited that long, whatever the client's queue hid
 (coordinated omission; the failure of ``vllm bench serve`` reported as vLLM #54101).
+From the client's connection stamps the evidence also takes TTFT apart (``ttft_parts``: the TCP connect
+and TLS handshake of a new connection, request → response head, head → first token; ``sla.ttft_parts``),
+with how many streams came on a new connection and over which protocol.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from sla.common import (
 )
 from sla.definitions import definition_line
 from sla.stats import judge_quantile
+from sla.ttft_parts import parts_evidence
 
 __all__ = ["TO", "first_stamp", "judged_in_send_order", "Ttft", "ttft_samples"]
 
@@ -189,6 +193,9 @@ def _evidence(population: list[StreamRecord], values: list[float], budget: float
             [first - st.t_scheduled for st in population
              if st.t_scheduled is not None and st.t_sent is not None
              and (first := first_stamp(st, to)) is not None], shown)
+    parts = parts_evidence(with_content, [first_stamp(st, to) for st in with_content], shown)
+    if parts is not None:  # connect, TLS handshake, request → head, head → first token (sla.ttft_parts)
+        evidence["ttft_parts"] = parts
     slowest = sorted(with_content, key=lambda st: _value_ns(st, to) or 0, reverse=True)[:3]
     evidence["slowest"] = [{"id": st.id, "ttft_s": s(_value_ns(st, to))} for st in slowest]
     return evidence

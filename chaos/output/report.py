@@ -11,6 +11,7 @@ import math
 import re
 import shutil
 import xml.etree.ElementTree as ET
+from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -199,6 +200,7 @@ def report_dict(result: Result) -> dict[str, Any]:
             "complete": sum(1 for s in population if obs.complete(s)),
             "hung_up_on_purpose": sum(1 for s in population if s.hangup is not None),
             "client_lag": result.client_lag,
+            **connection_facts(population),
         },
         "errors": {"top": top_errors(stream_errors(population))},
         # per phase: the prefix cache's hit rate, TTFT's time queued and in prefill (the engine's counters)
@@ -208,6 +210,17 @@ def report_dict(result: Result) -> dict[str, Any]:
         "sla": [{"name": e.name, "kind": e.kind, "params": e.spec.params} for e in result.experiment.sla],
         "verdicts": [v.to_dict() for v in result.verdicts],
     })
+
+
+def connection_facts(population: list[Any]) -> dict[str, Any]:
+    """What the load's streams travelled on: streams per protocol ("http/1.1", "h2"), the connections
+    they used and how many streams opened one (the rest reused one). Pure."""
+    protocols = Counter(st.protocol for st in population if st.protocol is not None)
+    return {
+        "protocols": dict(protocols),
+        "connections": len({st.connection for st in population if st.connection is not None}),
+        "streams_on_new_connections": sum(1 for st in population if st.reused is False),
+    }
 
 
 def path_report(obs: Observations) -> list[dict[str, Any]] | None:

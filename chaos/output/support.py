@@ -141,6 +141,18 @@ def _sla_cell(needs: Sequence[str], p: EngineProfile) -> str:
     return "yes"
 
 
+PROTOCOL_WORDS = {"http/1.1": "HTTP/1.1", "h2": "HTTP/2"}
+
+
+def protocol_cell(kind: str) -> str:
+    """The protocols of the load's streams a fault kind acts on (``Fault.protocols``), in words."""
+    from faults import REGISTRY
+
+    protocols = getattr(REGISTRY.get(kind), "protocols", ("http/1.1", "h2"))
+    words = [PROTOCOL_WORDS.get(p, p) for p in protocols]
+    return words[0] + " only" if len(words) == 1 else ", ".join(words)
+
+
 def render_markdown(fault_kinds: Sequence[str], sla_kinds: Sequence[str]) -> str:
     """The engine profiles, the fault-support matrix and the SLA × metrics matrix, as Markdown."""
     lines = ["## Engine profiles", "",
@@ -162,12 +174,13 @@ def render_markdown(fault_kinds: Sequence[str], sla_kinds: Sequence[str]) -> str
               "Which fault kinds work against which targets (generated from `chaos/output/support.py`). "
               "What each one needs: " + "; ".join(f"{w}" for w in NEEDS_WORDS.values()) + ". "
               "Against a remote engine the profile does not change what a fault can do.", "",
-              _row(["fault kind", *(c.title for c in columns), "needs"]), _row(["---"] * (len(columns) + 2))]
+              _row(["fault kind", *(c.title for c in columns), "protocol", "needs"]),
+              _row(["---"] * (len(columns) + 3))]
     for kind in fault_kinds:
         support = fault_support(kind)
         ways = _needs(kind) or ()
         needs = "; ".join(f"{how + ': ' if how else ''}{NEEDS_WORDS[need]}" for how, need in ways) or "?"
-        lines.append(_row([f"`{kind}`", *(support[c.key] for c in columns), needs]))
+        lines.append(_row([f"`{kind}`", *(support[c.key] for c in columns), protocol_cell(kind), needs]))
     lines += ["", "## What each SLA needs", "", _sla_needs_text(sla_kinds), "",
               _row(["SLA", *(f"`{p.name}`" for p in PROFILES.values())]), _row(["---"] * (len(PROFILES) + 1))]
     for kind in sla_kinds:

@@ -191,6 +191,28 @@ def compare_table(rows: Sequence[Row], label_a: str = "A", label_b: str = "B") -
     return lines
 
 
+def protocol_of(report: Mapping[str, Any]) -> str:
+    """The protocol(s) the run's load spoke, in words: ``h2``, ``http/1.1``, ``h2 + http/1.1``; ``?`` for a
+    report from before the load recorded it. Pure."""
+    protocols = (report.get("load") or {}).get("protocols") or {}
+    return " + ".join(sorted(protocols, key=lambda p: -protocols[p])) if protocols else "?"
+
+
+def setup_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """How the two runs were set up differently, in words (the protocol of the load, the target, the hops
+    in its path), so a comparison says what it compares. Pure."""
+    out = []
+    if protocol_of(a) != protocol_of(b):
+        out.append(f"load protocol: {protocol_of(a)} (A) vs {protocol_of(b)} (B)")
+    kinds = [(r.get("target") or {}).get("kind") for r in (a, b)]
+    if kinds[0] != kinds[1]:
+        out.append(f"target: {kinds[0]} (A) vs {kinds[1]} (B)")
+    paths = [" → ".join(str(h.get("kind")) for h in (r.get("path") or [])) or "direct" for r in (a, b)]
+    if paths[0] != paths[1]:
+        out.append(f"path: {paths[0]} (A) vs {paths[1]} (B)")
+    return out
+
+
 def _run_header(report: Mapping[str, Any], label: str) -> str:
     from datetime import UTC, datetime
 
@@ -201,7 +223,8 @@ def _run_header(report: Mapping[str, Any], label: str) -> str:
             else "?")
     return (f"<tr><th>{esc(label)}</th><td>{esc(report.get('experiment'))}</td><td>{esc(when)}</td>"
             f"<td>{esc(report.get('status'))}, exit {esc(report.get('exit_code'))}</td>"
-            f"<td>{esc((report.get('load') or {}).get('streams', 0))} streams</td></tr>")
+            f"<td>{esc((report.get('load') or {}).get('streams', 0))} streams</td>"
+            f"<td>{esc(protocol_of(report))}</td></tr>")
 
 
 def _intervals_figure(rows: Sequence[Row], label_a: str, label_b: str) -> tuple[str, int]:
