@@ -177,6 +177,18 @@ class StreamRecord:
     t_tool_calls: list[int] = field(default_factory=list)
     tool_calls: dict[str, Any] | None = None
     tool_call_errors: int = 0
+    # the connection under the request (chaos.load.http1 / http2): its protocol ("http/1.1" | "h2"), which
+    # connection of the client's it was ("c7": the 7th it opened; HTTP/2 streams of one connection share it)
+    # and the HTTP/2 stream id, whether it was reused (False: opened for this request), and on a new one the
+    # ends of the TCP connect (``t_connected``) and of the TLS handshake (``t_tls``); ``t_request``: when the
+    # request's bytes were written (``t_sent``, on a new connection, is when its connect began)
+    protocol: str | None = None
+    connection: str | None = None
+    stream_id: int | None = None
+    reused: bool | None = None
+    t_connected: int | None = None
+    t_tls: int | None = None
+    t_request: int | None = None
 
     @property
     def complete(self) -> bool:
