@@ -11,9 +11,9 @@ experiment can show the splits it provoked really happened.
 Two more checks use what the server itself says. A 2xx response that came with a ``Content-Type`` other
 than ``text/event-stream`` is a ``content_type`` problem, and the evidence names the types seen (the
 load client also fails such a stream as a ``protocol`` error, so ``errors`` and ``early_close`` name it
-in experiments that do not list integrity). One with none is judged as SSE where no stream of the
-run had one (a homemade server may never send it); where others of the run came as ``text/event-stream``
-it is ``content_type_missing``: the same server labelled some streams and not others, which is what a
+in experiments that do not list integrity). One with none is judged as SSE (a homemade server may never
+send it), except an HTTP/2 stream where others of the run came as ``text/event-stream``: that is
+``content_type_missing``, the same server labelling some streams and not others, which is what a
 response header lost or leaked between the streams of one HTTP/2 connection looks like, and a
 browser's ``EventSource`` refuses the stream. Its evidence names the stream, its connection and HTTP/2
 stream id, and the header. Where the stream carried
@@ -92,9 +92,11 @@ def _over_usage(stream: StreamRecord) -> bool:
 
 
 def missing_content_type(stream: StreamRecord) -> bool:
-    """A 2xx response that came with no Content-Type at all (``""``; None: no response, or an older journal). Pure."""
+    """A 2xx HTTP/2 response that came with no Content-Type at all (``""``; None: no response, or an older
+    journal). Over HTTP/1.1 a missing header stays what it always was here, a homemade server's habit judged
+    as SSE: one connection carries one response at a time, so no neighbour's head can take its place. Pure."""
     ok = stream.status is None or 200 <= stream.status < 300
-    return ok and stream.content_type == ""
+    return ok and stream.content_type == "" and stream.protocol == "h2"
 
 
 def labelled_sse(stream: StreamRecord) -> bool:
