@@ -186,17 +186,30 @@ def _max_tokens(body: Mapping[str, Any]) -> int | None:
     return value if isinstance(value, int) else None
 
 
-async def _send_once(url: str, body: Mapping[str, Any], api_key: str | None,
-                     timeout: float) -> tuple[StreamRecord, str | None]:
-    """The stream and, when the preflight hung up on it (``should_cut``), why."""
+async def _send_once(url: str, body: Mapping[str, Any], api_key: str | None, timeout: float,
+                     load: LoadSpec | None = None) -> tuple[StreamRecord, str | None]:
+    """The stream, sent as the load sends its requests (``load``: its headers, its own X-Request-Id unless
+    ``load.headers`` names the header, its HTTP version), and, when the preflight hung up on it
+    (``should_cut``), why. A server that refuses what the load sends refuses it here, before the run."""
     from chaos.load.client import make_http_client, stream_request
+    from chaos.load.sdk_headers import request_headers, request_id_header
 
     record = StreamRecord(id="preflight", phase="preflight",
                           endpoint="chat" if url.endswith("/chat/completions") else "completions")
-    http = make_http_client(1, api_key=api_key)
+    load = load or LoadSpec()
+    version = load.http.version
+    if version == "auto":
+        from chaos.load.http2 import negotiate
+
+        version = await negotiate(url)
+    http = make_http_client(1, api_key=api_key, headers=request_headers(load.headers, load.request_timeout),
+                            version=version, streams_per_connection=load.http.streams_per_connection,
+                            stream_window=load.http.window)
+    id_header = request_id_header(load.headers)
+    own_id = {id_header: "preflight"} if id_header else {}
     limit = _max_tokens(body)
     try:
-        task = asyncio.create_task(stream_request(http, url, body, record, request_timeout=timeout))
+        task = asyncio.create_task(stream_request(http, url, body, record, request_timeout=timeout, headers=own_id))
         while not task.done():
             await asyncio.wait({task}, timeout=_POLL_S)
             first = record.t_first_token  # reasoning or a tool call streams no content first
@@ -232,7 +245,7 @@ async def preflight(load: LoadSpec, *, base_url: str, model: str, seed: int, api
     while True:
         attempts += 1
         body, _ = Workload(load, model=model, seed=seed).request(0)
-        record, cut = await _send_once(url, body, api_key, timeout)
+        record, cut = await _send_once(url, body, api_key, timeout, load)
         _check_event_stream(record, url)
         _check_parsed(record, url)
         refused = record.error is not None and record.error.kind == "http" and record.status in (400, 422)

@@ -152,7 +152,9 @@ LOAD = Schema(
         Param("prompts", "mapping", None, doc="prompt source and shape"),
         Param("headers", "mapping", None,
               doc="request headers added to (or, by name, replacing) the OpenAI Python SDK's "
-              "defaults, Accept-Encoding: gzip, deflate included; a header set to null is not sent"),
+              "defaults, Accept-Encoding: gzip, deflate included; a header set to null is not sent. Each request "
+              "also carries its own X-Request-Id (the hops' taps pair by it) unless this names it: "
+              "{X-Request-Id: null} for a server that refuses ids that are not UUIDs (llama-cpp-python's)"),
         Param("shards", "int", 1, min=1, max=256,
               doc="split the load across this many generator shards, each a process "
               "(here or a pod) that writes a journal shard; merged and judged as one run"),

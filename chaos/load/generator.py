@@ -37,7 +37,7 @@ from chaos.load.backoff import DEFAULT_CONNECT_BACKOFF, ConnectBackoff
 from chaos.load.client import StreamCall, StreamClient, make_http_client, stream_request
 from chaos.load.lag import LagMonitor, delay_summary
 from chaos.load.pacer import Pacer
-from chaos.load.sdk_headers import request_headers
+from chaos.load.sdk_headers import request_headers, request_id_header
 from chaos.load.workload import (
     LoadSettings,
     LoadSpecLike,
@@ -93,6 +93,7 @@ class LoadGenerator:
         for pem in target.ca_pems:  # what the run serves over TLS itself (chaos.host.certs): one trust policy
             trust_data(pem)
         self.settings = LoadSettings.of(spec)
+        self._id_header = request_id_header(spec.headers)  # None: load.headers names X-Request-Id
         self.http_version = self.settings.http_version  # "auto": decided by ALPN in ``run`` (``negotiate``)
         self.policy = policy
         self.sink = sink
@@ -196,10 +197,14 @@ class LoadGenerator:
         http = self._client()
         request_id = f"{self.worker_index}-{n}"
         try:
-            payload: object | None = http.encode(http.target(self.url), body, {"X-Request-Id": request_id})
+            payload: object | None = http.encode(http.target(self.url), body, self._id_of(request_id))
         except ValueError:
             payload = None  # a header or URL it cannot send: the request's own run records why
         return _Made(body, prompt, payload, self._plan_rng(request_id))
+
+    def _id_of(self, request_id: str) -> dict[str, str]:
+        """The request's own id header, unless ``load.headers`` names it (``_id_header``)."""
+        return {self._id_header: request_id} if self._id_header else {}
 
     def _plan_rng(self, request_id: str) -> random.Random:
         # seeded by the request id: the same request gets the same client behaviour in every replay, whatever
@@ -216,7 +221,7 @@ class LoadGenerator:
         plan = self.policy.plan(plan_rng or self._plan_rng(request_id))
         self.sent += 1
         call = StreamCall(self._client(), self.url, body, record, plan=plan, request_timeout=self.spec.request_timeout,
-                          headers={"X-Request-Id": request_id}, payload=payload)
+                          headers=self._id_of(request_id), payload=payload)
         sent_now = call.send_now()
         task = self._launch(record, call.run)
         if sent_now:  # a task cancelled before its first step never ran call.run: what it took goes back
@@ -623,7 +628,7 @@ class LoadGenerator:
                     request_id: str) -> Callable[[], Awaitable[StreamRecord]]:
         """One background stream's request, bound to this pass of its slot's loop."""
         return lambda: stream_request(http, self.url, body, record, request_timeout=self.spec.request_timeout,
-                                      headers={"X-Request-Id": request_id})
+                                      headers=self._id_of(request_id))
 
     async def stop(self, fault: str) -> int:
         """Hang up the fault's background streams (a real disconnect); return how many were open."""

@@ -35,6 +35,7 @@ import json
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,18 +56,23 @@ class MockRequest:
     t_disconnect: int | None = None
     finished: bool = False  # the response was written to its end
     write_wait_ns: list[int] = field(default_factory=list)  # time each write waited on drain()
+    id_header: str | None = None  # its X-Request-Id as sent (None: it sent none; ``id`` is then a count)
 
 
 class MockSSEServer:
     """Serve ``POST /v1/completions`` and ``POST /v1/chat/completions`` as token streams."""
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, tick_s: float = 0.01,
-                 default_tokens: int = 16) -> None:
+                 default_tokens: int = 16, uuid_request_ids: bool = False) -> None:
+        # uuid_request_ids: a POST whose X-Request-Id is not a UUID is answered 400, as llama-cpp-python's
+        # server does (its request-id plugin validates the header); a request without one is served
+        self.uuid_request_ids = uuid_request_ids
         self.host = host
         self.port = port
         self.tick_s = tick_s
         self.default_tokens = default_tokens
         self.requests: list[MockRequest] = []
+        self.refused_ids: list[str] = []  # X-Request-Ids answered 400 (uuid_request_ids)
         self.connections_opened = 0
         self.connections_closed = 0
         self.active = 0  # responses being written now
@@ -127,8 +133,13 @@ class MockSSEServer:
                     if headers.get("connection", "").lower() == "close":
                         break
                     continue
-                request = MockRequest(headers.get("x-request-id", str(len(self.requests))), path, body,
-                                      time.monotonic_ns())
+                sent_id = headers.get("x-request-id")
+                if self.uuid_request_ids and sent_id is not None and not _is_uuid(sent_id):
+                    self.refused_ids.append(sent_id)
+                    await self._refuse_id(sent_id, writer)
+                    continue
+                request = MockRequest(sent_id or str(len(self.requests)), path, body, time.monotonic_ns(),
+                                      id_header=sent_id)
                 self.requests.append(request)
                 keep = await self._respond(request, reader, writer)
                 if not keep or headers.get("connection", "").lower() == "close":
@@ -142,6 +153,14 @@ class MockSSEServer:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
             self._tasks.discard(task)
+
+    @staticmethod
+    async def _refuse_id(sent_id: str, writer: asyncio.StreamWriter) -> None:
+        payload = json.dumps({"error": {"message": f"invalid X-Request-Id {sent_id[:64]!r}: not a UUID",
+                                        "type": "invalid_request_error", "code": 400}}).encode()
+        writer.write(b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        await writer.drain()
 
     async def _answer_get(self, path: str, writer: asyncio.StreamWriter) -> None:
         """``/health``, ``/v1/models``, ``/metrics``; 404 for anything else."""
@@ -407,3 +426,11 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True

@@ -77,6 +77,16 @@ def request_headers(overrides: Iterable[tuple[str, str | None]], read_timeout_s:
     return out
 
 
+REQUEST_ID_HEADER = "X-Request-Id"
+
+
+def request_id_header(overrides: Iterable[tuple[str, str | None]]) -> str | None:
+    """The header that carries each request's own id (the hops' taps pair client and hop by it), or None
+    where ``load.headers`` names it: a value there is sent on every request instead, null sends none (for
+    a server that refuses ids it does not like: llama-cpp-python's answers 400 to any but a UUID). Pure."""
+    return None if any(name.lower() == REQUEST_ID_HEADER.lower() for name, _ in overrides) else REQUEST_ID_HEADER
+
+
 def check_header(name: str, value: str | None) -> str | None:
     """What is wrong with one ``load.headers`` entry, or None."""
     if not _TOKEN.fullmatch(name):
