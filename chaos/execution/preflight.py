@@ -189,7 +189,7 @@ def _max_tokens(body: Mapping[str, Any]) -> int | None:
 async def _send_once(url: str, body: Mapping[str, Any], api_key: str | None, timeout: float,
                      load: LoadSpec | None = None) -> tuple[StreamRecord, str | None]:
     """The stream, sent as the load sends its requests (``load``: its headers, its own X-Request-Id unless
-    ``load.headers`` names the header, its HTTP version), and, when the preflight hung up on it
+    ``load.headers`` names the header), and, when the preflight hung up on it
     (``should_cut``), why. A server that refuses what the load sends refuses it here, before the run."""
     from chaos.load.client import make_http_client, stream_request
     from chaos.load.sdk_headers import request_headers, request_id_header
@@ -197,14 +197,9 @@ async def _send_once(url: str, body: Mapping[str, Any], api_key: str | None, tim
     record = StreamRecord(id="preflight", phase="preflight",
                           endpoint="chat" if url.endswith("/chat/completions") else "completions")
     load = load or LoadSpec()
-    version = load.http.version
-    if version == "auto":
-        from chaos.load.http2 import negotiate
-
-        version = await negotiate(url)
-    http = make_http_client(1, api_key=api_key, headers=request_headers(load.headers, load.request_timeout),
-                            version=version, streams_per_connection=load.http.streams_per_connection,
-                            stream_window=load.http.window)
+    # HTTP/1.1 whatever ``load.http`` says: the preflight asks the target itself, while the load may reach it
+    # through the path's hops, which are what speak HTTP/2 to it (the builtin stack may speak only HTTP/1.1)
+    http = make_http_client(1, api_key=api_key, headers=request_headers(load.headers, load.request_timeout))
     id_header = request_id_header(load.headers)
     own_id = {id_header: "preflight"} if id_header else {}
     limit = _max_tokens(body)

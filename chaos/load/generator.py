@@ -143,7 +143,10 @@ class LoadGenerator:
         if self.http_version == "auto":
             from chaos.load.http2 import negotiate
 
-            self.http_version = await negotiate(self.url)
+            try:
+                self.http_version = await negotiate(self.url)
+            except OSError:  # unreachable now (TimeoutError, ssl.SSLError too): each request records what it meets
+                self.http_version = "1.1"
 
     def _new_client(self, connections: int) -> StreamClient:
         s = self.settings

@@ -76,7 +76,10 @@ def test_a_slow_restart_is_reported_at_its_real_length(slow_restart: None, tmp_p
     assert outage >= RESTART_WAIT_S and fault["revert_evidence"]["restart_s"] >= RESTART_WAIT_S, fault
     assert fault["actual_in_force_s"] >= outage + 0.3, fault  # today: 2 s, the planned phase alone
     assert kill["actual_duration_s"] >= fault["actual_in_force_s"] and kill["planned_duration_s"] == 2.0, kill
-    assert kill["reverts_took_s"] >= RESTART_WAIT_S - 0.5 and kill["in_force_duration_s"] < 2.5, kill
+    # the restart began at the kill (+0.3 s), so at the phase's planned end (2 s) the revert still waits for the
+    # rest of the restart's wait and the stack's own start: at least RESTART_WAIT_S - 1.7 s (the stack's start
+    # comes on top, ~1 s, less on a quiet box: 1.75-1.97 s measured, which a bound of 2 s once failed)
+    assert kill["reverts_took_s"] >= RESTART_WAIT_S - 1.7 and kill["in_force_duration_s"] < 2.5, kill
     summary = render_summary(result)
     assert f"phase kill: {kill['actual_duration_s']:.2f}s of 2s planned" in summary, summary
     assert f"outage {outage:.2f}s (kill sent to serving again)" in summary, summary

@@ -58,3 +58,4 @@ async def test_without_null_each_request_carries_its_own_id() -> None:
         await gen.drain(5)
         await gen.aclose()
         assert sorted(r.id_header or "" for r in server.requests) == ["0-0", "0-1"]
+
