@@ -164,8 +164,9 @@ def test_each_gateway_streams_event_by_event_from_its_shipped_config(kind: str, 
     assert stream.events >= 10
     # event by event, not held: a buffering gateway gives 1-3 reads (nginx: the test below). Not one read
     # per event nor their spread in time: on a saturated box the stack writes events in bursts that the
-    # gateway forwards as they come (measured on CI: 18 reads for 39 events through HAProxy)
-    assert len(stream.reads) >= max(6, stream.events / 4), (len(stream.reads), stream.events)
+    # gateway forwards as they come (measured on CI: 18 reads for 39 events through HAProxy; later 9 reads for
+    # 39 events, the stack having written all 39 within 65 ms). A fixed floor above what buffering gives
+    assert len(stream.reads) >= 5, (len(stream.reads), stream.events)
 
 
 def test_nginx_gzip_over_its_buffering_turns_the_stream_into_one_read(stack: StackProcess, tmp_path: Path) -> None:
