@@ -61,6 +61,11 @@ UPSTREAM = "http://127.0.0.1:8123"
 WORKDIR = Path("/run/streamchaos/hops/edge")
 TOKENS = 40  # content events; with the role event and [DONE]: 42 events a stream
 TICK_S = 0.01  # between two content events at the upstream
+# events per DATA frame that still reads as event by event: the role event and the first token leave back to
+# back, as do the last token and [DONE], and on a busy box a stall of the upstream's loop bunches a few more
+# (a clean-clone CI beside two test workers: 37 frames for 42 events, one event held 40 ms); a buffering
+# gateway sends a handful of frames for the whole stream
+EVENT_FRAMES = 0.75
 STREAMS = 8  # concurrent streams on one connection
 IO_TIMEOUT_S = 20.0  # one stream through a gateway takes ~0.4 s here
 
@@ -426,7 +431,7 @@ def test_each_gateway_serves_h2_over_tls_one_event_per_data_frame(kind: str, ups
     assert pace.events == TOKENS + 2
     # one event per DATA frame, not bunched: the role event and the first token leave back to back, as do
     # the last token and [DONE], so a frame or two may carry two; a buffering gateway sends a few frames
-    assert pace.event_frames >= 0.9 * pace.events, pace.line()
+    assert pace.event_frames >= EVENT_FRAMES * pace.events, pace.line()
     assert pace.apart >= 0.8 * (TOKENS - 1), pace.line()  # each token in its own read, its tick after the last
     assert statistics.median(pace.hold_ms) < 25.0, pace.line()  # HAProxy's h1 bursts hold events ~200 ms
 
@@ -456,7 +461,7 @@ def test_concurrent_streams_are_multiplexed_on_one_connection(kind: str, upstrea
     assert ids == list(range(1, 2 * STREAMS, 2))  # one connection: client streams 1, 3, 5, ...
     for response in responses:
         assert response.status == 200 and response.done and response.events == TOKENS + 2, response.body[-200:]
-        assert len(response.event_frames) >= 0.9 * response.events
+        assert len(response.event_frames) >= EVENT_FRAMES * response.events
     # multiplexed, not one after the other: all of them streamed at the upstream at once, in about one stream's time
     assert overlapping == STREAMS
     assert took < STREAMS * TOKENS * TICK_S / 2, took
@@ -484,7 +489,7 @@ def test_http2_without_tls_is_h2c_where_the_gateway_serves_it(kind: str, upstrea
     print(f"{kind} h2c: {pace.line()}")
     assert info.base_url == f"http://{info.listen}/v1" and not (tmp_path / "tls").exists()
     assert stream.status == 200 and stream.done
-    assert pace.event_frames >= 0.9 * pace.events and pace.apart >= 0.8 * (TOKENS - 1), pace.line()
+    assert pace.event_frames >= EVENT_FRAMES * pace.events and pace.apart >= 0.8 * (TOKENS - 1), pace.line()
 
 
 def test_nginx_http2_without_tls_starts_nothing(tmp_path: Path) -> None:
@@ -583,7 +588,7 @@ def test_a_user_config_naming_the_certificate_serves_tls(kind: str, upstream: Th
     assert info.base_url == f"https://{info.listen}/v1"
     assert str(files.cert) in hop.config_text or str(files.cert_key) in hop.config_text
     assert files.key.read_bytes() == (run_dir / "tls" / "key.pem").read_bytes()
-    assert stream.status == 200 and stream.done and Pace.of(stream).event_frames >= 0.9 * stream.events
+    assert stream.status == 200 and stream.done and Pace.of(stream).event_frames >= EVENT_FRAMES * stream.events
 
 
 @pytest.mark.parametrize(("outer", "inner"), [("caddy", "haproxy"), ("haproxy", "nginx"), ("nginx", "caddy")])
@@ -625,7 +630,7 @@ def test_a_gateway_in_front_of_a_tls_hop_verifies_it_with_the_runs_ca(outer: str
     ca = TlsFiles.under(tmp_path / "hops" / "outer").ca
     assert ca.read_bytes() == (tmp_path / "tls" / "ca.pem").read_bytes() and str(ca) in outer_hop.config_text
     assert stream.status == 200 and stream.done, (stream.status, stream.body[-300:])
-    assert Pace.of(stream).event_frames >= 0.9 * stream.events
+    assert Pace.of(stream).event_frames >= EVENT_FRAMES * stream.events
 
 
 def test_a_user_config_serving_h2c_alone_is_found_answering(upstream: ThreadedMockServer, tmp_path: Path) -> None:
