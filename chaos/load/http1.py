@@ -22,7 +22,7 @@ import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 from urllib.parse import urlsplit
 
 import httptools
@@ -374,6 +374,15 @@ class ExchangeSlots:
         self._slots: asyncio.Semaphore | None = None
         self._targets: dict[str, Target] = {}
 
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
     def target(self, url: str) -> Target:
         target = self._targets.get(url)
         if target is None:
@@ -442,12 +451,6 @@ class H1Client(ExchangeSlots):
         self._open: set[Connection] = set()
         self.connects = 0  # connections opened, for tests and benchmarks
         self.closed = False
-
-    async def __aenter__(self) -> H1Client:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     def encode(self, target: Target, body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> bytes:
         """The request bytes of a JSON POST (compact JSON, UTF-8, as httpx encodes it)."""

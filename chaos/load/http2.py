@@ -710,12 +710,6 @@ class H2Client(ExchangeSlots):
         self.connects = 0  # connections opened, for tests and benchmarks
         self.closed = False
 
-    async def __aenter__(self) -> H2Client:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
     def encode(self, target: Target, body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> H2Request:
         """One JSON POST (compact JSON, UTF-8, as httpx encodes it): pseudo-headers, then the base headers,
         ``headers`` and Content-Length."""
