@@ -50,6 +50,7 @@ from chaos.model.context import FaultAccount, HopInfo, RunContext, Scene
 from chaos.model.errors import FaultError, FaultUnsupported
 from chaos.model.observations import PHASE_SCOPE
 from chaos.model.params import Param, Schema, suggest
+from chaos.model.request_ids import record_id_of
 from chaos.model.units import format_duration
 from faults.base import Fault, Injection, register
 
@@ -252,9 +253,13 @@ class _Rule(Injection):
                 return {"hop": self.hop.name, "removed": False,
                         "skipped": f"stream hop {self.hop.name!r} is gone: rule {self.name!r} died with it"}
             raise
-        return {"hop": self.hop.name, "removed": bool(body.get("removed")), "t_removed": body.get("t_removed"),
-                "acted_on": body.get("acted_on", 0), "request_ids": body.get("request_ids", []),
-                "details": body.get("details", {})}
+        sent = [str(i) for i in body.get("request_ids") or []]
+        ids = [record_id_of(i) for i in sent]  # the streams' own ids, as taps are read back (chaos.model.request_ids)
+        out = {"hop": self.hop.name, "removed": bool(body.get("removed")), "t_removed": body.get("t_removed"),
+               "acted_on": body.get("acted_on", 0), "request_ids": ids, "details": body.get("details", {})}
+        if ids != sent:
+            out["wire_ids"] = sent  # as they went out: what a gateway's log shows
+        return out
 
 
 def _listed(status: Mapping[str, Any], rule: str) -> dict[str, Any] | None:

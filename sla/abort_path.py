@@ -73,6 +73,7 @@ class Hold:
     held_ns: int
     before_first_token: bool
     until_end: bool = False  # the hop never let go: the stream ran to its end behind it
+    wire_id: str | None = None  # its X-Request-Id as sent, where that was UUID-shaped (what a gateway's log shows)
 
 
 @dataclass
@@ -162,6 +163,7 @@ def holds_of(stream: StreamRecord, taps: Sequence[TapRecord], path: Sequence[Pat
     first = stream.t_first_token  # a reasoning token is a token: the engine was already generating
     early = first is None or first > stream.hangup.t
     rid = stream.id
+    wire = next((t.wire_id for t in taps if t.wire_id), None)
     close: int = stream.hangup.t  # when the boundary in front closed its upstream connection
     outer: str | None = None
     for tap in taps:
@@ -175,15 +177,15 @@ def holds_of(stream: StreamRecord, taps: Sequence[TapRecord], path: Sequence[Pat
                 walk.ended_before += 1  # the response was over here before the hang-up reached it
                 return False
             walk.holds.append(Hold(gateway or tap.hop, "gateway" if gateway else "stream", rid, end - close,
-                                   early, until_end=True))
+                                   early, until_end=True, wire_id=wire))
             return False  # the rest of the path never saw a hang-up
         if gateway is not None:
-            walk.holds.append(Hold(gateway, "gateway", rid, max(0, tap.t_client_gone - close), early))
+            walk.holds.append(Hold(gateway, "gateway", rid, max(0, tap.t_client_gone - close), early, wire_id=wire))
         if tap.t_upstream_closed is None:
             walk.unobserved += 1
             return False
         since = tap.t_client_gone if gateway is not None else close
-        walk.holds.append(Hold(tap.hop, "stream", rid, max(0, tap.t_upstream_closed - since), early))
+        walk.holds.append(Hold(tap.hop, "stream", rid, max(0, tap.t_upstream_closed - since), early, wire_id=wire))
         walk.closed_after.setdefault(tap.hop, []).append(tap.t_upstream_closed - stream.hangup.t)
         close, outer = tap.t_upstream_closed, tap.hop
     return True
@@ -238,6 +240,8 @@ def _per_hop(holds: Sequence[Hold], budget_ns: int,
             "until_end": sum(1 for h in mine if h.until_end),
             "over_budget": len(over), "request_ids": [h.request_id for h in over[:MAX_IDS]],
         }
+        if any(h.wire_id for h in over[:MAX_IDS]):  # beside them, as they went out (a server log's X-Request-Id)
+            out[hop]["wire_ids"] = [h.wire_id or h.request_id for h in over[:MAX_IDS]]
         if mine[0].kind == "stream" and all(h.held_ns == 0 for h in mine):  # our own hop behind a gateway
             out[hop]["note"] = ("a stream hop closes its upstream on the read that sees its client leave, so "
                                 "its hold is 0 by construction; what it shows is that the hang-up reached it")
@@ -338,6 +342,8 @@ class AbortPath(SlaSpec):
         evidence["worst"] = {"hop": worst.hop, "kind": worst.kind, "request_id": worst.request_id,
                              "held_s": worst.held_ns / NS, "until_end": worst.until_end,
                              "before_first_token": worst.before_first_token}
+        if worst.wire_id:
+            evidence["worst"]["wire_id"] = worst.wire_id
         if worst.held_ns > self.budget * NS:
             return verdict("fail", worst.held_ns / NS, seen)
         if walk.unmeasured:  # a hold within the budget says nothing of the hops it was not measured at

@@ -10,7 +10,9 @@ pointed at the next hop; a url hop is a gateway the user runs, reached, never st
 
 On exit the hops are stopped outermost first (the load has stopped by then), and then every stream
 hop's taps file is read, bounded, into ``TapRecord``s on the event bus, so they are journaled
-before the verdicts and ``streamchaos verify`` re-judges from the journal alone.
+before the verdicts and ``streamchaos verify`` re-judges from the journal alone. A tap's request id is
+read back there, the one place taps files are read, from the load's UUID-shaped id to the record id it
+stood for (``chaos.model.request_ids``; the id as sent kept in ``wire_id``): taps pair with streams by it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from chaos.model.context import HopInfo, ProxyInfo, TargetInfo
 from chaos.model.errors import TargetNotAllowed
 from chaos.model.experiment import Experiment, HopSpec
 from chaos.model.observations import Note, TapRecord, from_json
+from chaos.model.request_ids import RUN_OWN, record_id_of
 
 if TYPE_CHECKING:
     from chaos.execution.proxy import RunOwner
@@ -251,7 +254,7 @@ def read_taps(path: Path, hop: str, cap: int = MAX_TAP_RECORDS, event_cap: int =
             tap = _tap(line, hop)
             if tap is None:
                 out.unreadable += 1 if line.strip() else 0
-            else:
+            elif tap.request_id not in RUN_OWN:  # the run's own probes (keep-alive) are not the load's streams
                 out.add(tap, event_cap)
     return out
 
@@ -266,7 +269,18 @@ def _tap(line: bytes, hop: str) -> TapRecord | None:
         record = from_json({**body, "hop": hop})  # the path's name for it, whatever the file says
     except (ValueError, TypeError):
         return None
-    return record if isinstance(record, TapRecord) else None
+    if not isinstance(record, TapRecord):
+        return None
+    return _by_record_id(record)
+
+
+def _by_record_id(tap: TapRecord) -> TapRecord:
+    """The tap under the record id its request was sent for (``StreamRecord.id``), its UUID-shaped id as sent
+    kept beside it: every tap is paired by what it is read back as here (``chaos.model.request_ids``)."""
+    sent = tap.request_id
+    if not isinstance(sent, str) or (rid := record_id_of(sent)) == sent:
+        return tap
+    return replace(tap, request_id=rid, wire_id=sent)
 
 
 def _emit_taps(hop: str, path: Path, emit: Callable[[Any], None]) -> None:

@@ -360,6 +360,7 @@ class ShardPool:
             "settings": settings_to_json(self.shares[index]), "base_url": self.target.base_url,
             "model": self.target.model,
             "seed": self.target.seed, "run_id": self.run_id, "lifetime_s": self.lifetime_s,
+            "run_tag": self.target.run_tag,  # every shard's request ids carry the same run's tag
             # the CA certificates themselves: a shard on another host cannot read the runner's files
             "ca_pems": list(self.target.ca_pems),
             "rules": [rule_to_json(r) for r in self._policy.rules.values()],

@@ -393,7 +393,10 @@ class TapRecord:
 
     hop: str  # the stream hop's name in ``path``
     seq: int  # the hop's own request counter (from 1)
-    request_id: str | None  # the request's X-Request-Id as it reached the hop (None: something dropped it)
+    # the request's X-Request-Id as it reached the hop (None: something dropped it); read back from a taps file
+    # (chaos.execution.path.read_taps), one of the load's UUID-shaped ids is the record id it stands for
+    # (chaos.model.request_ids.record_id_of), so taps pair with StreamRecord.id, and ``wire_id`` keeps it as sent
+    request_id: str | None
     target: str  # request target, e.g. /v1/completions
     t_accept: int  # the downstream connection's request head parsed
     t_upstream_open: int | None = None  # the upstream connection made
@@ -415,6 +418,7 @@ class TapRecord:
     up_end: str = "none"
     down_end: str = "none"
     faults: list[str] = field(default_factory=list)  # the names of the rules that acted on this request
+    wire_id: str | None = None  # the X-Request-Id as sent, where ``request_id`` is the record id it stood for
 
 
 Record = StreamRecord | MetricSample | FaultEvent | PhaseWindow | Note | TapRecord

@@ -25,6 +25,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from chaos.model.request_ids import record_id_of
+
 from . import protocol
 from .admin import admin_routes
 from .asgi_faults import FaultMiddleware
@@ -248,8 +250,9 @@ def _generate_endpoint(chat: bool) -> Callable[[Request], Awaitable[Response]]:
         shaper = None
         if chat:
             tokens: tuple[int, int] = request.app.state.reasoning_tokens
-            # seeded by the client's request id where it sends one, so a replayed run reasons alike
-            key = request.headers.get("x-request-id") or gen.request_id
+            # seeded by the client's request id where it sends one, so a replayed run reasons alike: the load's
+            # UUID-shaped id read back to its record id ("0-17"), the run's tag left out (chaos.model.request_ids)
+            key = record_id_of(request.headers.get("x-request-id") or "") or gen.request_id
             n = reasoning_budget(tokens, stack.engine.config.seed, key, max_tokens, thinking)
             shaper = ChatDeltas(n, tool, "call_" + gen.request_id.rsplit("-", 1)[-1][:24], report=tokens[1] > 0)
         return _EventStream(gen, req, shaper) if req.stream else _Collected(gen, req, shaper)

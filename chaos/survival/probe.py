@@ -1,7 +1,8 @@
 """One survival probe: a rule on the innermost stream hop, one streaming request through the whole
 path, and what became of it: whole, or cut, with how the client saw the cut and which hop cut it.
 
-Which hop cut comes from the stream hops' taps of that request (matched by its ``X-Request-Id``):
+Which hop cut comes from the stream hops' taps of that request (matched by its ``X-Request-Id``, sent
+UUID-shaped and read back to the probe's own id: ``chaos.model.request_ids``):
 a stream hop whose downstream client left before the response ended (``t_client_gone``) was cut
 from outside, so the cutter sits between it and the next stream hop outward (or the client). The
 outermost stream hop that saw its client leave marks the segment: everything outward of it only saw
@@ -23,6 +24,7 @@ from typing import Any, Protocol
 from chaos.model.context import HopInfo
 from chaos.model.errors import ChaosError
 from chaos.model.observations import NS, STRICT_END, EndRule, StreamRecord, TapRecord
+from chaos.model.request_ids import RequestIds, run_tag
 from chaos.survival.search import CUT, ERROR, WHOLE, Trial
 
 __all__ = ["DIMENSIONS", "Dimension", "Prober", "RuleAPI", "client_saw", "cut_by", "hint_s", "read_taps", "rule_for"]
@@ -172,10 +174,21 @@ class Prober:
     seed: int = 0
     sink: Callable[[StreamRecord], None] | None = None  # each probe's stream, as the client saw it (the journal)
     sent: int = 0
+    request_ids: str = "uuid"  # the X-Request-Id a probe sends: uuid (its id UUID-shaped) | sequence (its id)
+    run: int | None = None  # the run's tag in its UUID-shaped ids (None: from the seed and this prober's start)
+
+    def __post_init__(self) -> None:
+        tag = self.run if self.run is not None else run_tag(self.seed, f"survival:{time.time_ns()}")
+        self._ids = RequestIds(self.request_ids, tag)
 
     def request_id(self, label: str) -> str:
+        """The probe's own id (its record's, in reports): ``survival-<label>-<n>-<6 hex digits>``."""
         self.sent += 1
         return f"survival-{label}-{self.sent}-{secrets.token_hex(3)}"
+
+    def wire_id(self, request_id: str) -> str:
+        """The X-Request-Id the probe ``request_id`` goes out with (what a gateway's log shows)."""
+        return self._ids.wire(request_id)
 
     async def send(self, request_id: str, timeout_s: float) -> StreamRecord:
         """One streaming request through the path; its record (never raises for what the path does)."""
@@ -186,7 +199,7 @@ class Prober:
         http = make_http_client(1, api_key=self.api_key)
         try:
             await stream_request(http, self.url, self.body, record, request_timeout=timeout_s,
-                                 headers={"X-Request-Id": request_id})
+                                 headers={"X-Request-Id": self.wire_id(request_id)})
         finally:
             await http.aclose()
         if self.sink is not None:
@@ -220,7 +233,7 @@ class Prober:
     async def _judged(self, rid: str, record: StreamRecord, began: float, duration_s: float,
                       dim: Dimension | None) -> Trial:
         how, words = client_saw(record, self.end_rule)
-        detail: dict[str, Any] = {"request_id": rid, "client_saw": words, "how": how,
+        detail: dict[str, Any] = {"request_id": rid, "wire_id": self.wire_id(rid), "client_saw": words, "how": how,
                                   "status": record.status, "events": record.events}
         if how == "whole":
             return Trial(duration_s, WHOLE, time.monotonic() - began, detail=detail)

@@ -226,7 +226,8 @@ def _prober(experiment: Experiment, handle: Any, found: Any, model: str, api_key
     return Prober(path=hops, api=StreamHopAPI(inner.control_url, inner.control_token),
                   url=endpoint_url(handle.load_base_url, load.endpoint), body=body,
                   taps=_taps_files(hops, out_dir), api_key=api_key, end_rule=found.profile.end,
-                  keepalive_s=settings.keepalive_s, resolution_s=settings.resolution_s, seed=experiment.seed)
+                  keepalive_s=settings.keepalive_s, resolution_s=settings.resolution_s, seed=experiment.seed,
+                  request_ids=load.request_ids)
 
 
 def _taps_files(hops: Sequence[HopInfo], out_dir: Path) -> dict[str, Path]:
@@ -299,7 +300,7 @@ def _probe_dict(trial: Trial) -> dict[str, Any]:
     return {"duration_s": trial.duration_s, "outcome": trial.outcome, "wall_s": round(trial.wall_s, 3),
             "hint_s": None if trial.hint_s is None else round(trial.hint_s, 3), "cut_by": detail.get("cut_by"),
             "client_saw": detail.get("client_saw"), "how": detail.get("how"), "request_id": detail.get("request_id"),
-            "error": detail.get("error"), "taps": detail.get("taps")}
+            "wire_id": detail.get("wire_id"), "error": detail.get("error"), "taps": detail.get("taps")}
 
 
 def _dimension_dict(name: str, found: SearchResult | None) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from chaos.experiment import load_experiment
 from chaos.host.journal_file import JOURNAL_NAME, JournalFile
 from chaos.host.procguard import group_members
 from chaos.model.observations import iter_journal
+from chaos.model.request_ids import is_uuid4, record_id_of
 from chaos.output.replay import replay
 from chaos.stack.process import StackProcess
 
@@ -87,6 +88,11 @@ def test_the_load_goes_through_a_stream_hop_and_its_taps_are_journaled(tmp_path:
     streams, taps = _streams_and_taps(lines, "stream")
     assert len(streams) >= 8 and len(taps) == len(streams)  # one tap per stream: the load went through it
     assert {t["request_id"] for t in taps} == streams
+    # each went out UUID-shaped (load.request_ids: uuid), its tap read back to the stream's own id, the id as sent
+    # beside it, every one with the run's tag from the journal's note
+    (ids,) = [n["data"] for n in lines if n.get("type") == "note" and n["topic"] == "request_ids"]
+    assert all(is_uuid4(t["wire_id"]) and record_id_of(t["wire_id"]) == t["request_id"]
+               and t["wire_id"].startswith(ids["run_tag"] + "-") for t in taps), taps[:2]
     assert all(t["up_end"] == "done" and t["down_end"] == "done" and t["up"] and t["down"] for t in taps)
     (hop,) = _report(run_dir)["path"]
     assert hop["kind"] == "stream" and hop["name"] == "stream" and hop["version"]

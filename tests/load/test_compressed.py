@@ -19,6 +19,7 @@ from chaos.load.generator import LoadGenerator
 from chaos.load.workload import LoadSettings, LoadTarget
 from chaos.model.context import ClientPlan, ClientPolicy
 from chaos.model.observations import StreamRecord
+from chaos.model.request_ids import run_tag, wire_id
 from tests.load.conftest import loopback_server
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
@@ -196,5 +197,6 @@ async def test_the_load_sends_load_headers_over_the_sdks() -> None:
     assert len(heads) == 2 and all(r.text == "abc" for r in records), records
     text = heads[0].decode().lower()
     assert "\r\naccept-encoding: identity\r\n" in text and "gzip, deflate" not in text
-    assert "\r\nx-team: chaos\r\n" in text and "x-stainless-lang" not in text and "x-request-id: 0-0" in text
+    assert "\r\nx-team: chaos\r\n" in text and "x-stainless-lang" not in text
+    assert f"\r\nx-request-id: {wire_id('0-0', run_tag(1))}\r\n" in text  # its own id, UUID-shaped
     assert "\r\nuser-agent: openai/python " in text

@@ -18,15 +18,25 @@ from chaos.model.context import ClientPolicy
 from chaos.model.engines import PROFILES
 from chaos.model.experiment import LoadSpec
 from chaos.model.observations import StreamRecord
+from chaos.model.request_ids import is_uuid4, record_id_of
 
 pytestmark = pytest.mark.timeout(30)
 
 
+async def test_the_preflight_sends_a_uuid_shaped_id_that_a_uuid_checking_server_takes() -> None:
+    with ThreadedMockServer(uuid_request_ids=True) as server:
+        result = await preflight(LoadSpec(max_tokens=(3, 3)), base_url=server.base_url, model="mock", seed=1,
+                                 api_key=None, profile=PROFILES["openai"], timeout=5.0)
+        (sent,) = [r.id_header for r in server.requests]
+    assert result.record.error is None and server.server.refused_ids == []
+    assert sent is not None and is_uuid4(sent) and record_id_of(sent) == "preflight", sent
+
+
 async def test_the_preflight_sends_the_loads_request_id_and_a_server_refusing_it_stops_the_run_there() -> None:
     with ThreadedMockServer(uuid_request_ids=True) as server:
-        with pytest.raises(PreflightRefused) as caught:
-            await preflight(LoadSpec(max_tokens=(3, 3)), base_url=server.base_url, model="mock", seed=1,
-                            api_key=None, profile=PROFILES["openai"], timeout=5.0)
+        with pytest.raises(PreflightRefused) as caught:  # the load's old ids: the preflight sends them too
+            await preflight(LoadSpec(max_tokens=(3, 3), request_ids="sequence"), base_url=server.base_url,
+                            model="mock", seed=1, api_key=None, profile=PROFILES["openai"], timeout=5.0)
         assert server.server.refused_ids == ["preflight"]
     first = str(caught.value).splitlines()[0]
     assert "HTTP 400" in first and "not a UUID" in first, first
@@ -57,5 +67,7 @@ async def test_without_null_each_request_carries_its_own_id() -> None:
         await gen.run(time.monotonic_ns() + 5_000_000_000)
         await gen.drain(5)
         await gen.aclose()
-        assert sorted(r.id_header or "" for r in server.requests) == ["0-0", "0-1"]
+        sent = sorted(r.id_header or "" for r in server.requests)
+    # UUID-shaped by default (load.request_ids: uuid), each standing for its record's id
+    assert all(is_uuid4(w) for w in sent) and sorted(map(record_id_of, sent)) == ["0-0", "0-1"], sent
 

@@ -28,6 +28,7 @@ from chaos.model.client_rules import DisconnectRule
 from chaos.model.context import ClientPolicy
 from chaos.model.experiment import LoadSpec, PromptSpec
 from chaos.model.observations import Note, StreamRecord
+from chaos.model.request_ids import record_id_of, run_of
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(90)]
 
@@ -136,7 +137,8 @@ async def test_two_shards_with_skewed_clocks_merge_into_one_aligned_record_strea
     assert abs(by_index[1]["drift_ns"]) <= skewed["bound_ns"] + by_index[1]["clock_end"]["bound_ns"]
 
     # aligned: every stamp on this host's clock; no request sent after the server saw it arrive (beyond the bound)
-    arrived = {r.id: r.t_start for r in mock_server.requests}
+    arrived = {record_id_of(r.id): r.t_start for r in mock_server.requests}  # sent UUID-shaped
+    assert len({run_of(r.id) for r in mock_server.requests}) == 1  # every shard's ids carry the one run's tag
     for record in records:
         bound = by_index[int(record.id.split("-")[0])]["clock"]["bound_ns"]
         assert record.t_sent is not None and t_first - bound <= record.t_sent <= t_last + bound

@@ -23,6 +23,7 @@ from chaos.load.workloads.sessions import MAX_RESENDS, SyntheticSessions
 from chaos.model.client_rules import DisconnectRule
 from chaos.model.context import ClientPolicy
 from chaos.model.observations import StreamRecord
+from chaos.model.request_ids import record_id_of
 
 pytestmark = pytest.mark.timeout(30)  # asyncio_mode auto: the async tests run on a loop
 S = 1_000_000_000
@@ -46,8 +47,8 @@ async def drive(server: ThreadedMockServer, spec: LoadSettings, seconds: float =
 
 
 def bodies(server: ThreadedMockServer) -> dict[str, dict[str, Any]]:
-    """Each request's body by its X-Request-Id (the mock records the id it was sent with)."""
-    return {r.id: r.body for r in server.requests}
+    """Each request's body by its record id (the mock records the UUID-shaped X-Request-Id it was sent with)."""
+    return {record_id_of(r.id): r.body for r in server.requests}
 
 
 def by_session(records: list[StreamRecord]) -> dict[str, list[StreamRecord]]:

@@ -204,3 +204,20 @@ def test_samples_are_each_hung_up_streams_longest_hold(synth: Any) -> None:
     taps = chain(synth, "h0", 1.0, gw_lets_go_after=0.25) + chain(synth, "h1", 1.2, gw_lets_go_after=0.5)
     spec = sla.spec_for("abort_path", {})
     assert spec.samples(observed(synth, streams, taps), None) == pytest.approx([0.25, 0.5], abs=1e-6)
+
+
+def test_a_hold_over_budget_names_the_request_as_sent_beside_its_record_id(synth: Any) -> None:
+    """Taps read back from the load's UUID-shaped ids (``chaos.model.request_ids``) keep the id as sent: the
+    evidence gives it beside the record id, for a gateway's log."""
+    from dataclasses import replace
+
+    from chaos.model.request_ids import wire_id
+
+    wire = wire_id("0-1", 0x1A2B3C4D)
+    streams = [hung_up(synth, "0-1")]
+    taps = [replace(t, wire_id=wire) for t in chain(synth, "0-1", 1.0, gw_lets_go_after=None, stream_end=4.0)]
+    verdict = sla.judge(observed(synth, streams, taps), "abort_path", {"budget": "1s"})
+    assert verdict.status == "fail", verdict.evidence
+    assert verdict.evidence["worst"]["request_id"] == "0-1" and verdict.evidence["worst"]["wire_id"] == wire
+    gw = next(h for h in verdict.evidence["hops"] if h["hop"] == "gw")
+    assert gw["request_ids"] == ["0-1"] and gw["wire_ids"] == [wire]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -184,3 +185,24 @@ def test_the_command_refuses_a_path_it_cannot_measure_before_starting_anything(
     assert main(["survival", str(experiment), "--max", "1s", "--resolution", "2s", "--out", str(out)]) == 2
     assert "must be below --max" in capsys.readouterr().err
     assert not out.exists()  # nothing was started or written
+
+
+def test_a_probe_goes_out_uuid_shaped_and_its_taps_are_read_back_to_its_id(tmp_path: Path) -> None:
+    """A probe's id is sent UUID-shaped (strict servers refuse any other X-Request-Id); the taps file holds it as
+    sent, and reading it finds the probe by its own id."""
+    from chaos.model.observations import to_json
+    from chaos.model.request_ids import is_uuid4, record_id_of
+    from chaos.survival.probe import Prober, read_taps
+
+    api: Any = None  # no rule is set here
+    prober = Prober(path=[], api=api, url="http://127.0.0.1:9/v1/completions", body={}, taps={}, seed=3)
+    ids = [prober.request_id("baseline"), *(prober.request_id(name) for name in DIMENSIONS)]
+    wires = [prober.wire_id(rid) for rid in ids]
+    assert all(is_uuid4(w) for w in wires) and [record_id_of(w) for w in wires] == ids
+    assert len({w[:8] for w in wires}) == 1  # one prober, one run tag
+    assert Prober(path=[], api=api, url="", body={}, taps={}, request_ids="sequence").wire_id(ids[0]) == ids[0]
+    taps = tmp_path / "inner.taps.jsonl"
+    taps.write_text("".join(to_json(TapRecord(hop="x", seq=i, request_id=w, target="/v1/completions", t_accept=T0))
+                            + "\n" for i, w in enumerate(wires, 1)), encoding="utf-8")
+    found = read_taps({"inner": taps}, ids[2])
+    assert found["inner"].request_id == ids[2] and found["inner"].wire_id == wires[2]

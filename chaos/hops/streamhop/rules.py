@@ -4,7 +4,9 @@ seed and requests give the same decisions in every run.
 
 A rule acts on a request with probability ``share``, decided by
 ``random.Random(f"{seed}:{rule}:{request_id or seq}")``; its per-event draws (drop, duplicate, split)
-come from a second generator seeded by the same string plus ``:events``. The rules in force are read
+come from a second generator seeded by the same string plus ``:events``. A request id of the load's
+UUID-shaped layout (``RRRRRRRR-WWWW-4FFF-8XXX-NNNNNNNNNNNN``, the first group the run's tag) is drawn by
+without its run's tag, so two runs of one seed draw alike. The rules in force are read
 once, when a request's head arrives: a rule put later acts on later requests, and a rule deleted
 meanwhile keeps acting on the requests it was already acting on (a ``deadline`` excepted: the relay
 asks ``removed`` when its timer fires).
@@ -49,6 +51,8 @@ MAX_SECONDS = 86_400.0  # the longest duration a rule may ask for (a day)
 MIN_KEEPALIVE_S = 0.01  # a shorter period would be a flood of comments, not a keep-alive
 MAX_GZIP_BUFFER = 1 << 20  # bytes a gzip rewrite may hold before it flushes
 MAX_REQUEST_IDS = 50  # request ids a rule remembers for its evidence
+# the load's UUID-shaped request ids (chaos.model.request_ids, which the hop may not import): the run's tag, the rest
+_RUN_TAGGED = re.compile(r"[0-9a-f]{8}-([0-9a-f]{4}-4[0-9a-f]{3}-8[0-9a-f]{3}-[0-9a-f]{12})")
 # HTTP/2 error codes (RFC 9113 7), lower-case, in code order: the index is the code on the wire
 H2_ERRORS = ("no_error", "protocol_error", "internal_error", "flow_control_error", "settings_timeout",
              "stream_closed", "frame_size_error", "refused_stream", "cancel", "compression_error", "connect_error",
@@ -273,8 +277,12 @@ def parse_rule(name: str, body: Any, now_ns: int) -> Rule:
 
 
 def request_key(request_id: str | None, seq: int) -> str:
-    """What share decisions are seeded by: the request id when the request carries one."""
-    return request_id if request_id else str(seq)
+    """What share decisions are seeded by: the request id when the request carries one (a load's UUID-shaped
+    id without its run's tag)."""
+    if not request_id:
+        return str(seq)
+    tagged = _RUN_TAGGED.fullmatch(request_id)
+    return tagged[1] if tagged else request_id
 
 
 @dataclass(eq=False)
