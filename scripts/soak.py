@@ -39,7 +39,7 @@ def judged(report: dict[str, Any]) -> dict[str, Any]:
     false, undecided = [], []
     for v in report.get("verdicts", []):
         name = f"{v.get('name') or v['sla']}[{v.get('phase') or 'run'}]"
-        if v["status"] == "inconclusive":
+        if v["status"] == "inconclusive" or (v["status"] == "unobservable" and v.get("ok") is False):
             evidence = v.get("evidence") or {}
             undecided.append(f"{name}: {evidence.get('reason') or evidence.get('inconclusive_cause', '')}"[:200])
         elif v.get("ok") is False:

@@ -27,7 +27,10 @@ A scrape is *in excess* when its excess exceeds ``max_excess``. The verdict fail
 scrapes in excess span at least ``sustain`` (the figure: the longest such run, in seconds); passes
 otherwise. Inconclusive, with the reason, when no running-requests series was scraped (a missing
 series is unknown, never zero), when no such fault was in force, or when the
-scrapes inside its windows are too few or span less than ``sustain``.
+scrapes inside its windows are too few or span less than ``sustain``. ``unobservable``, with the
+reason, when the target cannot show a running-requests series at all (no metrics endpoint, /metrics
+answering 404, an engine without metrics, a profile naming none and no ``running_series``:
+``sla.engine_series.unobservable``).
 KV usage, where the engine exports it, is evidence only (its level in scrapes with and without excess):
 how much cache one request holds depends on its length, so it cannot be compared with stream counts.
 """
@@ -45,7 +48,16 @@ from chaos.model.observations import NS, MetricSample, Observations
 from chaos.model.params import Param, Schema
 from sla.base import BudgetRule, SlaSpec, Status, Verdict, verifier
 from sla.common import rel_s, stream_end
-from sla.engine_series import LEFT_HOW, client_left, metrics_off, pick, profile_series, totals, unjudged_reason
+from sla.engine_series import (
+    LEFT_HOW,
+    client_left,
+    pick,
+    profile_series,
+    scrape_failures,
+    totals,
+    unjudged_reason,
+    unobservable,
+)
 
 __all__ = ["ExcessSummary", "AbortPropagation", "excess_series", "most_open", "scrape_interval_ns", "summarise"]
 
@@ -229,8 +241,8 @@ class AbortPropagation(SlaSpec):
                 evidence["reason"] = reason
             return Verdict("abort_propagation", phase, status, figure, sustain, "s", samples, evidence)
 
-        if (off := metrics_off(obs)) is not None:
-            return verdict("inconclusive", None, 0, off)
+        if (absent := _unobservable(obs, self.running_series, evidence)) is not None:
+            return verdict("unobservable", None, 0, absent)
         usage_names, running_names, engine, hint = profile_series(obs)
         name = self.running_series or pick(obs, running_names)
         evidence["running_series"] = name
@@ -270,6 +282,15 @@ class AbortPropagation(SlaSpec):
                            f"{summary.scrapes} scrape(s) spanning {span_ns / NS:g}s while clients left: "
                            f"too few to show an excess sustained for {sustain:g}s (need {MIN_SCRAPES} spanning it)")
         return verdict("pass", summary.longest_run_s, summary.scrapes)
+
+
+def _unobservable(obs: Observations, running_series: str | None, evidence: dict[str, Any]) -> str | None:
+    """Why this target cannot show a running-requests series at all (``sla.engine_series.unobservable``),
+    with the failed scrapes in ``evidence``; None when it could."""
+    absent = unobservable(obs, [("running-requests", "running_series", "running_series", running_series)])
+    if absent is not None and (scrape_errors := scrape_failures(obs, suggest=False)):
+        evidence["scrape_errors"] = scrape_errors
+    return absent
 
 
 def _no_running_series(obs: Observations, evidence: dict[str, Any], name: str | None, running_names: Sequence[str],

@@ -5,6 +5,23 @@ names its KV usage and running-requests series; without one, every known name is
 ``no_metrics`` says the truth first when the engine exports no metrics at all (its profile says so,
 or every scrape answered 404 and none gave a sample), and suggests ``target.metrics_url`` only where
 an endpoint could exist elsewhere (a gateway in front of an engine).
+
+``unobservable`` says when the evidence a verdict needs cannot exist on this target, so the verdict is
+``unobservable`` rather than ``inconclusive`` (``chaos.model.verdict``). Exactly these cases, in this order:
+
+1. the run's target note says it has no metrics endpoint (``metrics: false``);
+2. no sample was scraped from the target, and either its engine profile says it serves no metrics
+   (``metrics: false``: transformers serve), or every scraped endpoint is absent: each answered only
+   404 or 501 (``ABSENT_STATUSES``), ``ABSENT_AFTER`` times (the scraper's own rule for "no /metrics
+   there": llama.cpp without ``--metrics``, a bare OpenAI-compatible app);
+3. the engine profile names no series for something the verdict needs and the SLA entry names none
+   either (``series`` / ``running_series``);
+4. a series the verdict needs (the entry's, else the profile's) has no sample at all, some endpoint is
+   absent as in 2, and no endpoint failed in another way (llama.cpp's ``/slots`` with ``--no-slots``).
+
+Anything else stays ``inconclusive``: evidence that could exist but is missing (a 401, a 500, a refused
+connection, fewer than ``ABSENT_AFTER`` 404s, a series that stopped, too few samples, a series missing
+from scrapes that worked).
 """
 
 from __future__ import annotations
@@ -15,8 +32,14 @@ from typing import Any
 from chaos.model.engines import RUNNING_SERIES, USAGE_SERIES
 from chaos.model.observations import END_RULE_TOPIC, ErrorInfo, MetricSample, Observations, StreamRecord
 
-__all__ = ["client_left", "metrics_off", "no_metrics", "pick", "profile_series", "scrape_failures", "totals",
-           "unjudged_reason"]
+__all__ = ["ABSENT_AFTER", "ABSENT_STATUSES", "Need", "client_left", "metrics_off", "no_metrics", "pick",
+           "profile_series", "scrape_failures", "totals", "unjudged_reason", "unobservable"]
+
+# chaos.targets.scraper.ABSENT_AFTER (``sla`` imports only the model; tests/sla keep the two equal): this
+# many 404s in a row and the target has no /metrics there
+ABSENT_AFTER = 10
+# chaos.targets.scraper.ABSENT_STATUSES: 501 is llama.cpp's answer for an endpoint it was started without
+ABSENT_STATUSES = (404, 501)
 
 # how a client can leave a stream the server still serves: every one should make the server abort it
 LEFT_HOW = ("hang-up", "read timeout", "request timeout", "connection reset")
@@ -139,3 +162,62 @@ def metrics_off(obs: Observations) -> str | None:
     if any(n.data.get("metrics") is False for n in obs.notes_on("target")):
         return "the target exposes no metrics (target note says metrics: false)"
     return None
+
+
+# what a verdict needs of the engine's series: (in words, the profile's field, the SLA entry's own parameter
+# and its value: a series the entry names itself is looked for whatever the profile says)
+Need = tuple[str, str, str, str | None]
+
+
+def unobservable(obs: Observations, needs: Sequence[Need]) -> str | None:
+    """Why the series in ``needs`` cannot exist on this target (the cases in the module docstring), in
+    words, or None when they could (then a missing one is inconclusive). Pure."""
+    if metrics_off(obs) is not None:
+        return "the target has no metrics endpoint (its target note says metrics: false)"
+    prof = _profile(obs)
+    name = str(prof.get("name") or "engine")
+    title = str(prof.get("title") or name)
+    absent, other_failures = _absent(obs)
+    if not obs.target_metrics():
+        if prof.get("metrics") is False:
+            return f"{title} exports no Prometheus metrics (profile {name})"
+        if absent and not other_failures:
+            hint = str(prof.get("metrics_hint") or "") if prof.get("gateway") else ""
+            where = hint or ("if a gateway or proxy fronts the engine, set target.metrics_url to the engine's own "
+                             "/metrics")
+            what = "/metrics" if len(absent) == 1 and absent[0][0].endswith("/metrics") else "metrics endpoint"
+            return f"the target has no {what} ({_listed(absent)}); {where}"
+    for what, field, param, override in needs:
+        if override is None and isinstance(prof.get(field), list) and not prof[field]:
+            return f"{title} exports no {what} series (profile {name}); if it does, name it with `{param}`"
+    for what, field, _, override in needs:
+        names = [override] if override is not None else [str(n) for n in prof.get(field) or []]
+        if absent and not other_failures and names and not any(obs.series(n) for n in names):
+            # a profile's series that comes from an endpoint the target does not serve (llama.cpp's /slots
+            # started with --no-slots): never scraped, and every failing endpoint is one that is not there
+            return (f"the {what} series ({', '.join(names)}) was never scraped and the target lacks an endpoint "
+                    f"it reads ({_listed(absent)})")
+    return None
+
+
+def _absent(obs: Observations) -> tuple[list[tuple[str, int, int]], bool]:
+    """([(url, status, count)] of each scraped endpoint that is not there: every failure noted for it
+    answered 404 or 501 (``ABSENT_STATUSES``) and the scraper counted ``ABSENT_AFTER`` of them, or said
+    so itself), whether some endpoint failed otherwise (a 401, a 500, a refused connection, too few 404s)."""
+    by_url: dict[str, list[dict[str, Any]]] = {}
+    for note in obs.notes_on("scrape_error"):
+        by_url.setdefault(str(note.data.get("url", "?")), []).append(note.data)
+    absent, other = [], False
+    for url, notes in by_url.items():
+        statuses = {data.get("status") for data in notes}
+        count = max(int(data.get("failures") or 1) for data in notes)
+        if statuses <= set(ABSENT_STATUSES) and (count >= ABSENT_AFTER or any("next_every_s" in d for d in notes)):
+            absent.append((url, int(notes[-1]["status"]), count))
+        else:
+            other = True
+    return absent, other
+
+
+def _listed(absent: Sequence[tuple[str, int, int]]) -> str:
+    """``404 ×10 at http://h/metrics; 501 ×100 at http://h/slots``."""
+    return "; ".join(f"{status} ×{count} at {url}" for url, status, count in absent)

@@ -38,7 +38,10 @@ Scraping stops when ``safety.cleanup_window`` ends after the drain: the window m
 by at least two scrape intervals (``cleanup_window_needed``); the loader refuses a shorter window
 written in the file and raises the default one to fit.
 A ``Note(topic="kv_leak")`` from the builtin stack naming leaked request ids after a deadline is
-a fail by itself; ``Note(topic="target", data={"metrics": false})`` makes the verdict inconclusive.
+a fail by itself. A target whose series cannot exist (no metrics endpoint, an engine without metrics,
+/metrics answering 404, a profile without a KV usage or running series and no ``series`` /
+``running_series`` naming one: ``sla.engine_series.unobservable``) gives ``unobservable``, whose entry's
+``when_unobservable`` says how it counts.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ from chaos.model.observations import NS, MetricSample, Observations, StreamRecor
 from chaos.model.params import Param, Schema
 from sla.base import BudgetRule, SlaSpec, Status, Verdict, verifier
 from sla.common import MAX_IDS, rel_s, stream_end
-from sla.engine_series import metrics_off, pick, profile_series, totals, unjudged_reason
+from sla.engine_series import Need, pick, profile_series, scrape_failures, totals, unjudged_reason, unobservable
 
 __all__ = ["RUNNING_SERIES", "USAGE_SERIES", "KvCleanup", "cleanup_window_needed"]
 
@@ -293,7 +296,7 @@ class KvCleanup(SlaSpec):
         read = self._series(obs, population, evidence)
         if isinstance(read, _Undecided):
             evidence["reason"] = read.reason
-            return Verdict("kv_cleanup", phase, "inconclusive", None, self.within, "s", read.samples, evidence)
+            return Verdict("kv_cleanup", phase, read.status, None, self.within, "s", read.samples, evidence)
         status, figure, samples, reason = self._check(obs, population, read, evidence)
         if reason:
             evidence["reason"] = reason
@@ -303,8 +306,13 @@ class KvCleanup(SlaSpec):
                 evidence: dict[str, Any]) -> _Series | _Undecided:
         """The KV usage and running series with their baselines before the first stream was sent
         (evidence: which series, the usage slack, the baselines), or why they cannot be had."""
-        if (off := metrics_off(obs)) is not None:
-            return _Undecided(off)
+        needs: list[Need] = [("KV usage", "usage_series", "series", self.series),
+                             ("running-requests", "running_series", "running_series", self.running_series)]
+        if (absent := unobservable(obs, needs)) is not None:
+            scrape_errors = scrape_failures(obs, suggest=False)
+            if scrape_errors:
+                evidence["scrape_errors"] = scrape_errors
+            return _Undecided(absent, status="unobservable")
         usage_names, running_names, engine, hint = profile_series(obs)
         usage_name = self.series or pick(obs, usage_names)
         running_name = self.running_series or pick(obs, running_names)
@@ -364,6 +372,7 @@ class _Series:
 class _Undecided:
     reason: str
     samples: int = 0
+    status: Status = "inconclusive"  # or unobservable: the series cannot exist on this target
 
 
 UNDECIDED_END = ("the end-of-load check point could not be decided: no sample at baseline within the deadline and none "

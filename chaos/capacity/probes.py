@@ -170,10 +170,11 @@ def outcome_of(result: Result) -> tuple[ProbeOutcome, tuple[str, ...], dict[str,
         return "fail", (named if named in entries else "halt",), figures, None
     if result.error or result.exit_code == 4 or result.status in ("interrupted", "failed"):
         return "error", (), figures, result.error or f"the probe run ended {result.status} (exit {result.exit_code})"
-    failed = tuple(v.name for v in result.verdicts if v.status == "fail")
+    # (an unobservable verdict counts as its entry's when_unobservable says: tolerated, it decides nothing)
+    failed = tuple(v.name for v in result.verdicts if v.counts_as == "fail")
     if failed:
         return "fail", failed, figures, None
-    unsure = tuple(v.name for v in result.verdicts if v.status == "inconclusive")
+    unsure = tuple(v.name for v in result.verdicts if v.counts_as == "inconclusive")
     if unsure:
         return "inconclusive", unsure, figures, None
     return "pass", (), figures, None

@@ -41,9 +41,11 @@ class Result:
 
 
 def exit_code_for(verdicts: list[Verdict]) -> int:
-    """0 all as expected, 1 an SLA not as expected (decisively), 3 inconclusive (docs/contracts.md)."""
-    if any(v.status != "inconclusive" and not v.ok for v in verdicts):
+    """0 all as expected, 1 an SLA not as expected (decisively), 3 inconclusive (docs/contracts.md). An
+    ``unobservable`` verdict counts as its entry's ``when_unobservable`` says (``Verdict.counts_as``):
+    tolerated, it leaves the code to the others."""
+    if any(not v.ok and v.counts_as != "inconclusive" for v in verdicts):
         return 1
-    if any(v.status == "inconclusive" for v in verdicts):
+    if any(v.counts_as == "inconclusive" for v in verdicts):
         return 3
     return 0

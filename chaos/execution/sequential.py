@@ -61,7 +61,7 @@ MERGE_WITHIN = 1.1  # a look this close to max (as a ratio) is max's
 # ended by the look, would count it where the look did not. The look judges the streams that ended by its
 # time, on the journal as it stands this long after (the margin: the runner's own loop reading the pipe).
 DELIVERY_S = FLUSH_EVERY_S + 0.25
-DECIDED = ("pass", "fail")
+DECIDED = ("pass", "fail", "unobservable")  # (unobservable: more load cannot bring evidence the target cannot show)
 
 _Spec = TypeVar("_Spec", bound="SlaCheck")
 

@@ -72,7 +72,8 @@ def judge_entry(entry: SlaEntry, obs: Observations, phase: str | None, *,
     status, evidence = ((found.status, found.evidence) if cause is None
                         else ("inconclusive", {**found.evidence, **cause}))
     evidence = _with_moves(evidence, obs, phase)
-    return replace(found, status=status, evidence=evidence, expect=entry.expect, name=entry.name)
+    return replace(found, status=status, evidence=evidence, expect=entry.expect, name=entry.name,
+                   when_unobservable=entry.when_unobservable)
 
 
 def _with_moves(evidence: dict[str, Any], obs: Observations, phase: str | None) -> dict[str, Any]:

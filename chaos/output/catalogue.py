@@ -137,8 +137,9 @@ def _text_section(title: str, kinds: list[_Kind], common: str) -> str:
 
 
 _FAULT_COMMON = "every entry takes kind and an optional name"
-_SLA_COMMON = ("every entry takes kind, and optionally name, phases, expect: pass|fail and turns (conversation turns "
-               "judged: 2+, [1], docs/workloads.md)")
+_SLA_COMMON = ("every entry takes kind, and optionally name, phases, expect: pass|fail, turns (conversation turns "
+               "judged: 2+, [1], docs/workloads.md) and when_unobservable: tolerate|inconclusive|fail (how a verdict "
+               "the engine cannot show counts, docs/slas.md)")
 
 
 def render_catalogue(what: str = "all") -> str:

@@ -293,7 +293,7 @@ class PrometheusExporter:
     def _verdicts(self, verdicts: Sequence[Any]) -> None:
         for v in verdicts:
             labels = (self.experiment, v.name or v.sla, v.phase or "run")
-            for status in ("pass", "fail", "inconclusive"):
+            for status in ("pass", "fail", "inconclusive", "unobservable"):
                 self.verdict.labels(*labels, status).set(1 if v.status == status else 0)
             self.verdict_ok.labels(*labels).set(1 if v.ok else 0)
             if v.figure is not None:

@@ -54,6 +54,9 @@ def _note_line(note: Note) -> str | None:
         lines = [f"preflight: HTTP {data.get('status')}, {data.get('events', 0)} events, finish_reason "
                  f"{data.get('finish_reason')}, [DONE] {'seen' if data.get('done_seen') else 'not seen'}"]
         lines += [f"  dropped {name} from every request: {why}" for name, why in dropped.items()]
+        lines += [f"  !! ignored by the server: {i.get('field')} ({i.get('evidence')}); changes: "
+                  + ", ".join(dict.fromkeys(str(a).partition(":")[0] for a in i.get("affects") or ()))
+                  for i in data.get("ignored_fields") or ()]
         if data.get("cut"):
             lines.append(f"  {data['cut']}")
         if data.get("warning"):

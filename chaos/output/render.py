@@ -13,10 +13,11 @@ import textwrap
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from chaos.model.verdict import Verdict
+from chaos.model.verdict import NOT_OBSERVABLE, Verdict
 
-__all__ = ["budget_text", "figure_text", "format_value", "from_report", "samples_text", "verdict_label", "verdict_line",
-           "verdict_status", "verdict_table", "verdict_why", "why_lines", "why_text"]
+__all__ = ["budget_text", "figure_text", "format_value", "from_report", "samples_text", "unobservable_lines",
+           "unobservable_note", "verdict_label", "verdict_line", "verdict_status", "verdict_table", "verdict_why",
+           "why_lines", "why_text"]
 
 _EVIDENCE_CHARS = 600
 _WHY_LINES = 4  # a reason with its fix (the streaming verifier's names the proxy setting) fits; more is the page's
@@ -59,8 +60,28 @@ def verdict_label(v: Verdict) -> str:
 
 
 def verdict_status(v: Verdict) -> str:
-    """``PASS``, or ``FAIL (expect fail)`` for a regression check."""
-    return v.status.upper() + ("" if v.expect == "pass" else f" (expect {v.expect})")
+    """``PASS``, or ``FAIL (expect fail)`` for a regression check; ``UNOBSERVABLE (tolerated)`` or
+    ``UNOBSERVABLE (counts as inconclusive)`` for evidence the target cannot show."""
+    text = v.status.upper() + ("" if v.expect == "pass" else f" (expect {v.expect})")
+    if v.status == "unobservable":
+        text += " (tolerated)" if v.tolerated else f" (counts as {v.counts_as})"
+    return text
+
+
+def unobservable_note(v: Verdict) -> str:
+    """``tolerated``, or ``counts as inconclusive (when_unobservable: inconclusive)``: how it counts."""
+    if v.tolerated:
+        return "tolerated"
+    why = f"when_unobservable: {v.when_unobservable}" if v.when_unobservable != "tolerate" else "expect: fail"
+    return f"counts as {v.counts_as} ({why})"
+
+
+def unobservable_lines(verdicts: Iterable[Verdict]) -> list[str]:
+    """One line per unobservable verdict: ``not observable on this engine: kv_cleanup (baseline): <reason>
+    [tolerated]``, for the console's own block under the table."""
+    return [f"{NOT_OBSERVABLE}: {v.name or v.sla} ({v.phase or 'run'}): "
+            f"{(v.evidence or {}).get('reason') or 'no reason given'} [{unobservable_note(v)}]"
+            for v in verdicts if v.status == "unobservable"]
 
 
 def verdict_line(v: Verdict, *, evidence: bool = True) -> str:
@@ -98,7 +119,7 @@ def verdict_table(verdicts: Iterable[Verdict], *, width: int = 100) -> list[str]
     verdicts = list(verdicts)
     rows = [("SLA", "PHASE", "STATUS", "FIGURE", "BUDGET", "N")]  # N: samples (n_eff: the evidence, report.html)
     for v in verdicts:
-        mark = "ok " if v.ok else "!! "
+        mark = "-- " if v.tolerated else "ok " if v.ok else "!! "
         rows.append((mark + (v.name or v.sla), v.phase or "run", verdict_status(v), figure_text(v),
                      budget_text(v), str(v.samples)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -110,9 +131,12 @@ def verdict_table(verdicts: Iterable[Verdict], *, width: int = 100) -> list[str]
     return lines
 
 
-def why_text(evidence: Mapping[str, Any]) -> str:
+def why_text(evidence: Mapping[str, Any], status: str = "") -> str:
     """Why a verdict was decided, in the verifier's own words: what decided it (when not its quantile),
-    why it is undecided, its reason. The console and report.html's verdict table both show this."""
+    why it is undecided, its reason (``not observable on this engine: <reason>`` for an ``unobservable``
+    ``status``). The console and report.html's verdict table both show this."""
+    if status == "unobservable":
+        return f"{NOT_OBSERVABLE}: {evidence.get('reason') or 'no reason given'}"
     parts = [str(evidence[k]) for k in ("inconclusive_cause", "reason") if evidence.get(k)]
     if evidence.get("decided_by") and evidence["decided_by"] != "quantile":
         parts.insert(0, f"decided by {evidence['decided_by']}")
@@ -122,7 +146,7 @@ def why_text(evidence: Mapping[str, Any]) -> str:
 def verdict_why(v: Verdict) -> str:
     """``why_text``; for a verdict whose verifier gave no words, its interval against the budget."""
     evidence = v.evidence if isinstance(v.evidence, dict) else {}
-    text = why_text(evidence)
+    text = why_text(evidence, v.status)
     lower, upper = evidence.get("lower"), evidence.get("upper")
     if text or lower is None or upper is None:
         return text
@@ -136,7 +160,7 @@ def verdict_why(v: Verdict) -> str:
 
 
 def why_lines(v: Verdict, width: int = 100) -> list[str]:
-    """``   why: ...`` under a failed or inconclusive verdict's row, wrapped to ``width`` columns (at most
+    """``   why: ...`` under a failed, inconclusive or unobservable verdict's row, wrapped to ``width`` columns (at most
     a few lines: report.html has the whole evidence); nothing for a pass."""
     text = verdict_why(v) if v.status != "pass" else ""
     if not text:

@@ -23,7 +23,14 @@ from chaos.host.redact import redact, redact_bytes
 from chaos.host.runfiles import release_dir, replace_file, write_new
 from chaos.model.errors import ReportWriteFailed
 from chaos.model.observations import Observations
-from chaos.output.render import verdict_label, verdict_line, verdict_table
+from chaos.output.render import (
+    unobservable_lines,
+    unobservable_note,
+    verdict_label,
+    verdict_line,
+    verdict_table,
+    verdict_why,
+)
 from chaos.output.reports.engine_phases import engine_phases
 from chaos.output.reports.phases import until_text
 from chaos.output.turn_table import turn_table
@@ -255,8 +262,10 @@ def engine_facts(obs: Observations) -> dict[str, Any] | None:
     preflight = obs.notes_on("preflight")
     dropped = preflight[-1].data.get("dropped") if preflight else None
     cut = preflight[-1].data.get("cut") if preflight else None
+    ignored = preflight[-1].data.get("ignored_fields") if preflight else None
     return {"profile": data.get("name"), "detected_by": data.get("detected_by"), "end_of_stream": data.get("end"),
-            "dropped_fields": dropped or {}, **({"end_of_stream_assumed": cut} if cut else {})}
+            "dropped_fields": dropped or {}, "ignored_fields": ignored or [],
+            **({"end_of_stream_assumed": cut} if cut else {})}
 
 
 def host_summary(obs: Observations) -> dict[str, Any] | None:
@@ -290,8 +299,11 @@ def _junit(result: Result) -> ET.ElementTree:
                              name=verdict_label(v))
         detail = json.dumps(_clean({"figure": v.figure, "budget": v.budget, "unit": v.unit, "samples": v.samples,
                                     "evidence": v.evidence}), indent=1, default=str)
-        if v.status == "inconclusive":
-            ET.SubElement(case, "skipped", message=verdict_line(v, evidence=False)).text = detail
+        if v.counts_as == "inconclusive" or v.tolerated:  # (unobservable: skipped unless it counts as failed)
+            message = verdict_line(v, evidence=False)
+            if v.status == "unobservable":
+                message += f"; {verdict_why(v)} [{unobservable_note(v)}]"
+            ET.SubElement(case, "skipped", message=message).text = detail
         elif not v.ok:
             failures += 1
             ET.SubElement(case, "failure", message=verdict_line(v, evidence=False)).text = detail
@@ -328,6 +340,9 @@ def render_summary(result: Result, *, page_name: str = "report.html", width: int
     if lines:
         lines.append("")
     lines.extend(verdict_table(result.verdicts, width=width or shutil.get_terminal_size((100, 24)).columns))
+    if unseen := unobservable_lines(result.verdicts):
+        lines.append("")
+        lines.extend(unseen)
     lines.append("")
     lines.append(
         f"{result.experiment.name}: {result.status}, {load['streams']} streams "
@@ -347,11 +362,26 @@ def render_summary(result: Result, *, page_name: str = "report.html", width: int
     if engine:
         dropped = ", ".join(engine["dropped_fields"]) or "nothing"
         lines.append(f"engine profile: {engine['profile']} ({engine['detected_by']}); dropped from requests: {dropped}")
+        lines.extend(ignored_lines(engine.get("ignored_fields") or []))
         if engine.get("end_of_stream_assumed"):
             lines.append("  end-of-stream rule assumed from the profile, not observed: "
                          f"{engine['end_of_stream_assumed']}")
     lines.append(f"open: {Path(result.out_dir) / page_name}")
     return "\n".join(lines)
+
+
+def ignored_lines(ignored: list[dict[str, Any]], indent: str = "  ") -> list[str]:
+    """The fields the server took and ignored (the preflight's ``ignored_fields``), and for each the
+    verdicts and figures that changes (their names; report.json says how)."""
+    if not ignored:
+        return []
+    lines = [indent + "ignored by the server: " + ", ".join(f"{i.get('field')} ({i.get('evidence')})" for i in ignored)]
+    for item in ignored:
+        names = list(dict.fromkeys(str(a).partition(":")[0] for a in item.get("affects") or ()))
+        if names:
+            lines.append(f"{indent}  {item.get('field')} ignored changes: {', '.join(names)} "
+                         "(how: report.json target.engine.ignored_fields)")
+    return lines
 
 
 def _secs(value: float | None) -> str:

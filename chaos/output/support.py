@@ -123,19 +123,20 @@ def _sla_needs_text(sla_kinds: Sequence[str]) -> str:
             for i, (k, ns) in enumerate(series)]
     return (f"Every SLA but {' and '.join(f'`{k}`' for k, _ in series) or 'none'} judges the client's own stamps "
             f"and works against any engine; {' and '.join(f'`{k}`' for k in ends)} (and every verdict that counts "
-            f"complete streams) uses the profile's end-of-stream rule; {', '.join(said)}, each inconclusive "
-            "(and saying why) without them.")
+            f"complete streams) uses the profile's end-of-stream rule; {', '.join(said)}, each unobservable "
+            "(and saying why) where the engine cannot export them, inconclusive where they could be read and were "
+            "not.")
 
 
 def _sla_cell(needs: Sequence[str], p: EngineProfile) -> str:
     """What an SLA that reads ``needs`` of the engine reads of profile ``p``, or ``yes``."""
     if p.gateway and any(n in _SERIES_WORDS for n in needs):
         return "the engine behind it (`target.metrics_url`)"
-    if "kv_usage" in needs:
+    if "kv_usage" in needs:  # (a series the engine cannot export: unobservable, sla.engine_series)
         return (f"`{p.usage_series[0][0]}`" + (" (of several)" if len(p.usage_series) > 1 else "")
-                if p.usage_series else "inconclusive")
+                if p.usage_series and p.metrics else "unobservable")
     if "running" in needs:
-        return f"`{p.running_series[0]}`" if p.running_series else "inconclusive"
+        return f"`{p.running_series[0]}`" if p.running_series and p.metrics else "unobservable"
     if "end_of_stream" in needs:
         return "finish_reason + [DONE]" if p.end.done else "finish_reason"
     return "yes"

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import sla
+from chaos.model.engines import PROFILES
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -138,14 +139,16 @@ def test_scrapes_ending_before_the_deadline_are_inconclusive(synth: Any) -> None
     assert verdict.evidence["check_points"][0]["outcome"] == "unobserved"
 
 
-def test_no_baseline_or_no_metrics_is_inconclusive(synth: Any) -> None:
+def test_no_baseline_is_inconclusive_and_no_metrics_endpoint_unobservable(synth: Any) -> None:
     obs, _ = scenario(synth, lambda dt: 0.0, first_scrape=1.5)  # first scrape after the first stream
     verdict = sla.judge(obs, "kv_cleanup", {})
     assert verdict.status == "inconclusive"
     assert "no baseline" in verdict.evidence["reason"]
     obs, _ = scenario(synth, lambda dt: 0.0)
     obs.notes.append(synth.note("target", 0.0, metrics=False))
-    assert sla.judge(obs, "kv_cleanup", {}).status == "inconclusive"
+    verdict = sla.judge(obs, "kv_cleanup", {})
+    assert verdict.status == "unobservable"
+    assert verdict.evidence["reason"].startswith("the target has no metrics endpoint"), verdict.evidence
 
 
 def test_tolerance_is_a_share_of_the_cache(synth: Any) -> None:
@@ -291,14 +294,21 @@ def test_a_missing_series_says_why_the_scrapes_failed(synth: Any) -> None:
 def test_the_profile_names_the_series_and_the_hint(synth: Any) -> None:
     """A profile naming no series, with metrics scraped from somewhere (the scrape gave samples)."""
     streams = [synth.stream(f"s{i}", sent=1 + i * 0.1) for i in range(5)]
-    profile = {"name": "llamacpp", "usage_series": [], "running_series": [],
-               "metrics_hint": "llama.cpp exports no KV usage series: name one with `series`, or accept inconclusive"}
+    # llama.cpp's profile before it read /slots: a running series, no KV usage series
+    profile = {**PROFILES["llamacpp"].describe(), "usage_series": [],
+               "running_series": ["llamacpp:requests_processing"]}
     notes = [synth.note("engine_profile", 0.0, profile=profile, end={"finish_reason": True, "done": True})]
     metrics = synth.steps("llamacpp:requests_processing", 0.0, 3.0, EVERY, lambda t: 0.0)
     verdict = sla.judge(synth.obs(streams, metrics, notes=notes), "kv_cleanup", {})
+    assert verdict.status == "unobservable"  # the series cannot exist there: not observable, not undecided
+    assert verdict.evidence["reason"].startswith("llama.cpp server exports no KV usage series (profile llamacpp)")
+    assert "name it with `series`" in verdict.evidence["reason"]
+    # an entry that names a series of its own is judged on it: missing, it is unknown (inconclusive)
+    verdict = sla.judge(synth.obs(streams, metrics, notes=notes), "kv_cleanup", {"series": "my_kv"})
     assert verdict.status == "inconclusive"
-    assert "the llamacpp profile names none" in verdict.evidence["reason"]
-    assert "llama.cpp exports no KV usage series" in verdict.evidence["reason"]
+    assert "'my_kv' has no samples" in verdict.evidence["reason"]
+    # the running series the profile does name: abort_propagation can observe it
+    assert sla.judge(synth.obs(streams, metrics, notes=notes), "abort_propagation", {}).status == "inconclusive"
 
 
 TRANSFORMERS = {"name": "transformers-serve", "title": "transformers serve", "usage_series": [], "running_series": [],
@@ -306,9 +316,9 @@ TRANSFORMERS = {"name": "transformers-serve", "title": "transformers serve", "us
 
 
 @pytest.mark.parametrize("own_series", [False, True], ids=["bare", "with-host-and-gpu-samples"])
-@pytest.mark.parametrize("verifier,judged", [("kv_cleanup", "KV cleanup"), ("abort_propagation", "abort propagation")])
+@pytest.mark.parametrize("verifier", ["kv_cleanup", "abort_propagation"])
 def test_an_engine_without_metrics_is_named_first_and_no_metrics_url_is_suggested(
-        synth: Any, verifier: str, judged: str, own_series: bool) -> None:
+        synth: Any, verifier: str, own_series: bool) -> None:
     """Before: "scraping .../metrics failed: HTTP 404 (no metrics there: set target.metrics_url) ...":
     advice that cannot help, since transformers serve exports no metrics anywhere. The run's own
     host and GPU samples are not the target's metrics (a CI run read them as such)."""
@@ -320,10 +330,10 @@ def test_an_engine_without_metrics_is_named_first_and_no_metrics_url_is_suggeste
         own = (synth.steps("host_neighbour_cores", 0.0, 3.0, 0.5, lambda t: 0.2)
                + synth.steps("gpu_sm_clock_mhz", 0.0, 3.0, 1.0, lambda t: 1980.0, gpu="0"))
     verdict = sla.judge(synth.obs(streams, own, notes=notes), verifier, {})
-    assert verdict.status == "inconclusive"
+    assert verdict.status == "unobservable"
     reason = verdict.evidence["reason"]
-    assert reason.startswith(f"transformers serve exports no Prometheus metrics, so {judged}"), reason
-    assert "cannot be judged" in reason and "HTTP 404" in reason and "metrics_url" not in reason, reason
+    assert reason == "transformers serve exports no Prometheus metrics (profile transformers-serve)", reason
+    assert "HTTP 404" in verdict.evidence["scrape_errors"][0]
 
 
 @pytest.mark.parametrize("verifier", ["kv_cleanup", "abort_propagation"])
@@ -337,6 +347,8 @@ def test_a_404_at_metrics_of_a_generic_server_says_so_first_then_where_metrics_c
                "metrics": True, "metrics_hint": ""}
     notes = [synth.note("engine_profile", 0.0, profile=profile, end={"finish_reason": True, "done": True}),
              synth.note("scrape_error", 0.2, url="http://gw/metrics", error="HTTP 404", status=404, failures=12)]
-    reason = sla.judge(synth.obs(streams, notes=notes), verifier, {}).evidence["reason"]
-    assert reason.startswith("the target exports no Prometheus metrics there, so "), reason
-    assert reason.index("HTTP 404") < reason.index("set target.metrics_url to the engine's own /metrics"), reason
+    verdict = sla.judge(synth.obs(streams, notes=notes), verifier, {})
+    assert verdict.status == "unobservable"
+    reason = verdict.evidence["reason"]
+    assert reason.startswith("the target has no /metrics (404 ×12 at http://gw/metrics); "), reason
+    assert reason.endswith("set target.metrics_url to the engine's own /metrics"), reason

@@ -216,7 +216,7 @@ def _trend_figure(runs: Sequence[Run], key: tuple[str, str], name: str) -> tuple
     points = [(i, v) for i, r in enumerate(runs) if (v := _verdict(r, key)) is not None and v.get("figure") is not None]
     if not points:
         return "", 0
-    colours = {"pass": COLOURS[2], "fail": COLOURS[1], "inconclusive": COLOURS[4]}
+    colours = {"pass": COLOURS[2], "fail": COLOURS[1], "inconclusive": COLOURS[4], "unobservable": COLOURS[5]}
     fig, (ax,) = new_figure(5.2, 2.4, margins_in=(0.7, 0.15, 0.25, 0.65))
     unit = points[-1][1].get("unit") or ""
     k = 1000.0 if unit == "s" else 1.0  # durations drawn in ms, as budgets are written

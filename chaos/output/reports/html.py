@@ -32,7 +32,11 @@ table{border-collapse:collapse;font-size:13px}td,th{padding:3px 8px;border-botto
 vertical-align:top}
 th{background:#f6f8fa}.num{text-align:right;font-variant-numeric:tabular-nums}
 .pass{color:#1a7f37}.fail{color:#cf222e}.inconclusive{color:#9a6700}.muted{color:#57606a}.flag{color:#cf222e;font-weight:600}
-.cell-pass{background:#dafbe1}.cell-fail{background:#ffebe9}.cell-inconclusive{background:#fff8c5}.cell-none{background:#f6f8fa}
+.unobservable{color:#57606a}.badge.unobservable{background:#eaeef2;border:1px solid #afb8c1;border-radius:8px;\
+padding:0 6px;font-size:12px;color:#424a53}
+.unobservable-block{border-left:3px solid #afb8c1;padding:.2em .8em;margin:.6em 0}
+.cell-pass{background:#dafbe1}.cell-fail{background:#ffebe9}.cell-inconclusive{background:#fff8c5}\
+.cell-unobservable{background:#eaeef2}.cell-none{background:#f6f8fa}
 figure.plot{margin:.6em 0 1.2em}figure.plot figcaption{font-size:12px;color:#57606a;max-width:900px}
 svg.chart{width:100%;height:auto}details summary{cursor:pointer;color:#0969da}
 table.kv{margin:.2em 0}table.kv td:first-child{color:#57606a;white-space:nowrap}code,pre{font-size:12px}

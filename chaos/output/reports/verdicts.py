@@ -10,11 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from chaos.model.verdict import NOT_OBSERVABLE, counts_as
 from chaos.output.render import format_value
 from chaos.output.render import why_text as render_why_text
 from chaos.output.reports.html import esc, kv_table
 
-__all__ = ["interval_text", "render_verdicts", "samples_text", "to_decide_text", "why_text"]
+__all__ = ["interval_text", "render_unobservable", "render_verdicts", "samples_text", "status_cell", "to_decide_text",
+           "why_text"]
 
 _SHOWN_APART = ("lower", "upper", "samples_needed", "n_eff", "reason", "decided_by", "inconclusive_cause")
 
@@ -57,7 +59,39 @@ def to_decide_text(v: Mapping[str, Any]) -> str:
 
 def why_text(v: Mapping[str, Any]) -> str:
     """The verdict's why, worded as on the console (``chaos.output.render.why_text``)."""
-    return render_why_text(v.get("evidence") or {})
+    return render_why_text(v.get("evidence") or {}, str(v.get("status") or ""))
+
+
+def status_cell(v: Mapping[str, Any]) -> str:
+    """The status cell's HTML: the status, what was expected, and for an ``unobservable`` verdict a badge
+    and how it counts (``when_unobservable``; report.json from before it reads as tolerated)."""
+    status = str(v["status"])
+    expect = "" if v.get("expect", "pass") == "pass" else f" (expect {esc(v['expect'])})"
+    if status != "unobservable":
+        return f'<td class="{esc(status)}">{esc(status)}{expect}</td>'
+    counted = counts_as(status, str(v.get("expect", "pass")), str(v.get("when_unobservable", "tolerate")))
+    how = "tolerated" if counted is None else f"counts as {counted}"
+    return (f'<td class="unobservable"><span class="badge unobservable" title="{esc(NOT_OBSERVABLE)}">unobservable'
+            f'</span>{expect} <span class="muted">{esc(how)}</span></td>')
+
+
+def render_unobservable(verdicts: list[Mapping[str, Any]]) -> str:
+    """A block naming every unobservable verdict and why (empty when none): above the table, so a check the
+    target could not show is never read as a pass."""
+    rows = [f"<li><b>{esc(v.get('name') or v['sla'])}</b> ({esc(v.get('phase') or 'run')}): "
+            f"{esc((v.get('evidence') or {}).get('reason') or 'no reason given')}</li>"
+            for v in verdicts if v.get("status") == "unobservable"]
+    if not rows:
+        return ""
+    return (f'<div class="unobservable-block"><p><span class="badge unobservable">{esc(NOT_OBSERVABLE)}</span> '
+            f'these checks could not be made against this target:</p><ul>{"".join(rows)}</ul></div>')
+
+
+def _ok_cell(v: Mapping[str, Any]) -> str:
+    """✔ as expected, ✘ not, – for a tolerated unobservable verdict (as expected, but nothing was seen)."""
+    if v.get("status") == "unobservable" and v.get("ok"):
+        return '<td class="unobservable" title="tolerated: not observable on this engine">–</td>'
+    return f'<td class="{"pass" if v.get("ok") else "fail"}">{"✔" if v.get("ok") else "✘"}</td>'
 
 
 def render_verdicts(verdicts: list[Mapping[str, Any]]) -> str:
@@ -65,16 +99,14 @@ def render_verdicts(verdicts: list[Mapping[str, Any]]) -> str:
         return '<p class="muted">No verdicts: the run did not complete, or the experiment has no SLA entries.</p>'
     rows = []
     for v in verdicts:
-        status = v["status"]
-        expect = "" if v.get("expect", "pass") == "pass" else f" (expect {esc(v['expect'])})"
         kind = "" if (v.get("name") or v["sla"]) == v["sla"] else f' <span class="muted">{esc(v["sla"])}</span>'
         evidence = v.get("evidence") or {}
         rows.append(
             f'<tr class="verdict" data-sla="{esc(v.get("name") or v["sla"])}" '
             f'data-phase="{esc(v.get("phase") or "run")}">'
-            f'<td class="{"pass" if v.get("ok") else "fail"}">{"✔" if v.get("ok") else "✘"}</td>'
+            f"{_ok_cell(v)}"
             f"<td>{esc(v.get('name') or v['sla'])}{kind}</td><td>{esc(v.get('phase') or 'run')}</td>"
-            f'<td class="{esc(status)}">{esc(status)}{expect}</td>'
+            f"{status_cell(v)}"
             f'<td class="num">{esc(format_value(v.get("figure"), v["unit"]))}</td>'
             f'<td class="num">{esc(format_value(v.get("budget"), v["unit"]))}</td>'
             f'<td class="num">{esc(interval_text(v))}</td><td class="num">{esc(samples_text(v))}</td>'
@@ -84,4 +116,4 @@ def render_verdicts(verdicts: list[Mapping[str, Any]]) -> str:
         )
     head = ("<tr><th></th><th>SLA</th><th>phase</th><th>status</th><th>figure</th><th>budget</th>"
             "<th>confidence interval</th><th>samples</th><th>samples to decide</th><th>why</th><th></th></tr>")
-    return f'<table class="verdicts">{head}{"".join(rows)}</table>'
+    return f'{render_unobservable(verdicts)}<table class="verdicts">{head}{"".join(rows)}</table>'
