@@ -23,10 +23,12 @@ A stream that looks complete can still have been cut: one that ends with ``finis
 before ``max_tokens`` while the load asked for ``ignore_eos`` (the run's ``preflight`` note says which
 convenience fields every request carried) is an early close with cause ``short_length``: with
 ``ignore_eos`` the only way to end on ``length`` is to reach ``max_tokens``. The count is the
-server's own ``usage.completion_tokens`` where the stream carried it, else its content events (an
-engine that puts several tokens in one event would look short by events: the load asks for usage
-unless the engine refused it). A context window shorter than prompt + ``max_tokens`` ends a stream
-on ``length`` early too; the evidence says which count was used.
+server's own ``usage.completion_tokens``; a stream without it is not judged short: its content
+events only bound its tokens from below, since an engine may put several tokens in one event
+(llama-cpp-python sends the bytes of a character it held back as one event: 30-31 events for 32
+tokens, every stream of a healthy server "short" by events). The load asks for usage unless the
+engine refused it, and the preflight names a server that ignores the request. A context window
+shorter than prompt + ``max_tokens`` ends a stream on ``length`` early too.
 """
 
 from __future__ import annotations
@@ -84,13 +86,11 @@ def short_length(stream: StreamRecord, ignore_eos: bool) -> str | None:
     was sent; None when it did not. Pure."""
     if not ignore_eos or stream.finish_reason != "length" or stream.max_tokens <= 0:
         return None
-    tokens, counted = usage_tokens(stream), "usage.completion_tokens"
-    if tokens is None:
-        tokens, counted = stream.token_events, "token events"  # reasoning and tool-call fragments count too
-    if tokens >= stream.max_tokens:
+    tokens = usage_tokens(stream)
+    if tokens is None or tokens >= stream.max_tokens:  # no usage: events bound the tokens from below only
         return None
-    return (f"finish_reason length after {tokens} of max_tokens {stream.max_tokens} ({counted}) although the "
-            "request asked for ignore_eos")
+    return (f"finish_reason length after {tokens} of max_tokens {stream.max_tokens} (usage.completion_tokens) "
+            "although the request asked for ignore_eos")
 
 
 _ERROR_CAUSES = {"timeout": "timeout", "protocol": "protocol", "connect": "connect", "cancelled": "cancelled",

@@ -90,6 +90,8 @@ class DryRun:
         dropped = ", ".join(found.dropped) or "nothing"
         self.say(f"takes the load's request at POST {url} (HTTP {found.record.status}, {found.attempts} attempt(s)); "
                  f"dropped from requests: {dropped}", 1)
+        if found.ignored:  # taken, but ignored: the run would judge other streams than the experiment asks for
+            self.say("ignored by the server: " + ", ".join(f"{c.field} ({c.evidence})" for c in found.ignored), 2)
         if found.warning:  # taken, but a person should know (an answer with no Content-Type)
             self.say(f"warning: {found.warning}", 2)
 

@@ -7,7 +7,13 @@ builder (``chaos.load.workload.Workload.request(0)``) through the load's own cli
 server refuses a field the load only adds for convenience (``ignore_eos``, ``stream_options``), the
 field is dropped from every request of the load and the report says so; when it refuses the
 request itself, the run stops before any load with the server's own words (``PreflightRefused``,
-exit 4). ``rejected_fields``, ``shape_for`` and ``should_cut`` are the pure parts.
+exit 4). ``rejected_fields``, ``shape_for``, ``should_cut`` and ``field_checks`` are the pure parts.
+
+A server may also take a field and ignore it (llama-cpp-python's ends streams on ``stop`` whatever
+``ignore_eos`` says, and sends no usage chunk for ``stream_options.include_usage``): ``field_checks``
+reads from the preflight's own stream whether each field the request asked for took effect, and the
+run names the ones ignored (``ignored_fields``) with the verdicts and figures that changes (``AFFECTS``).
+A stream the preflight cut decides neither; then one more request, ``PROBE_MAX_TOKENS`` long, does.
 
 A short stream is read to its end, where the end-of-stream rule (``[DONE]``, ``finish_reason``) is
 seen. A long or endless one (a soak's ``max_tokens: 100000`` with ``ignore_eos``) is judged at its
@@ -34,14 +40,22 @@ from chaos.model.engines import CONVENIENCE_FIELDS, PROFILES, EngineProfile, Evi
 from chaos.model.errors import SetupFailed
 from chaos.model.experiment import LoadSpec
 from chaos.model.observations import StreamRecord, foreign_content_type
+from chaos.model.request_ids import RequestIds, run_tag
 
-__all__ = ["PreflightRefused", "PreflightResult", "detect", "preflight", "rejected_fields", "shape_for", "should_cut"]
+__all__ = ["AFFECTS", "FieldCheck", "PreflightRefused", "PreflightResult", "StreamFacts", "detect", "field_checks",
+           "preflight", "rejected_fields", "shape_for", "should_cut"]
 
 PROBE_TIMEOUT_S = 5.0  # each evidence request; a server that does not answer one is just not that sign
 MAX_RETRIES = len(CONVENIENCE_FIELDS)  # at most one retry per convenience field dropped
 END_WAIT_S = 10.0  # how long after the first content event the preflight waits for the stream's end
 OBSERVE_S = 1.0  # the rate over this long (after the first content event) may decide the end is far off
 _POLL_S = 0.1  # how often the preflight looks at its open stream
+# The max_tokens of the one extra request sent when the preflight cut its stream (a long load's: a soak's
+# 100000) before the end where ignore_eos and include_usage show. 32 is the default load's own length, read
+# to its end in a few seconds even by a CPU engine, far inside END_WAIT_S, so it is not cut in turn; the
+# usage chunk shows at any length; and an engine ignoring ignore_eos ends a short answer before it (the
+# llama-cpp-python case: 7 tokens). Longer would show a longer answer cut short, at seconds more per run.
+PROBE_MAX_TOKENS = 32
 
 # Which LoadSpec switch puts each convenience field into the request body (chaos.load.workload.build_body).
 _SWITCH = {"ignore_eos": "ignore_eos", "stream_options": "include_usage"}
@@ -62,6 +76,13 @@ class PreflightResult:
     refusal: str | None = None  # the server's text when it refused a field (a sign of the engine)
     warning: str | None = None  # something about the preflight stream a person should know before the run
     cut: str | None = None  # the preflight hung up on a long stream itself: after how many events, how long
+    checks: list[FieldCheck] = field(default_factory=list)  # did each field the request asked for take effect
+    probe: dict[str, Any] | None = None  # the extra short request that decided them, when one was sent
+
+    @property
+    def ignored(self) -> list[FieldCheck]:
+        """The fields the server took and ignored."""
+        return [c for c in self.checks if c.outcome == "ignored"]
 
     def facts(self) -> dict[str, Any]:
         rec = self.record
@@ -75,6 +96,9 @@ class PreflightResult:
             # a reasoning model, or tool calls: what the target streams besides content
             **({"reasoning_events": len(rec.t_reasoning)} if rec.t_reasoning else {}),
             **({"tool_call_events": len(rec.t_tool_calls)} if rec.t_tool_calls else {}),
+            "field_checks": [c.as_dict() for c in self.checks],
+            "ignored_fields": [c.ignored_dict() for c in self.ignored],
+            **({"field_probe": self.probe} if self.probe else {}),
         }
 
 
@@ -111,6 +135,169 @@ def rejected_fields(message: str, present: Iterable[str]) -> list[str]:
     """
     text = message.lower()
     return [name for name in present if name in text or name.replace("_", " ") in text]
+
+
+# -- did what the request asked for take effect? -----------------------------------------------------
+
+USAGE_FIELD = "stream_options.include_usage"
+
+# What each field a server takes and ignores changes in the run's verdicts and figures (read from sla/ and
+# chaos/output/): "kind: how". A stream's token count is usage.completion_tokens where the server sent it
+# (sla.definitions.output_tokens, sla.integrity.usage_tokens), else the client's own count of token events.
+AFFECTS: dict[str, tuple[str, ...]] = {
+    "ignore_eos": (
+        "early_close: its short_length check (an end on length before max_tokens although ignore_eos was sent) "
+        "finds nothing: streams end on stop at the model's own end, which counts as complete",
+        "throughput: tokens/s and requests/s are of streams as long as the model's answers, not of max_tokens",
+        "goodput: the e2e and tpot objectives (and min_rate) are judged on those shorter streams",
+        "streaming: streams with fewer than min_events content events (default 8) are not judged",
+        "client.disconnect after_tokens: a stream that ends before N content events is never hung up on, "
+        "so abort_path and abort_propagation judge fewer hang-ups",
+        "figures: the vLLM bench output tokens, E2EL and output throughput are of the model's own lengths",
+    ),
+    USAGE_FIELD: (
+        "integrity: events_over_usage is not checked (no usage.completion_tokens to compare with)",
+        "early_close: short_length is not checked (a stream ending on length before max_tokens is not seen "
+        "without usage.completion_tokens)",
+        "throughput: min_tokens_per_s counts token events (token_source content_events): several tokens in one "
+        "event count as one",
+        "goodput: tpot divides by token events, not usage.completion_tokens",
+        "context_kept: inconclusive (no usage.prompt_tokens to compare turns by)",
+        "figures: output tokens, TPOT and token rates (vLLM bench figures, report rates) are the client's count "
+        "of token events",
+    ),
+    "min_tokens": (
+        "throughput, goodput (e2e, tpot), streaming (min_events): streams shorter than min_tokens are judged",
+        "figures: the vLLM bench output tokens, E2EL and output throughput are of the shorter streams",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class StreamFacts:
+    """What a preflight stream showed about its length and its end (``of`` reads a record)."""
+
+    tokens: int  # generated tokens: usage.completion_tokens where at least the token events, else token events
+    counted: str  # how tokens were counted: "usage.completion_tokens" or "token events"
+    finish_reason: str | None
+    usage: bool  # a chunk carrying usage arrived
+    ended: bool  # read to its end: not cut by the preflight, no error
+
+    @classmethod
+    def of(cls, record: StreamRecord, cut: str | None = None) -> StreamFacts:
+        reported = (record.usage or {}).get("completion_tokens")
+        events = record.token_events
+        by_usage = isinstance(reported, int) and not isinstance(reported, bool) and reported >= events
+        return cls(tokens=reported if isinstance(reported, int) and by_usage else events,
+                   counted="usage.completion_tokens" if by_usage else "token events",
+                   finish_reason=record.finish_reason, usage=record.usage is not None,
+                   ended=cut is None and record.error is None and record.in_band_error is None)
+
+
+@dataclass(frozen=True)
+class FieldCheck:
+    """Whether one field the request asked for took effect: ``honoured`` (its effect was seen),
+    ``ignored`` (the stream shows it was not), or ``not_shown`` (the stream cannot tell)."""
+
+    field: str
+    outcome: str
+    evidence: str
+
+    @property
+    def affects(self) -> tuple[str, ...]:
+        return AFFECTS.get(self.field, ()) if self.outcome == "ignored" else ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"field": self.field, "outcome": self.outcome, "evidence": self.evidence}
+
+    def ignored_dict(self) -> dict[str, Any]:
+        return {"field": self.field, "evidence": self.evidence, "affects": list(self.affects)}
+
+
+def _asked_int(body: Mapping[str, Any], *keys: str) -> int | None:
+    for key in keys:
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+_OWN = "the preflight stream"
+
+
+def field_checks(body: Mapping[str, Any], stream: StreamFacts, where: str = _OWN) -> list[FieldCheck]:
+    """Per field the request ``body`` asked for, whether ``stream`` shows it took effect. Pure.
+
+    - ``ignore_eos: true``: the stream reached max_tokens (finish_reason ``length``, or as many tokens):
+      honoured, though a model whose own answer is that long shows the same; it ended with ``stop``
+      before max_tokens: ignored; another reason that ends a stream whatever ignore_eos says (a tool
+      call, a content filter), or none: not shown.
+    - ``stream_options.include_usage: true``: a chunk carried ``usage``: honoured; the stream ended
+      without one: ignored.
+    - ``min_tokens: N``: at least N tokens: honoured; fewer, ended by anything but ``length`` (a
+      max_tokens below N): ignored.
+
+    A stream not read to its end (cut by the preflight, broken) shows none of these ends: not shown.
+    """
+    found = [_ignore_eos(body, stream, where), _include_usage(body, stream, where), _min_tokens(body, stream, where)]
+    return [c for c in found if c is not None]
+
+
+def _ignore_eos(body: Mapping[str, Any], stream: StreamFacts, where: str) -> FieldCheck | None:
+    if body.get("ignore_eos") is not True:
+        return None
+    max_tokens = _asked_int(body, "max_tokens", "max_completion_tokens")
+    n, reason = stream.tokens, stream.finish_reason
+    if max_tokens is None:
+        return FieldCheck("ignore_eos", "not_shown", f"the request names no max_tokens to reach ({where}: {n} tokens, "
+                          f"finish_reason {reason})")
+    of = f"{n} of {max_tokens} tokens"
+    if reason == "length" or n >= max_tokens:
+        return FieldCheck("ignore_eos", "honoured", f"{where} reached max_tokens: {of} ({stream.counted}), "
+                          f"finish_reason {reason}")
+    if not stream.ended:
+        return FieldCheck("ignore_eos", "not_shown", f"{where} was not read to its end ({of} by then)")
+    if reason in ("stop", "eos", "eos_token"):
+        return FieldCheck("ignore_eos", "ignored", f"{where} stopped at {of} with finish_reason {reason}")
+    return FieldCheck("ignore_eos", "not_shown", f"{where} ended at {of} with finish_reason {reason}, which does not "
+                      "tell whether ignore_eos was honoured")
+
+
+def _include_usage(body: Mapping[str, Any], stream: StreamFacts, where: str) -> FieldCheck | None:
+    options = body.get("stream_options")
+    if not isinstance(options, Mapping) or options.get("include_usage") is not True:
+        return None
+    if stream.usage:
+        return FieldCheck(USAGE_FIELD, "honoured", f"{where} carried a usage chunk")
+    if stream.ended:
+        return FieldCheck(USAGE_FIELD, "ignored", "no usage chunk" + ("" if where == _OWN else f" ({where})"))
+    return FieldCheck(USAGE_FIELD, "not_shown", f"{where} was not read to its end, where usage comes")
+
+
+def _min_tokens(body: Mapping[str, Any], stream: StreamFacts, where: str) -> FieldCheck | None:
+    least = _asked_int(body, "min_tokens")
+    if least is None or least <= 0:
+        return None
+    n, reason = stream.tokens, stream.finish_reason
+    if n >= least:
+        return FieldCheck("min_tokens", "honoured", f"{where} had {n} tokens, min_tokens {least}")
+    if not stream.ended:
+        return FieldCheck("min_tokens", "not_shown", f"{where} was not read to its end ({n} tokens by then)")
+    if reason == "length":
+        return FieldCheck("min_tokens", "not_shown", f"{where} ended on length at {n} tokens, below min_tokens {least}")
+    return FieldCheck("min_tokens", "ignored", f"{where} stopped at {n} tokens with finish_reason {reason}, "
+                      f"min_tokens {least}")
+
+
+def _merge(first: list[FieldCheck], second: list[FieldCheck]) -> list[FieldCheck]:
+    """``first``'s checks, each one it could not decide replaced by ``second``'s for the same field."""
+    later = {c.field: c for c in second}
+    return [later.get(c.field, c) if c.outcome == "not_shown" else c for c in first]
+
+
+def _with_max_tokens(body: Mapping[str, Any], limit: int) -> dict[str, Any]:
+    key = "max_completion_tokens" if "max_completion_tokens" in body and "max_tokens" not in body else "max_tokens"
+    return {**body, key: limit}
 
 
 async def _get(client: httpx.AsyncClient, url: str, limit: int = JSON_LIMIT) -> Capped | None:
@@ -201,7 +388,10 @@ async def _send_once(url: str, body: Mapping[str, Any], api_key: str | None, tim
     # through the path's hops, which are what speak HTTP/2 to it (the builtin stack may speak only HTTP/1.1)
     http = make_http_client(1, api_key=api_key, headers=request_headers(load.headers, load.request_timeout))
     id_header = request_id_header(load.headers)
-    own_id = {id_header: "preflight"} if id_header else {}
+    # UUID-shaped like the load's (``load.request_ids``): a server that refuses the load's ids refuses this
+    # one too, and one that refuses other ids (llama-cpp-python: any but a UUID) takes both
+    ids = RequestIds(str(getattr(load, "request_ids", "uuid")), run_tag(0, "preflight"))
+    own_id = {id_header: ids.wire("preflight")} if id_header else {}
     limit = _max_tokens(body)
     try:
         task = asyncio.create_task(stream_request(http, url, body, record, request_timeout=timeout, headers=own_id))
@@ -245,7 +435,9 @@ async def preflight(load: LoadSpec, *, base_url: str, model: str, seed: int, api
         _check_parsed(record, url)
         refused = record.error is not None and record.error.kind == "http" and record.status in (400, 422)
         if record.error is None and record.in_band_error is None:
-            return PreflightResult(load, record, dropped, attempts, refusal, warning=_untyped(record), cut=cut)
+            result = PreflightResult(load, record, dropped, attempts, refusal, warning=_untyped(record), cut=cut)
+            await _check_fields(result, body, url, api_key, timeout)
+            return result
         message = (record.error.message if record.error is not None else record.in_band_error) or ""
         named = rejected_fields(message, sent_fields(load)) if refused else []
         if not named or attempts > MAX_RETRIES:
@@ -262,6 +454,29 @@ async def preflight(load: LoadSpec, *, base_url: str, model: str, seed: int, api
         for name in named:
             load = _without(load, name)
             dropped[name] = f"refused by the server: {message[:200]}"
+
+
+async def _check_fields(result: PreflightResult, body: Mapping[str, Any], url: str, api_key: str | None,
+                        timeout: float) -> None:
+    """``result.checks`` from the preflight's stream; when it was cut before the end that decides a field,
+    from one more request, ``PROBE_MAX_TOKENS`` long (never for a stream read to its end: no run pays for
+    a second request unless its first could not tell)."""
+    result.checks = field_checks(body, StreamFacts.of(result.record, result.cut))
+    limit = _max_tokens(body)
+    if result.cut is None or (limit is not None and limit <= PROBE_MAX_TOKENS):
+        return  # read to its end, or the probe would be the same request again
+    if all(c.outcome != "not_shown" for c in result.checks):
+        return
+    probe_body = _with_max_tokens(body, PROBE_MAX_TOKENS)
+    record, cut = await _send_once(url, probe_body, api_key, timeout, result.load)
+    where = f"a second preflight request of max_tokens {PROBE_MAX_TOKENS}"
+    facts = StreamFacts.of(record, cut)
+    result.probe = {"max_tokens": PROBE_MAX_TOKENS, "status": record.status, "finish_reason": record.finish_reason,
+                    "tokens": facts.tokens, "usage": facts.usage, **({"cut": cut} if cut else {}),
+                    **({"error": record.error.message} if record.error is not None else {})}
+    if record.status is None or not 200 <= record.status < 300:
+        return  # refused or lost now: the load's own request got through, so leave the fields undecided
+    result.checks = _merge(result.checks, field_checks(probe_body, facts, where))
 
 
 def _check_event_stream(record: StreamRecord, url: str) -> None:
@@ -375,6 +590,8 @@ async def learn_engine(load: LoadSpec, *, base_url: str, metrics_url: str | None
             result.load = shaped
             for name, because in more.items():
                 result.dropped.setdefault(name, because)
+            # a field now dropped is no longer sent: whether the server honoured it no longer matters
+            result.checks = [c for c in result.checks if c.field.split(".")[0] not in result.dropped]
     rec = result.record
     warning: str | None = None
     if result.cut is not None:

@@ -22,6 +22,11 @@ its own response:
     long_line: int      first send this many bytes of one ``data:`` line that never ends (64 KiB writes)
     crlf / no_space / comments / data_after_done: bool   framing variants
 
+Two server options play an engine that takes a field and ignores it, as llama-cpp-python's server does
+(both off by default): ``ignores_ignore_eos`` ends every stream at the model's own end, ``eos_at``
+content events, with finish_reason ``stop`` (``length`` when max_tokens comes first), whatever
+``ignore_eos`` says; ``ignores_include_usage`` never sends the usage chunk ``stream_options`` asks for.
+
 The server records each request (``MockRequest``): tokens sent, whether and when the client
 disconnected, so tests can see a client hang up from the server's side.
 """
@@ -63,10 +68,17 @@ class MockSSEServer:
     """Serve ``POST /v1/completions`` and ``POST /v1/chat/completions`` as token streams."""
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, tick_s: float = 0.01,
-                 default_tokens: int = 16, uuid_request_ids: bool = False) -> None:
+                 default_tokens: int = 16, uuid_request_ids: bool = False, ignores_ignore_eos: bool = False,
+                 eos_at: int = 7, ignores_include_usage: bool = False, closes_after_stream: bool = False) -> None:
         # uuid_request_ids: a POST whose X-Request-Id is not a UUID is answered 400, as llama-cpp-python's
         # server does (its request-id plugin validates the header); a request without one is served
         self.uuid_request_ids = uuid_request_ids
+        self.ignores_ignore_eos = ignores_ignore_eos  # streams end on stop after eos_at events, as if not asked
+        self.eos_at = eos_at
+        self.ignores_include_usage = ignores_include_usage  # no usage chunk, whatever stream_options asks
+        # closes_after_stream: the connection is closed after each streamed response, though the response said
+        # keep-alive (no Connection: close), as llama.cpp's llama-server does (chaos.load.keepalive)
+        self.closes_after_stream = closes_after_stream
         self.host = host
         self.port = port
         self.tick_s = tick_s
@@ -143,6 +155,11 @@ class MockSSEServer:
                 self.requests.append(request)
                 keep = await self._respond(request, reader, writer)
                 if not keep or headers.get("connection", "").lower() == "close":
+                    break
+                if self.closes_after_stream and body.get("stream"):
+                    # a moment after the last chunk, as a server closes once its handler returns: a client
+                    # that reuses at once has written its next request into the connection by then
+                    await asyncio.sleep(0.005)
                     break
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
             pass
@@ -228,6 +245,9 @@ class MockSSEServer:
     async def _stream(self, req: MockRequest, mock: dict[str, Any], writer: asyncio.StreamWriter,
                       eof: asyncio.Future[bytes]) -> bool:
         reply = _MockReply(req, mock, writer, eof, self.default_tokens, self.tick_s)
+        if self.ignores_ignore_eos and "tokens" not in mock and self.eos_at < reply.tokens:
+            reply.tokens, reply.finish = self.eos_at, "stop"  # the model's own end, ignore_eos or not
+        reply.usage = not self.ignores_include_usage
         if not await reply.body():
             return False
         if eof.done():
@@ -256,6 +276,8 @@ class _MockReply:
         self.sep = "\r\n" if mock.get("crlf") else "\n"
         self.prefix = "data:" if mock.get("no_space") else "data: "
         self.split = bool(mock.get("split_writes"))
+        self.finish = "length"  # the last content event's finish_reason
+        self.usage = True  # send the usage chunk when stream_options asks for it
 
     async def send(self, payload: bytes) -> None:
         if self.eof.done():
@@ -312,7 +334,7 @@ class _MockReply:
                 return False
             if outcome == "error":
                 break
-        if req.body.get("stream_options", {}).get("include_usage") and mock.get("error_after") is None:
+        if self.usage and req.body.get("stream_options", {}).get("include_usage") and mock.get("error_after") is None:
             usage = {"prompt_tokens": 1, "completion_tokens": req.tokens_sent, "total_tokens": req.tokens_sent + 1}
             await self.send(self.event(self.chunk(None, None, usage=usage)))
         if not mock.get("drop_done"):
@@ -340,7 +362,7 @@ class _MockReply:
             await self.send(self.event({"error": {"message": "mock in-band error", "type": "InternalServerError",
                                                   "code": 500}}))
             return "error"
-        finish = "length" if i == self.tokens - 1 else None
+        finish = self.finish if i == self.tokens - 1 else None
         if i == mock.get("bad_json_at"):
             await self.send(f"{self.prefix}{{not json{sep}{sep}".encode())
         elif i == mock.get("invalid_utf8_at"):

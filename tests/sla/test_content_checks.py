@@ -5,7 +5,6 @@ late client can explain)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -85,14 +84,13 @@ def test_a_short_length_under_ignore_eos_is_an_early_close(synth: Any) -> None:
     assert "after 26 of max_tokens 32 (usage.completion_tokens)" in offender["detail"]
 
 
-def test_without_usage_the_token_events_are_counted(synth: Any) -> None:
-    # content and reasoning events alike: a reasoning model's thinking is within max_tokens too
-    stream = synth.stream("short", tokens=25, max_tokens=32, finish="length")
-    streams = [stream, replace(stream, id="thought", t_reasoning=[stream.t_content[0] - 1] * 7)]
-    obs = synth.obs(streams, notes=[synth.note("preflight", 0.0, **SENT)])
+def test_without_usage_a_stream_short_by_events_is_not_called_cut(synth: Any) -> None:
+    # 30 events for 32 tokens: an engine that sends a held-back character's bytes as one event
+    # (llama-cpp-python) ends every healthy stream so; events bound the tokens from below only
+    stream = synth.stream("short", tokens=30, max_tokens=32, finish="length")
+    obs = synth.obs([stream], notes=[synth.note("preflight", 0.0, **SENT)])
     verdict = sla.judge(obs, "early_close", {"budget": 0.0})
-    assert verdict.status == "fail" and [o["id"] for o in verdict.evidence["offenders"]] == ["short"]
-    assert "after 25 of max_tokens 32 (token events)" in verdict.evidence["offenders"][0]["detail"]
+    assert verdict.status == "pass" and verdict.evidence["offenders"] == [], verdict.evidence
 
 
 @pytest.mark.parametrize(("finish", "sent", "tokens"), [
