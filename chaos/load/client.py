@@ -107,12 +107,14 @@ class StreamClient(Protocol):
 
 def make_http_client(connections: int, *, api_key: str | None = None, connect_timeout: float = 10.0,
                      headers: Mapping[str, str] | None = None, version: str = "1.1",
-                     streams_per_connection: int = 100, stream_window: int = 65_535) -> StreamClient:
+                     streams_per_connection: int = 100, stream_window: int = 65_535,
+                     reuse: bool = True) -> StreamClient:
     """A keep-alive client with ``connections`` exchange slots: HTTP/1.1 (``version`` "1.1": up to that many
     idle connections kept per origin) or HTTP/2 ("2": ``streams_per_connection`` streams on a connection,
     each with a ``stream_window``-byte receive window; ``chaos.load.http2``). ``headers``: sent with every
     request (default: the OpenAI Python SDK's, ``chaos.load.sdk_headers``). "auto" is decided before
-    (``chaos.load.http2.negotiate``)."""
+    (``chaos.load.http2.negotiate``). ``reuse`` False: HTTP/1.1 opens a connection per request
+    (``load.http.keep_alive``, ``chaos.load.keepalive``)."""
     if version == "2":
         from chaos.load.http2 import H2Client
 
@@ -120,7 +122,7 @@ def make_http_client(connections: int, *, api_key: str | None = None, connect_ti
                         streams_per_connection=streams_per_connection, stream_window=stream_window)
     if version != "1.1":
         raise ValueError(f"HTTP version {version!r}: expected 1.1 or 2 (auto is decided before, by ALPN)")
-    return H1Client(connections, api_key=api_key, connect_timeout=connect_timeout, headers=headers)
+    return H1Client(connections, api_key=api_key, connect_timeout=connect_timeout, headers=headers, reuse=reuse)
 
 
 class _Hangup(Exception):

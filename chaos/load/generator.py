@@ -54,6 +54,7 @@ from chaos.load.workloads.sessions import SessionPlan, run_session
 from chaos.model.context import ClientPolicy
 from chaos.model.errors import ExperimentInvalid
 from chaos.model.observations import ErrorInfo, Hangup, StreamRecord
+from chaos.model.request_ids import RequestIds, run_tag
 
 __all__ = ["BACKLOG_CAP", "DEFAULT_INFLIGHT_CAP", "LoadGenerator"]
 
@@ -94,6 +95,10 @@ class LoadGenerator:
             trust_data(pem)
         self.settings = LoadSettings.of(spec)
         self._id_header = request_id_header(spec.headers)  # None: load.headers names X-Request-Id
+        # each request's X-Request-Id: its record id as a UUID-shaped id of the run (``load.request_ids: uuid``)
+        # or as it is (``sequence``); the hops' taps are read back to the record id (chaos.execution.path)
+        self._ids = RequestIds(self.settings.request_ids,
+                               target.run_tag if target.run_tag is not None else run_tag(target.seed))
         self.http_version = self.settings.http_version  # "auto": decided by ALPN in ``run`` (``negotiate``)
         self.policy = policy
         self.sink = sink
@@ -152,7 +157,7 @@ class LoadGenerator:
         s = self.settings
         return make_http_client(connections, api_key=self.target.api_key, headers=self._headers(),
                                 version=self.http_version, streams_per_connection=s.streams_per_connection,
-                                stream_window=s.stream_window)
+                                stream_window=s.stream_window, reuse=s.keep_alive != "off")
 
     def _headers(self) -> dict[str, str]:
         """What every request of this load sends: the SDK's headers with the experiment's ``load.headers``."""
@@ -206,8 +211,8 @@ class LoadGenerator:
         return _Made(body, prompt, payload, self._plan_rng(request_id))
 
     def _id_of(self, request_id: str) -> dict[str, str]:
-        """The request's own id header, unless ``load.headers`` names it (``_id_header``)."""
-        return {self._id_header: request_id} if self._id_header else {}
+        """The request's own id header as it goes on the wire, unless ``load.headers`` names it (``_id_header``)."""
+        return {self._id_header: self._ids.wire(request_id)} if self._id_header else {}
 
     def _plan_rng(self, request_id: str) -> random.Random:
         # seeded by the request id: the same request gets the same client behaviour in every replay, whatever
@@ -607,8 +612,9 @@ class LoadGenerator:
         assert self._bg_http is not None
         while True:
             self._bg_count += 1
-            request_id = f"{self.worker_index}-bg-{fault}-{self._bg_count}"
-            rng = random.Random(f"{self.target.seed}:{request_id}")
+            # the fault is its hang-up's reason, not part of the id: a UUID-shaped id has no room for its name
+            request_id = f"{self.worker_index}-bg-{self._bg_count}"
+            rng = random.Random(f"{self.target.seed}:{self.worker_index}-bg-{fault}-{self._bg_count}")
             prompt = Prompt(text=synthetic_text(rng, prompt_chars, "ascii"))
             body = build_body(
                 self.spec.endpoint, self.target.model, prompt,

@@ -432,9 +432,11 @@ class H1Client(ExchangeSlots):
         connect_timeout: float = 10.0,
         keepalive_expiry: float = KEEPALIVE_EXPIRY_S,
         headers: Mapping[str, str] | None = None,
+        reuse: bool = True,
     ) -> None:
         super().__init__(connections)
-        self.max_idle = max(1, connections)
+        # reuse False: a connection per request (``load.http.keep_alive``, chaos.load.keepalive)
+        self.max_idle = max(1, connections) if reuse else 0
         self.connect_timeout = connect_timeout
         self.keepalive_expiry = keepalive_expiry
         # what a real client sends (default: the OpenAI Python SDK's, Accept-Encoding included)
@@ -448,6 +450,7 @@ class H1Client(ExchangeSlots):
             _check_header("Authorization", f"Bearer {api_key}")
             self._base_headers += f"Authorization: Bearer {api_key}\r\n"
         self._idle: dict[tuple[str, str, int], list[Connection]] = {}
+        self._last_headers: dict[tuple[str, str, int], dict[str, str]] = {}  # per origin, the last response's
         self._open: set[Connection] = set()
         self.connects = 0  # connections opened, for tests and benchmarks
         self.closed = False
@@ -464,6 +467,10 @@ class H1Client(ExchangeSlots):
             f"Content-Length: {len(payload)}\r\n\r\n"
         )
         return head.encode("latin-1") + payload
+
+    def last_headers(self, target: Target) -> dict[str, str]:
+        """The head of the last response taken back from ``target``'s origin (lower-case names); empty: none."""
+        return self._last_headers.get(target.origin, {})
 
     def idle_connection(self, target: Target) -> Connection | None:
         """A kept-alive connection to ``target``'s origin, or None: O(1) apart from dead ones skipped."""
@@ -500,6 +507,7 @@ class H1Client(ExchangeSlots):
         ``may_reuse`` allows (``in_band_error``: the stream carried an error event), else close it."""
         conn.sink = None
         conn.resume_reading()
+        self._last_headers[conn.origin] = conn.headers
         if self.closed or not conn.reusable or not may_reuse(conn.status, keep_alive=conn.keep_alive,
                                                               complete=conn.complete, in_band_error=in_band_error):
             conn.close()

@@ -97,6 +97,9 @@ class LoadTarget:
     # CA certificates (PEM text) the run trusts beyond the host's (chaos.host.tls.trusted(): the CA of what
     # the run serves over TLS itself), trusted by the load processes too: one TLS policy in every process
     ca_pems: tuple[str, ...] = field(default=(), repr=False)
+    # the run's tag, the first 8 hex digits of each UUID-shaped request id (chaos.model.request_ids.run_tag); None:
+    # one from the seed alone
+    run_tag: int | None = None
 
 
 @dataclass(frozen=True)
@@ -381,6 +384,7 @@ class LoadSettings:
     lag_threshold: float = 0.005
     prompts: PromptSettings = PromptSettings()
     headers: tuple[tuple[str, str | None], ...] = ()  # over the SDK's default request headers (chaos.load.sdk_headers)
+    request_ids: str = "uuid"  # each request's own X-Request-Id: uuid | sequence (chaos.model.request_ids)
     # a closed-loop slot's wait while nothing serves (chaos.load.backoff): (initial s, max s, multiplier);
     # None: a fixed 50 ms after a connect error only
     connect_backoff: tuple[float, float, float] | None = DEFAULT_CONNECT_BACKOFF
@@ -393,6 +397,9 @@ class LoadSettings:
     http_version: str = "1.1"
     streams_per_connection: int = 100
     stream_window: int = 65_535
+    # HTTP/1.1 connection reuse: auto | on | off. The runner turns auto into off before the load starts
+    # where the keep-alive probe found the server closing connections after streams (chaos.load.keepalive)
+    keep_alive: str = "auto"
 
     @classmethod
     def of(cls, spec: LoadSpecLike, **overrides: Any) -> LoadSettings:
@@ -411,6 +418,7 @@ class LoadSettings:
         values["max_tokens"] = tuple(values["max_tokens"])
         values["prompts"] = prompts
         values["headers"] = tuple((str(k), None if v is None else str(v)) for k, v in spec.headers)
+        values["request_ids"] = str(getattr(spec, "request_ids", "uuid"))
         backoff = getattr(spec, "connect_backoff", DEFAULT_CONNECT_BACKOFF)
         values["connect_backoff"] = None if backoff is None else tuple(float(x) for x in backoff)
         values["workload"] = WorkloadSettings.of(getattr(spec, "workload", None))
@@ -420,11 +428,12 @@ class LoadSettings:
         http = getattr(spec, "http", None)
         if http is not None:  # a LoadSpec's HttpSpec; a LoadSettings carries the three as fields of its own
             values.update(http_version=str(http.version), streams_per_connection=int(http.streams_per_connection),
-                          stream_window=int(http.window))
+                          stream_window=int(http.window), keep_alive=str(getattr(http, "keep_alive", "auto")))
         else:
             values.update(http_version=str(getattr(spec, "http_version", "1.1")),
                           streams_per_connection=int(getattr(spec, "streams_per_connection", 100)),
-                          stream_window=int(getattr(spec, "stream_window", 65_535)))
+                          stream_window=int(getattr(spec, "stream_window", 65_535)),
+                          keep_alive=str(getattr(spec, "keep_alive", "auto")))
         values.update(overrides)
         return cls(**values)
 

@@ -20,7 +20,7 @@ from chaos.model.context import (
 from chaos.model.observations import Observations
 from chaos.model.turns import Turns
 from chaos.model.units import format_duration
-from chaos.model.verdict import Verdict
+from chaos.model.verdict import Unobservable, Verdict
 
 
 class Fault(Protocol):
@@ -269,6 +269,9 @@ class HttpSpec:
     version: str = "1.1"  # 1.1 | 2 (h2 over TLS by ALPN, h2c with prior knowledge over http://) | auto (ALPN decides)
     streams_per_connection: int = 100  # HTTP/2: streams one connection carries at once (the server's limit caps it)
     window: int = 65_535  # HTTP/2: each stream's receive window in bytes (SETTINGS_INITIAL_WINDOW_SIZE)
+    # HTTP/1.1: auto (reuse connections unless the server closes them after a streamed response: the
+    # preflight's keep-alive probe, chaos.load.keepalive) | on (reuse what the server leaves open) | off
+    keep_alive: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -297,6 +300,9 @@ class LoadSpec:
     shard_listen: str = "127.0.0.1:0"  # where the coordinator listens for its shards
     shard_connect_timeout: float = 60.0  # seconds to wait for every shard to connect
     headers: tuple[tuple[str, str | None], ...] = ()  # over the SDK's defaults (chaos.load.sdk_headers); None: not sent
+    # each request's own X-Request-Id: uuid (UUID-shaped, with the run's tag: chaos.model.request_ids) | sequence
+    # (its record id, "0-17"); a load.headers entry for X-Request-Id replaces either
+    request_ids: str = "uuid"
     # a closed-loop client's wait while nothing serves (a connect error, a 502/503/504, no response:
     # chaos.load.backoff): (initial s, max s, multiplier), the OpenAI SDK's by default; None
     # (``connect_backoff: off``): a fixed 50 ms pause after a connect error only
@@ -351,6 +357,7 @@ class SlaEntry:
     phases: tuple[str, ...] | None = None  # None = whole run; else one verdict per listed phase
     expect: Literal["pass", "fail"] = "pass"
     turns: Turns | None = None  # `turns:`: only these turns of the conversations are judged (None: every stream)
+    when_unobservable: Unobservable = "tolerate"  # how a verdict whose evidence cannot exist here counts
 
     @property
     def kind(self) -> str:

@@ -19,16 +19,19 @@ from chaos.host.capped import METRICS_LIMIT, get_capped
 from chaos.host.tls import tls_context
 from chaos.model.observations import MetricSample, Note
 
-__all__ = ["ABSENT_AFTER", "ABSENT_INTERVAL_S", "KEPT_PREFIXES", "MetricScraper", "all_metric_names",
+__all__ = ["ABSENT_AFTER", "ABSENT_INTERVAL_S", "ABSENT_STATUSES", "KEPT_PREFIXES", "MetricScraper", "all_metric_names",
            "parse_exposition"]
 
-# A target that answers /metrics 404 this many times in a row has no metrics there (a server built
+# A target that answers /metrics 404 (or 501) this many times in a row has no metrics there (a server built
 # without them, llama.cpp without --metrics, a bare OpenAI-compatible app): it is asked every
 # ABSENT_INTERVAL_S from then on, in case they come up, not five times a second for the whole run
 # (an httpx request each: 2% of a core of the runner's, which at 64 streams was a fifth of the load's
 # own CPU). Any other answer (a 401 wanting credentials, a 500, a refused connection) keeps the
 # period: those are failures the console and kv_cleanup name, and may clear.
 ABSENT_AFTER = 10
+# 404: no such route; 501: llama.cpp's answer for an endpoint it was started without (``--metrics``,
+# ``--no-slots``: "This server does not support metrics endpoint")
+ABSENT_STATUSES = (404, 501)
 ABSENT_INTERVAL_S = 5.0
 
 # Series names (after prometheus-client strips nothing: samples keep their full names) we keep.
@@ -120,10 +123,10 @@ class MetricScraper:
                 refused = response.too_large()
             if refused is not None:
                 raise ValueError(refused)
-            samples = parse_exposition(response.text, t)
+            samples = self.parse(response.text, t)
         except (httpx.HTTPError, ValueError) as exc:
             self.failures += 1
-            self.absent_in_a_row = self.absent_in_a_row + 1 if status == 404 else 0
+            self.absent_in_a_row = self.absent_in_a_row + 1 if status in ABSENT_STATUSES else 0
             if self.failures in (1, 10, 100):
                 error = refused or f"{type(exc).__name__}: {exc}"
                 data: dict[str, Any] = {"url": self.url, "error": error[:300], "status": status,
@@ -137,6 +140,10 @@ class MetricScraper:
         for sample in samples:
             self.sink(sample)
         return len(samples)
+
+    def parse(self, text: str, t: int) -> list[MetricSample]:
+        """One answer's samples (ValueError: it does not parse). Pure."""
+        return parse_exposition(text, t)
 
     async def _loop(self) -> None:
         # at once, then on the run's shared ticks (chaos.host.cadence): the slot before now is the

@@ -28,7 +28,12 @@ RUN_ELSEWHERE = {
 # ... and by name: ttft-tail's healthy p99 needs ~480 TTFTs worth independent ones, which a busy 2-core
 # box running three test workers cannot collect within its 2-minute phase (exit 3, measured at load 6.8;
 # an idle box decides it at the first look, 20 s). The planted-tail test runs it, decided fail.
-RUN_ELSEWHERE_BY_NAME = {"ttft-tail.yaml": "tests/e2e/test_planted_tail.py"}
+RUN_ELSEWHERE_BY_NAME = {
+    "ttft-tail.yaml": "tests/e2e/test_planted_tail.py",
+    # regressions of engines we did not write: run against the affected server and its fixed configuration
+    "llamacpp-keep-alive.yaml": "tests/llamacpp/test_llama_server.py",
+    "llama-cpp-python-interrupt.yaml": "tests/thirdparty/test_llama_cpp_python.py",
+}
 
 
 def _runs_elsewhere(path: Path) -> str | None:

@@ -8,6 +8,7 @@ started on a free port by a fixture and stopped (and waited for) when the fixtur
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,7 @@ sys.path.insert(0, str(HERE))  # `from servers import ...`
 
 from servers import (  # noqa: E402
     LITELLM_KEY,
+    ROOT,
     VENV_BIN,
     Served,
     free_port,
@@ -164,4 +166,61 @@ def litellm_proxy(builtin_stack: StackProcess, tmp_path_factory: pytest.TempPath
         wait_http(f"http://127.0.0.1:{port}/health/liveliness", proc, 180.0, log)
         yield Served(f"http://127.0.0.1:{port}", log)
     finally:
+        stop(proc)
+
+
+LLAMA_CPP_PYTHON_ENV = "STREAMCHAOS_LLAMA_CPP_PYTHON"
+LLAMA_CPP_PYTHON_VENV = Path("/var/cache/streamchaos/llama-cpp-python-venv")
+LLAMACPP_DIR = Path("/var/cache/streamchaos/llama.cpp")
+
+
+def _llama_cpp_python_skip(why: str) -> None:
+    """Skip loudly, or fail where the llama.cpp tier is required (CI, where both builds must have worked)."""
+    if os.environ.get("STREAMCHAOS_TEST_LLAMACPP") == "require":
+        pytest.fail(f"STREAMCHAOS_TEST_LLAMACPP=require and {why}")
+    pytest.skip(f"LLAMA-CPP-PYTHON TIER SKIPPED: {why}")
+
+
+@pytest.fixture(scope="module")
+def llama_cpp_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Served]]:
+    """``llama_cpp_python(*flags)`` → a real llama-cpp-python server (``python -m llama_cpp.server``) on a free
+    port serving the builtin tiny model as GGUF, one compute thread, started once per set of flags in the
+    module and stopped at its end. Its bindings load the llama.cpp libraries of scripts/build_llama_server.sh
+    (``STREAMCHAOS_LLAMACPP_DIR``/lib); its virtualenv is scripts/make_llama_cpp_python_venv.sh's
+    (``STREAMCHAOS_LLAMA_CPP_PYTHON``, else the one .ci/run keeps in /var/cache)."""
+    if os.environ.get("STREAMCHAOS_TEST_LLAMACPP") == "0":
+        pytest.skip("LLAMA-CPP-PYTHON TIER SKIPPED: STREAMCHAOS_TEST_LLAMACPP=0")
+    build = Path(os.environ.get("STREAMCHAOS_LLAMACPP_DIR") or LLAMACPP_DIR)
+    python = Path(os.environ.get(LLAMA_CPP_PYTHON_ENV) or LLAMA_CPP_PYTHON_VENV / "bin" / "python")
+    if not (build / "lib" / "libllama.so").is_file() or not (build / "gguf-py" / "gguf" / "__init__.py").is_file():
+        _llama_cpp_python_skip(f"no llama.cpp build at {build} (lib/libllama.so, gguf-py/): run "
+                               "scripts/build_llama_server.sh DIR and set STREAMCHAOS_LLAMACPP_DIR=DIR")
+    if not python.is_file():
+        _llama_cpp_python_skip(f"no llama-cpp-python virtualenv at {python}: run scripts/make_llama_cpp_python_venv.sh "
+                               f"VENV {build / 'lib'} and set {LLAMA_CPP_PYTHON_ENV}=VENV/bin/python")
+    directory = tmp_path_factory.mktemp("llama-cpp-python")
+    gguf = directory / "tiny.gguf"
+    subprocess.run([sys.executable, "-m", "chaos.stack.engine.gguf_export", str(gguf), "--gguf-py",
+                    str(build / "gguf-py")], check=True, capture_output=True, timeout=120, cwd=ROOT)
+    started: dict[tuple[str, ...], tuple[subprocess.Popen[bytes], Served]] = {}
+
+    def start(*flags: str) -> Served:
+        if flags in started:
+            return started[flags][1]
+        port = free_port()
+        log = directory / f"server-{len(started)}.log"
+        # one compute thread: ggml's threads spin for work, and two beside the suite's workers starve them
+        proc = spawn([str(python), "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
+                      "--port", str(port), "--n_threads", "1", "--n_threads_batch", "1", *flags],
+                     log, env={"LLAMA_CPP_LIB_PATH": str(build / "lib")})
+        try:
+            wait_http(f"http://127.0.0.1:{port}/v1/models", proc, 60.0, log)
+        except BaseException:
+            stop(proc)
+            raise
+        started[flags] = (proc, Served(f"http://127.0.0.1:{port}", log))
+        return started[flags][1]
+
+    yield start
+    for proc, _served in started.values():
         stop(proc)

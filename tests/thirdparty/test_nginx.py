@@ -86,6 +86,16 @@ def test_real_proxy_buffering_experiment_names_the_buffering_nginx(builtin_stack
     assert _verdict(report, "streaming")["status"] == "fail"
 
 
+def test_real_proxy_buffering_experiment_passes_the_streaming_nginx(builtin_stack: StackProcess,
+                                                                    nginx: Callable[[str, str], str],
+                                                                    tmp_path: Path) -> None:
+    """The regression's fixed configuration (docs/support.md): proxy_buffering off, HTTP/1.1 upstream."""
+    code, report, text = _run(nginx(builtin_stack.url, "streaming"), "experiments/real-proxy-buffering.yaml",
+                              tmp_path / "run")
+    assert code == 0, text
+    assert _verdict(report, "streaming")["status"] == "pass"
+
+
 def test_smoke_fails_behind_a_compressing_nginx_and_names_gzip(builtin_stack: StackProcess,
                                                               nginx: Callable[[str, str], str], tmp_path: Path) -> None:
     """nginx's gzip for event streams holds each stream whole, but only for a client that sends

@@ -24,11 +24,13 @@ import json
 import shutil
 from pathlib import Path
 
+import torch
+
 from .fragment_guard import fragment_ids, guard, margin_bound
-from .model import build_tiny
+from .model import ModelConfig, build_tiny
 from .tokenizer import DEFAULT_TOKENIZER, Tokenizer
 
-__all__ = ["export_tiny"]
+__all__ = ["CHAT_TEMPLATE", "export_tiny", "guarded_tiny"]
 
 # the builtin chat format (tokenizer.apply_chat_template), as a Jinja template transformers can run
 CHAT_TEMPLATE = (
@@ -37,18 +39,24 @@ CHAT_TEMPLATE = (
 )
 
 
+def guarded_tiny(seed: int = 0) -> tuple[Tokenizer, ModelConfig, dict[str, torch.Tensor], float]:
+    """The builtin tokenizer, the seeded ``tiny`` model's config, its fragment-guarded weights (Hugging
+    Face names) and their certified margin: what every export writes."""
+    tok = Tokenizer.load(None)
+    model = build_tiny(tok.vocab_size, seed=seed)
+    cfg = model.config
+    fragments = fragment_ids(tok)
+    state = guard({name: p.detach() for name, p in model.named_parameters()}, cfg, fragments)
+    return tok, cfg, state, margin_bound(state, cfg, fragments)
+
+
 def export_tiny(directory: str | Path, seed: int = 0) -> Path:
     """Write the seeded ``tiny`` model to ``directory`` (created); return it."""
     from safetensors.torch import save_file
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    tok = Tokenizer.load(None)
-    model = build_tiny(tok.vocab_size, seed=seed)
-    cfg = model.config
-    fragments = fragment_ids(tok)
-    state = guard({name: p.detach() for name, p in model.named_parameters()}, cfg, fragments)
-    margin = margin_bound(state, cfg, fragments)
+    tok, cfg, state, margin = guarded_tiny(seed)
     save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"),
               metadata={"format": "pt", "fragment_margin_logits": f"{margin:.1f}"})
     bos, eos, pad = tok.token_to_id("<|bos|>"), tok.token_to_id("<|eos|>"), tok.token_to_id("<|pad|>")
