@@ -23,8 +23,13 @@ dest="${1:-/var/cache/streamchaos/llama.cpp}"
 python="${STREAMCHAOS_PYTHON:-python3}"
 lock="$root/.ci/llamacpp-lock.txt"
 lock_hash=$(cat "$lock" "$0" | sha256sum | cut -d' ' -f1)
-if [ "$(cat "$dest/.streamchaos-llamacpp-lock" 2>/dev/null)" = "$lock_hash" ] && [ -x "$dest/bin/llama-server" ] \
-   && [ -s "$dest/tiny.gguf" ]; then
+# the model from the code as it is now (2 s): the build is kept, the tiny model may have changed since
+write_gguf() {
+  (cd "$root" && "$python" -m chaos.stack.engine.gguf_export "$1/tiny.gguf.new" --gguf-py "$1/gguf-py" >/dev/null) \
+    && mv "$1/tiny.gguf.new" "$1/tiny.gguf"
+}
+if [ "$(cat "$dest/.streamchaos-llamacpp-lock" 2>/dev/null)" = "$lock_hash" ] && [ -x "$dest/bin/llama-server" ]; then
+  write_gguf "$dest" || echo "build_llama_server: WARNING: could not write $dest/tiny.gguf with $python" >&2
   echo "llama-server already built from this lock: $dest"
   exit 0
 fi
@@ -32,8 +37,18 @@ for tool in cmake c++; do
   command -v "$tool" >/dev/null 2>&1 || { echo "build_llama_server: $tool is not installed (apt-get install cmake g++)" >&2; exit 2; }
 done
 work=$(mktemp -d "${TMPDIR:-/tmp}/llamacpp-build.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-"$python" -m pip download -q --no-deps --no-binary :all: --require-hashes -r "$lock" -d "$work/sdist"
+stage="$dest.new.$$"
+trap 'rm -rf "$work" "$stage"' EXIT
+# pip prepares an sdist's metadata even to download it, with its build backend (scikit-build-core):
+# installed first from the hashed lock of llama-cpp-python's own virtualenv into a throwaway one, so
+# nothing unhashed is fetched (build isolation would fetch the backend from the index unchecked)
+awk -v want="^(scikit-build-core|scikit_build_core|packaging|pathspec)==" '
+  /^[^ #]/ { keep = ($0 ~ want) } keep' "$root/.ci/llamacpp-python-lock.txt" >"$work/backend.txt"
+"$python" -m venv "$work/venv"
+"$work/venv/bin/python" -m pip install -q --no-cache-dir --require-hashes --no-deps --only-binary :all: \
+  -r "$work/backend.txt"
+"$work/venv/bin/python" -m pip download -q --no-deps --no-binary :all: --no-build-isolation --require-hashes \
+  -r "$lock" -d "$work/sdist"
 tar -xzf "$work"/sdist/llama_cpp_python-*.tar.gz -C "$work"
 src=$(echo "$work"/llama_cpp_python-*/vendor/llama.cpp)
 [ -f "$src/tools/server/server.cpp" ] || { echo "build_llama_server: no llama.cpp server sources in the sdist" >&2; exit 2; }
@@ -51,14 +66,13 @@ cmake -S "$src" -B "$work/build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -D
   || { tail -30 "$work/cmake.log" >&2; exit 1; }
 cmake --build "$work/build" --target llama-server llama -j "$(nproc)" >"$work/build.log" 2>&1 \
   || { tail -40 "$work/build.log" >&2; exit 1; }
-stage="$dest.new.$$"
 rm -rf "$stage"
 mkdir -p "$stage/bin" "$stage/lib"
 cp "$work/build/bin/llama-server" "$stage/bin/"
 cp -a "$work"/build/bin/lib*.so* "$stage/lib/"
 cp -r "$src/gguf-py" "$stage/gguf-py"
 cp "$src/LICENSE" "$stage/LICENSE"
-(cd "$root" && "$python" -m chaos.stack.engine.gguf_export "$stage/tiny.gguf" --gguf-py "$stage/gguf-py" >/dev/null)
+write_gguf "$stage" || echo "build_llama_server: WARNING: could not write tiny.gguf with $python (set STREAMCHAOS_PYTHON to the project's)" >&2
 "$stage/bin/llama-server" --version >"$stage/version.txt" 2>&1 || true
 echo "$lock_hash" >"$stage/.streamchaos-llamacpp-lock"
 rm -rf "$dest"

@@ -25,6 +25,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from chaos.model.verdict import counts_as
+
 ROOT = Path(__file__).resolve().parents[1]
 NEEDS_ELSEWHERE = {"pod-kill", "vllm-engine-kill", "vllm-server-faults"}  # a cluster, vLLM (gpu-throttle: cpu_duty)
 
@@ -39,7 +41,8 @@ def judged(report: dict[str, Any]) -> dict[str, Any]:
     false, undecided = [], []
     for v in report.get("verdicts", []):
         name = f"{v.get('name') or v['sla']}[{v.get('phase') or 'run'}]"
-        if v["status"] == "inconclusive" or (v["status"] == "unobservable" and v.get("ok") is False):
+        counted = counts_as(v["status"], v.get("expect", "pass"), v.get("when_unobservable", "tolerate"))
+        if v.get("ok") is not True and counted == "inconclusive":
             evidence = v.get("evidence") or {}
             undecided.append(f"{name}: {evidence.get('reason') or evidence.get('inconclusive_cause', '')}"[:200])
         elif v.get("ok") is False:

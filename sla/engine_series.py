@@ -12,8 +12,10 @@ an endpoint could exist elsewhere (a gateway in front of an engine).
 1. the run's target note says it has no metrics endpoint (``metrics: false``);
 2. no sample was scraped from the target, and either its engine profile says it serves no metrics
    (``metrics: false``: transformers serve), or every scraped endpoint is absent: each answered only
-   404 or 501 (``ABSENT_STATUSES``), ``ABSENT_AFTER`` times (the scraper's own rule for "no /metrics
-   there": llama.cpp without ``--metrics``, a bare OpenAI-compatible app);
+   404 or 501 (``ABSENT_STATUSES``), ``ABSENT_AFTER`` times in a row (the scraper's own rule for "no
+   /metrics there": llama.cpp without ``--metrics``, a bare OpenAI-compatible app), and the profile's
+   metrics are optional (``metrics_optional``: an engine that always serves them, vLLM, TGI, the
+   builtin stack, answering 404 is a path that does not reach them: inconclusive, a setup to fix);
 3. the engine profile names no series for something the verdict needs and the SLA entry names none
    either (``series`` / ``running_series``);
 4. a series the verdict needs (the entry's, else the profile's) has no sample at all, some endpoint is
@@ -178,6 +180,10 @@ def unobservable(obs: Observations, needs: Sequence[Need]) -> str | None:
     name = str(prof.get("name") or "engine")
     title = str(prof.get("title") or name)
     absent, other_failures = _absent(obs)
+    if prof.get("metrics_optional") is False:
+        # an engine that always serves its metrics (vLLM, TGI, the builtin stack): a 404 there is a path or
+        # gateway that does not reach them, a setup to fix, not an engine that cannot show them
+        absent = []
     if not obs.target_metrics():
         if prof.get("metrics") is False:
             return f"{title} exports no Prometheus metrics (profile {name})"
@@ -211,7 +217,10 @@ def _absent(obs: Observations) -> tuple[list[tuple[str, int, int]], bool]:
     for url, notes in by_url.items():
         statuses = {data.get("status") for data in notes}
         count = max(int(data.get("failures") or 1) for data in notes)
-        if statuses <= set(ABSENT_STATUSES) and (count >= ABSENT_AFTER or any("next_every_s" in d for d in notes)):
+        # the scraper's own word that it answered ABSENT_AFTER 404s (or 501s) in a row: its notes come at the
+        # 1st, 10th and 100th failure only, so their count says nothing of what came between
+        in_a_row = max(int(data.get("absent_in_a_row") or 0) for data in notes)
+        if statuses <= set(ABSENT_STATUSES) and (in_a_row >= ABSENT_AFTER or any("next_every_s" in d for d in notes)):
             absent.append((url, int(notes[-1]["status"]), count))
         else:
             other = True

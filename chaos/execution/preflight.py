@@ -374,7 +374,7 @@ def _max_tokens(body: Mapping[str, Any]) -> int | None:
 
 
 async def _send_once(url: str, body: Mapping[str, Any], api_key: str | None, timeout: float,
-                     load: LoadSpec | None = None) -> tuple[StreamRecord, str | None]:
+                     load: LoadSpec | None = None, run: int | None = None) -> tuple[StreamRecord, str | None]:
     """The stream, sent as the load sends its requests (``load``: its headers, its own X-Request-Id unless
     ``load.headers`` names the header), and, when the preflight hung up on it
     (``should_cut``), why. A server that refuses what the load sends refuses it here, before the run."""
@@ -390,7 +390,7 @@ async def _send_once(url: str, body: Mapping[str, Any], api_key: str | None, tim
     id_header = request_id_header(load.headers)
     # UUID-shaped like the load's (``load.request_ids``): a server that refuses the load's ids refuses this
     # one too, and one that refuses other ids (llama-cpp-python: any but a UUID) takes both
-    ids = RequestIds(str(getattr(load, "request_ids", "uuid")), run_tag(0, "preflight"))
+    ids = RequestIds(str(getattr(load, "request_ids", "uuid")), run_tag(0, "preflight") if run is None else run)
     own_id = {id_header: ids.wire("preflight")} if id_header else {}
     limit = _max_tokens(body)
     try:
@@ -414,7 +414,7 @@ async def _send_once(url: str, body: Mapping[str, Any], api_key: str | None, tim
 
 
 async def preflight(load: LoadSpec, *, base_url: str, model: str, seed: int, api_key: str | None,
-                    profile: EngineProfile, timeout: float | None = None) -> PreflightResult:
+                    profile: EngineProfile, timeout: float | None = None, run: int | None = None) -> PreflightResult:
     """One request exactly as the load will send it; convenience fields the engine refuses dropped.
 
     Raises ``PreflightRefused`` (exit 4) with the server's own error text when the request is
@@ -430,13 +430,13 @@ async def preflight(load: LoadSpec, *, base_url: str, model: str, seed: int, api
     while True:
         attempts += 1
         body, _ = Workload(load, model=model, seed=seed).request(0)
-        record, cut = await _send_once(url, body, api_key, timeout, load)
+        record, cut = await _send_once(url, body, api_key, timeout, load, run)
         _check_event_stream(record, url)
         _check_parsed(record, url)
         refused = record.error is not None and record.error.kind == "http" and record.status in (400, 422)
         if record.error is None and record.in_band_error is None:
             result = PreflightResult(load, record, dropped, attempts, refusal, warning=_untyped(record), cut=cut)
-            await _check_fields(result, body, url, api_key, timeout)
+            await _check_fields(result, body, url, api_key, timeout, run)
             return result
         message = (record.error.message if record.error is not None else record.in_band_error) or ""
         named = rejected_fields(message, sent_fields(load)) if refused else []
@@ -457,7 +457,7 @@ async def preflight(load: LoadSpec, *, base_url: str, model: str, seed: int, api
 
 
 async def _check_fields(result: PreflightResult, body: Mapping[str, Any], url: str, api_key: str | None,
-                        timeout: float) -> None:
+                        timeout: float, run: int | None = None) -> None:
     """``result.checks`` from the preflight's stream; when it was cut before the end that decides a field,
     from one more request, ``PROBE_MAX_TOKENS`` long (never for a stream read to its end: no run pays for
     a second request unless its first could not tell)."""
@@ -468,7 +468,7 @@ async def _check_fields(result: PreflightResult, body: Mapping[str, Any], url: s
     if all(c.outcome != "not_shown" for c in result.checks):
         return
     probe_body = _with_max_tokens(body, PROBE_MAX_TOKENS)
-    record, cut = await _send_once(url, probe_body, api_key, timeout, result.load)
+    record, cut = await _send_once(url, probe_body, api_key, timeout, result.load, run)
     where = f"a second preflight request of max_tokens {PROBE_MAX_TOKENS}"
     facts = StreamFacts.of(record, cut)
     result.probe = {"max_tokens": PROBE_MAX_TOKENS, "status": record.status, "finish_reason": record.finish_reason,
@@ -568,7 +568,7 @@ class EngineFindings:
 
 async def learn_engine(load: LoadSpec, *, base_url: str, metrics_url: str | None, model: str, seed: int,
                        api_key: str | None, metrics_headers: Mapping[str, str] | None, engine: str,
-                       started_builtin: bool) -> EngineFindings:
+                       started_builtin: bool, run: int | None = None) -> EngineFindings:
     """The run's engine profile (``target.engine``, the builtin stack it started, or detected) and the
     preflight against it; a refusal that names the engine (``transformers serve``'s 422) re-detects it."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -580,7 +580,7 @@ async def learn_engine(load: LoadSpec, *, base_url: str, metrics_url: str | None
     else:
         evidence = await detect(base_url, metrics_url, headers, metrics_headers)
         prof, why = identify(evidence)
-    result = await preflight(load, base_url=base_url, model=model, seed=seed, api_key=api_key, profile=prof)
+    result = await preflight(load, base_url=base_url, model=model, seed=seed, api_key=api_key, profile=prof, run=run)
     if evidence is not None and result.refusal and prof.name == "openai":
         evidence = replace(evidence, preflight_error=result.refusal)
         better, reason = identify(evidence)

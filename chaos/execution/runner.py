@@ -453,7 +453,8 @@ class Runner:
         found = await learn_engine(
             exp.load, base_url=info.base_url, metrics_url=info.metrics_url, model=self._model(info), seed=exp.seed,
             api_key=self.credentials.api_key, metrics_headers=self._metrics_headers(info.metrics_url),
-            engine=exp.target.engine, started_builtin=isinstance(target, BuiltinStack))
+            engine=exp.target.engine, started_builtin=isinstance(target, BuiltinStack),
+            run=run_tag(exp.seed, self._run_id()))  # the preflight's id carries the run's tag too
         self._note("engine_profile", found.note())
         self._note("preflight", found.preflight.facts())
         self._note("warmup", {"status": found.preflight.record.status, "seconds": round(time.monotonic() - started, 4)})
@@ -525,34 +526,36 @@ class Runner:
         connection per request, and the note and the console say so (``chaos.load.keepalive``)."""
         if settings.http.keep_alive != "auto" or settings.http.version == "2":
             return settings
-        from chaos.load.keepalive import keep_alive_reuse, probe_keep_alive
+        from chaos.load.keepalive import keep_alive_reuse, probe_keep_alive, undecided
         from chaos.load.sdk_headers import request_headers, request_id_header
-        from chaos.load.workload import endpoint_url
+        from chaos.load.workload import Workload, endpoint_url
         from chaos.model.request_ids import RequestIds
 
-        body: dict[str, Any] = {"model": target.model, "max_tokens": 2, "stream": True}
-        if settings.endpoint == "chat":
-            body["messages"] = [{"role": "user", "content": "keep-alive probe"}]
-        else:
-            body["prompt"] = "keep-alive probe"
-        headers = request_headers(settings.headers, settings.request_timeout)
-        id_header = request_id_header(settings.headers)
-        if id_header:  # named as the run's own: the stream hops' taps of it are left out (chaos.execution.path)
-            headers[id_header] = RequestIds(settings.request_ids, tag).wire("keep_alive_probe")
+        url = endpoint_url(target.base_url, settings.endpoint)
         try:
-            finding = await probe_keep_alive(endpoint_url(target.base_url, settings.endpoint), body,
-                                             api_key=target.api_key, headers=headers,
+            if settings.http.version == "auto":
+                from chaos.load.http2 import negotiate
+
+                if await negotiate(url) == "2":  # the load will speak HTTP/2: one connection carries it all
+                    return settings
+            # the load's own first request (the preflight sent it to the target), two tokens long
+            body, _ = Workload(settings, model=target.model, seed=target.seed).request(0)
+            body = {**body, "max_tokens": 2}
+            headers = request_headers(settings.headers, settings.request_timeout)
+            id_header = request_id_header(settings.headers)
+            if id_header:  # named as the run's own: the stream hops' taps of it are left out (chaos.execution.path)
+                headers[id_header] = RequestIds(settings.request_ids, tag).wire("keep_alive_probe")
+            finding = await probe_keep_alive(url, body, api_key=target.api_key, headers=headers,
                                              timeout_s=min(30.0, settings.request_timeout))
-        except OSError:
-            finding = None  # unreachable now: the load's own requests say what they meet
-        if finding is None:
-            return settings
+        except OSError as exc:  # unreachable now: the load's own requests say what they meet
+            finding = undecided(f"the probe could not connect: {type(exc).__name__}: {exc}")
         reuse = keep_alive_reuse("auto", finding)
         self._note("keep_alive", {**finding.to_dict(), "mode": "auto", "reuse": reuse})
         if reuse:
             return settings
         self._stage("preflight", f"keep-alive: the server {finding.detail}; the load opens one connection per "
-                                 "request (load.http.keep_alive: on reuses them and counts what is lost)")
+                                 "request, so each stream's TTFT includes its connect (ttft_parts: connect, tls); "
+                                 "load.http.keep_alive: on reuses them and counts what is lost")
         return replace(settings, http=replace(settings.http, keep_alive="off"))
 
     def _activate_faults(self, ctx: RunContext) -> None:

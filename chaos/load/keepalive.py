@@ -29,7 +29,7 @@ from chaos.load.client import stream_request
 from chaos.load.http1 import H1Client
 from chaos.model.observations import StreamRecord
 
-__all__ = ["LINGER_S", "KeepAliveFinding", "KeepAliveMode", "keep_alive_reuse", "probe_keep_alive"]
+__all__ = ["LINGER_S", "KeepAliveFinding", "KeepAliveMode", "keep_alive_reuse", "probe_keep_alive", "undecided"]
 
 KeepAliveMode = Literal["auto", "on", "off"]
 
@@ -46,12 +46,19 @@ class KeepAliveFinding:
     closes_after_stream: bool
     said: str  # the response's Connection / Keep-Alive headers, in words ("none": HTTP/1.1's default)
     detail: str  # one line for the console and report.json
+    decided: bool = True  # False: the probe got no complete answer, so nothing is known of the connection
 
     def to_dict(self) -> dict[str, Any]:
-        return {"closes_after_stream": self.closes_after_stream, "said": self.said, "detail": self.detail}
+        return {"closes_after_stream": self.closes_after_stream, "said": self.said, "detail": self.detail,
+                "decided": self.decided}
 
 
-def keep_alive_reuse(mode: KeepAliveMode, finding: KeepAliveFinding | None) -> bool:
+def undecided(why: str) -> KeepAliveFinding:
+    """A probe that could not tell: the load reuses connections (and counts what is lost), and says why."""
+    return KeepAliveFinding(False, "unknown", why, decided=False)
+
+
+def keep_alive_reuse(mode: KeepAliveMode | str, finding: KeepAliveFinding | None) -> bool:
     """Whether the load reuses connections: ``auto`` unless the server closes them after a stream. Pure."""
     if mode == "off":
         return False
@@ -67,15 +74,17 @@ def _said(headers: Mapping[str, str]) -> str:
 
 async def probe_keep_alive(url: str, body: Mapping[str, Any], *, api_key: str | None = None,
                            headers: Mapping[str, str] | None = None, timeout_s: float = 10.0,
-                           linger_s: float = LINGER_S) -> KeepAliveFinding | None:
+                           linger_s: float = LINGER_S) -> KeepAliveFinding:
     """Send ``body`` (a short streamed request) to ``url`` over HTTP/1.1 with ``headers`` (every header the
     load sends) and see whether the server left the connection open ``linger_s`` after the response; None
-    where the request itself did not complete (nothing can be said of the connection then)."""
+    where the request itself did not complete: ``undecided``, saying why (nothing is known of the connection)."""
     async with H1Client(1, api_key=api_key, headers=headers) as http:  # headers: None sends the SDK's
         record = StreamRecord(id="keep_alive_probe", phase="preflight")
         await stream_request(http, url, body, record, request_timeout=timeout_s)
         if record.error is not None or record.status != 200:
-            return None
+            status = f"HTTP {record.status}" if record.status else "no answer"
+            what = f"{status}: {record.error.message[:200]}" if record.error is not None else status
+            return undecided(f"the probe request got no complete answer ({what})")
         target = http.target(url)
         answer = http.last_headers(target)
         t_end = time.monotonic()

@@ -115,6 +115,9 @@ class EngineProfile:
     metrics_hint: str = ""  # what to do when its KV series are missing (kv_cleanup's inconclusive reason)
     gateway: bool = False  # a proxy in front of an engine: its metrics are the engine's, elsewhere
     slots: bool = False  # llama.cpp's /slots: its slot states are scraped as series (chaos.targets.slots)
+    # whether a server of this kind may run without /metrics (a flag turns them on, or an unknown server): only
+    # then is a /metrics that answers 404 "not observable on this engine"; else a setup to fix (inconclusive)
+    metrics_optional: bool = True
 
     def describe(self) -> dict[str, Any]:
         """The profile as report.json and the journal keep it."""
@@ -123,7 +126,7 @@ class EngineProfile:
             "done_required": self.end.done, "finish_reason_required": self.end.finish_reason,
             "usage_series": [n for n, _ in self.usage_series], "running_series": list(self.running_series),
             "metrics": self.metrics, "metrics_hint": self.metrics_hint, "gateway": self.gateway,
-            "slots": self.slots,
+            "slots": self.slots, "metrics_optional": self.metrics_optional,
         }
 
 
@@ -133,11 +136,12 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
     EngineProfile(
         "builtin", "streamchaos builtin stack", _ALL, EndRule(),
         _BUILTIN_USAGE + _VLLM_USAGE, _VLLM_RUNNING, ("vllm:num_requests_waiting",),
-        metric_prefixes=("streamchaos_",), detection='/health says "server": "streamchaos"',
+        metric_prefixes=("streamchaos_",), detection='/health says "server": "streamchaos"', metrics_optional=False,
     ),
     EngineProfile(
         "vllm", "vLLM", _ALL, EndRule(), _VLLM_USAGE, _VLLM_RUNNING, ("vllm:num_requests_waiting",),
         metric_prefixes=("vllm:",), detection='/v1/models owned_by "vllm", /version, vllm:* metrics',
+        metrics_optional=False,
     ),
     EngineProfile(
         "sglang", "SGLang", _ALL, EndRule(), _SGLANG_USAGE, _SGLANG_RUNNING, ("sglang:num_queue_reqs",),
@@ -148,7 +152,7 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (
         "tgi", "Text Generation Inference", frozenset({"stream_options"}), EndRule(), _TGI_USAGE, _TGI_RUNNING,
         ("tgi_queue_size",), metric_prefixes=("tgi_",),
         detection='/info router "text-generation-router", tgi_* metrics',
-        notes="KV usage as batch tokens of the token budget",
+        notes="KV usage as batch tokens of the token budget", metrics_optional=False,
     ),
     EngineProfile(
         "llamacpp", "llama.cpp server", frozenset({"ignore_eos", "stream_options"}), EndRule(), _LLAMACPP_USAGE,

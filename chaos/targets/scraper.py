@@ -130,7 +130,7 @@ class MetricScraper:
             if self.failures in (1, 10, 100):
                 error = refused or f"{type(exc).__name__}: {exc}"
                 data: dict[str, Any] = {"url": self.url, "error": error[:300], "status": status,
-                                        "failures": self.failures}
+                                        "failures": self.failures, "absent_in_a_row": self.absent_in_a_row}
                 if self.absent_in_a_row >= ABSENT_AFTER:
                     data["next_every_s"] = max(self.interval, ABSENT_INTERVAL_S)
                 self.sink(Note(topic="scrape_error", t=t, data=data))

@@ -26,6 +26,7 @@ from llama_servers import LlamaServer  # noqa: E402
 from servers import free_port, spawn, stop, wait_http  # noqa: E402
 
 LLAMACPP_DIR_ENV = "STREAMCHAOS_LLAMACPP_DIR"
+QUIET = ("--threads", "1", "--threads-batch", "1", "--poll", "0")
 DEFAULT_DIR = Path("/var/cache/streamchaos/llama.cpp")
 
 
@@ -57,8 +58,10 @@ def tiny_gguf(llamacpp_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 @pytest.fixture(scope="module")
 def llama_server(llamacpp_dir: Path, tiny_gguf: Path,
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., LlamaServer]]:
-    """``llama_server(*flags)`` → a real llama-server on a free port serving the tiny GGUF (two threads, as
-    many as the box has), started once per set of flags in the module and stopped at its end."""
+    """``llama_server(*flags)`` → a real llama-server on a free port serving the tiny GGUF, started once per set
+    of flags in the module and stopped at its end. One compute thread that sleeps while it waits (``QUIET``):
+    ggml's threads spin for work, and two of them beside busy test workers on two cores went from 0.1 ms to
+    500 ms a token."""
     started: dict[tuple[str, ...], tuple[subprocess.Popen[bytes], LlamaServer]] = {}
 
     def start(*flags: str) -> LlamaServer:
@@ -67,7 +70,7 @@ def llama_server(llamacpp_dir: Path, tiny_gguf: Path,
         log = tmp_path_factory.mktemp("llama-server") / "server.log"
         port = free_port()
         proc = spawn([str(llamacpp_dir / "bin" / "llama-server"), "-m", str(tiny_gguf), "--host", "127.0.0.1",
-                      "--port", str(port), "--threads", "2", *flags], log)
+                      "--port", str(port), *QUIET, *flags], log)
         try:
             wait_http(f"http://127.0.0.1:{port}/health", proc, 60.0, log)
         except BaseException:

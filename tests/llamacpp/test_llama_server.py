@@ -10,24 +10,34 @@ every connection after a streamed response, though it answers ``Keep-Alive: time
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
 from llama_servers import LlamaServer
-from servers import run_cli
+from servers import box_noise_only, run_cli
 
 from chaos.stack.engine.tokenizer import Tokenizer
 from chaos.stack.process import StackProcess
 
 pytestmark = pytest.mark.timeout(300)
 
-# the server beside two busy test workers: one compute thread that sleeps rather than spins while it
-# waits (ggml's threads spin for work by default, and two spinning threads on a shared two-core box
-# went from 0.1 ms to 500 ms a token when other processes wanted the cores)
-QUIET = ("--threads", "1", "--threads-batch", "1", "--poll", "0")
 KEEP_ALIVE = "experiments/" + "llamacpp-keep-alive.yaml"  # the shipped regression of llama-server's keep-alive
 PROMPTS = ("hello world", "Der Kafka-Cluster 你好 🚀", "The scheduler retries quickly")
+
+
+def _run_judged(experiment: str, url: str, run: Path) -> subprocess.CompletedProcess[str]:
+    """``streamchaos run`` against ``url``; once more where only this box left verdicts undecided (a
+    saturated host bunches a fast server's events: `streaming` inconclusive, "host saturated")."""
+    out = run_cli("run", experiment, "--target-url", url, "--out", str(run), "--quiet")
+    report = run / "report.json"
+    if out.returncode == 3 and report.is_file() and box_noise_only(json.loads(report.read_text())):
+        print(f"rerun: {experiment} was inconclusive because of this box:\n{out.stdout}")
+        shutil.rmtree(run)
+        out = run_cli("run", experiment, "--target-url", url, "--out", str(run), "--quiet")
+    return out
 
 
 def _verdicts(run: Path) -> dict[str, dict]:
@@ -51,7 +61,7 @@ def test_the_gguf_tokenizes_and_generates_as_the_builtin_engine(llama_server, tm
     checkpoint (Q/K rows permuted right, the vocabulary in id order, the norms' epsilon and rope base kept)."""
     from chaos.stack.engine.export import export_tiny
 
-    server: LlamaServer = llama_server(*QUIET)
+    server: LlamaServer = llama_server()
     tok = Tokenizer.load(None)
     for prompt in PROMPTS:
         answer = httpx.post(f"{server.url}/tokenize", json={"content": prompt}, timeout=30).json()
@@ -76,9 +86,9 @@ def test_the_gguf_tokenizes_and_generates_as_the_builtin_engine(llama_server, tm
 def test_smoke_decides_every_verdict_against_llama_server(llama_server, tmp_path: Path, flags: tuple[str, ...]) -> None:
     """The done line of the llama.cpp target: smoke exits 0 with every verdict decided, with its slots as
     many as it picks, with one, and with --metrics."""
-    server: LlamaServer = llama_server(*QUIET, *flags)
+    server: LlamaServer = llama_server(*flags)
     run = tmp_path / "run"
-    out = run_cli("run", "experiments/smoke.yaml", "--target-url", server.url + "/v1", "--out", str(run), "--quiet")
+    out = _run_judged("experiments/smoke.yaml", server.url + "/v1", run)
     assert out.returncode == 0, out.stdout + out.stderr + server.log.read_text(errors="replace")[-2000:]
     report = json.loads((run / "report.json").read_text())
     assert report["target"]["engine"]["profile"] == "llamacpp", report["target"]["engine"]
@@ -99,13 +109,21 @@ def test_the_keep_alive_regression_fails_on_llama_server_and_passes_behind_nginx
 
     from servers import free_port, nginx_conf, spawn, stop, wait_http
 
-    server: LlamaServer = llama_server(*QUIET)
+    server: LlamaServer = llama_server()
     bare = tmp_path / "bare"
     out = run_cli("run", KEEP_ALIVE, "--target-url", server.url + "/v1",
                   "--out", str(bare), "--quiet")
-    assert out.returncode == 1, out.stdout + out.stderr
+    load = json.loads((bare / "report.json").read_text())["load"]
+    # the defect itself, whatever the timing: the server kept no connection, though the load reused any it could
+    assert load["connections"] >= 0.9 * load["streams"], load
     errors = _verdicts(bare)["errors@run"]
-    assert errors["status"] == "fail" and "stale connection" in json.dumps(errors["evidence"]), errors
+    if out.returncode == 0:
+        # its cost is a race: the load loses a request only where it writes it before the server's FIN
+        # arrives (6% of them on a quiet box); a client slowed by a saturated box sees the FIN first
+        print(f"no request lost: the FIN came first every time ({load}); {out.stdout}")
+    else:
+        assert out.returncode == 1, out.stdout + out.stderr
+        assert errors["status"] == "fail" and "stale connection" in json.dumps(errors["evidence"]), errors
     binary = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").is_file() else None)
     if binary is None:
         pytest.skip("nginx is not installed (Debian: apt-get install nginx-light; .ci/run installs it)")
@@ -121,5 +139,7 @@ def test_the_keep_alive_regression_fails_on_llama_server_and_passes_behind_nginx
                       "--out", str(fronted), "--quiet")
         assert out.returncode == 0, out.stdout + out.stderr
         assert {v["status"] for v in _verdicts(fronted).values()} == {"pass"}
+        load = json.loads((fronted / "report.json").read_text())["load"]
+        assert load["connections"] <= 16, load  # nginx kept its client connections
     finally:
         stop(proc)

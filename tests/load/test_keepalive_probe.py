@@ -26,14 +26,15 @@ async def test_the_probe_tells_a_server_that_closes_after_streams(closes: bool) 
         assert "without Connection: close" in finding.detail, finding.detail
 
 
-async def test_a_probe_that_gets_no_answer_says_nothing() -> None:
+async def test_a_probe_that_gets_no_answer_decides_nothing_and_says_why() -> None:
     server = MockSSEServer(uuid_request_ids=True)
     await server.start()
     try:  # refused (400): the connection's fate after a stream cannot be seen
         finding = await probe_keep_alive(f"{server.base_url}/completions", BODY, headers={"X-Request-Id": "0-0"})
     finally:
         await server.stop()
-    assert finding is None
+    assert finding.decided is False and "HTTP 400" in finding.detail, finding
+    assert keep_alive_reuse("auto", finding) is True  # nothing learned: reuse, and count what is lost
 
 
 def test_what_the_load_does_with_the_finding() -> None:

@@ -324,7 +324,8 @@ def test_an_engine_without_metrics_is_named_first_and_no_metrics_url_is_suggeste
     host and GPU samples are not the target's metrics (a CI run read them as such)."""
     streams = [synth.stream(f"s{i}", sent=1 + i * 0.1) for i in range(5)]
     notes = [synth.note("engine_profile", 0.0, profile=TRANSFORMERS, end={"finish_reason": True, "done": False}),
-             synth.note("scrape_error", 0.2, url="http://hf/metrics", error="HTTP 404", status=404, failures=12)]
+             synth.note("scrape_error", 0.2, url="http://hf/metrics", error="HTTP 404", status=404, failures=12,
+                        absent_in_a_row=12, next_every_s=5.0)]
     own = []
     if own_series:
         own = (synth.steps("host_neighbour_cores", 0.0, 3.0, 0.5, lambda t: 0.2)
@@ -346,7 +347,8 @@ def test_a_404_at_metrics_of_a_generic_server_says_so_first_then_where_metrics_c
                "usage_series": ["vllm:kv_cache_usage_perc"], "running_series": ["vllm:num_requests_running"],
                "metrics": True, "metrics_hint": ""}
     notes = [synth.note("engine_profile", 0.0, profile=profile, end={"finish_reason": True, "done": True}),
-             synth.note("scrape_error", 0.2, url="http://gw/metrics", error="HTTP 404", status=404, failures=12)]
+             synth.note("scrape_error", 0.2, url="http://gw/metrics", error="HTTP 404", status=404, failures=12,
+                        absent_in_a_row=12, next_every_s=5.0)]
     verdict = sla.judge(synth.obs(streams, notes=notes), verifier, {})
     assert verdict.status == "unobservable"
     reason = verdict.evidence["reason"]

@@ -30,8 +30,15 @@ OPENAI = {"name": "openai", "title": "generic OpenAI-compatible server",
 
 
 def scrape_error(synth: Any, status: int | None, failures: int, url: str = "http://t/metrics", **extra: Any) -> Any:
+    """A scraper's note as chaos.targets.scraper writes it: at its N-th failure, with the 404s (or 501s) in a
+    row so far (all of them here), and from ABSENT_AFTER of them on the slower period it asks at."""
     error = f"HTTP {status}" if status else "ConnectError: connection refused"
-    return synth.note("scrape_error", 0.2, url=url, error=error, status=status, failures=failures, **extra)
+    in_a_row = failures if status in (404, 501) else 0
+    data: dict[str, Any] = {"absent_in_a_row": in_a_row}
+    if in_a_row >= 10:
+        data["next_every_s"] = 5.0
+    data.update(extra)
+    return synth.note("scrape_error", 0.2, url=url, error=error, status=status, failures=failures, **data)
 
 
 def observed(synth: Any, *errors: Any, metrics: list[Any] | None = None, profile: dict[str, Any] | None = None) -> Any:
@@ -54,6 +61,19 @@ def test_a_target_without_metrics_is_unobservable(synth: Any, verifier: str, sta
     verdict = sla.judge(observed(synth, scrape_error(synth, status, 10, next_every_s=5.0)), verifier, {})
     assert verdict.status == "unobservable"
     assert verdict.evidence["reason"].startswith(f"the target has no /metrics ({status} ×10 at http://t/metrics)")
+
+
+@pytest.mark.parametrize("verifier", ["kv_cleanup", "abort_propagation"])
+@pytest.mark.parametrize("engine", ["vllm", "builtin", "tgi"])
+def test_an_engine_that_always_serves_metrics_answering_404_stays_inconclusive(synth: Any, verifier: str,
+                                                                             engine: str) -> None:
+    """vLLM behind a gateway that forwards only /v1, or a mistyped metrics_url: the metrics exist, the run
+    did not reach them. A setup to fix, never a tolerated "not observable"."""
+    from chaos.model.engines import PROFILES
+
+    obs = observed(synth, scrape_error(synth, 404, 10), profile=PROFILES[engine].describe())
+    verdict = sla.judge(obs, verifier, {})
+    assert verdict.status == "inconclusive", verdict.evidence
 
 
 @pytest.mark.parametrize("verifier", ["kv_cleanup", "abort_propagation"])

@@ -15,13 +15,14 @@ the preflight names. TTFT and ITL are reported, not asserted.
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
-from servers import EXPERIMENTS, Served, run_cli
+from servers import EXPERIMENTS, Served, box_noise_only, run_cli
 
 from chaos.model.observations import Observations
 
@@ -30,11 +31,16 @@ pytestmark = pytest.mark.timeout(300)
 NO_INTERRUPT = ("--interrupt_requests", "False")
 
 
-def _run(experiment: Path, served: Served, run: Path) -> tuple[int, str, dict]:
+def _run(experiment: Path, served: Served, run: Path, *, again: bool = True) -> tuple[int, str, dict]:
+    """The run; once more where only this box left verdicts undecided (``servers.box_noise_only``)."""
     out = run_cli("run", str(experiment), "--target-url", served.url + "/v1", "--out", str(run), "--quiet",
                   timeout=120)
     text = out.stdout + out.stderr
     report = json.loads((run / "report.json").read_text()) if (run / "report.json").is_file() else {}
+    if again and out.returncode == 3 and box_noise_only(report):
+        print(f"rerun: {experiment.name} was inconclusive because of this box:\n{text}")
+        shutil.rmtree(run)
+        return _run(experiment, served, run, again=False)
     return out.returncode, text, report
 
 
