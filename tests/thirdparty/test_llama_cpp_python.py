@@ -3,8 +3,9 @@ model as GGUF, its bindings loading the llama.cpp that scripts/build_llama_serve
 
 Its default (``interrupt_requests=True``) cuts a running stream as soon as another request waits for
 its one model lock: the stream ends after about one token with ``[DONE]`` and no finish_reason, HTTP
-200 and no error. smoke catches it (``early_close`` fails) and passes against ``--interrupt_requests
-False``; the shipped ``llama-cpp-python-interrupt`` experiment is that regression alone. Its
+200 and no error. The shipped ``llama-cpp-python-interrupt`` experiment catches it (``early_close``
+fails; smoke fails the same way, 99% cut, docs/support.md) and passes against ``--interrupt_requests
+False``, against which smoke passes too. Its
 starlette-context middleware answers HTTP 400 to an ``X-Request-Id`` that is not a UUID, which the
 load's UUID-shaped ids (``load.request_ids: uuid``, the default) get past and ``sequence`` ids do not.
 It is detected by ``/v1/models``' ``owned_by "me"`` (profile ``llama-cpp-python``); it has no /metrics,
@@ -15,7 +16,6 @@ the preflight names. TTFT and ITL are reported, not asserted.
 from __future__ import annotations
 
 import json
-import shutil
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -31,16 +31,11 @@ pytestmark = pytest.mark.timeout(300)
 NO_INTERRUPT = ("--interrupt_requests", "False")
 
 
-def _run(experiment: Path, served: Served, run: Path, *, again: bool = True) -> tuple[int, str, dict]:
-    """The run; once more where only this box left verdicts undecided (``servers.box_noise_only``)."""
+def _run(experiment: Path, served: Served, run: Path) -> tuple[int, str, dict]:
     out = run_cli("run", str(experiment), "--target-url", served.url + "/v1", "--out", str(run), "--quiet",
                   timeout=120)
     text = out.stdout + out.stderr
     report = json.loads((run / "report.json").read_text()) if (run / "report.json").is_file() else {}
-    if again and out.returncode == 3 and box_noise_only(report):
-        print(f"rerun: {experiment.name} was inconclusive because of this box:\n{text}")
-        shutil.rmtree(run)
-        return _run(experiment, served, run, again=False)
     return out.returncode, text, report
 
 
@@ -58,36 +53,18 @@ def _refused(served: Served) -> int:
     return served.log.read_text(errors="replace").count('HTTP/1.1" 400')
 
 
-def test_smoke_catches_the_default_interrupting_streams(llama_cpp_python: Callable[..., Served],
-                                                        tmp_path: Path) -> None:
-    served = llama_cpp_python()
-    code, text, report = _run(EXPERIMENTS / "smoke.yaml", served, tmp_path / "run")
-    assert code == 1, text + served.log.read_text(errors="replace")[-2000:]
-    print(text, f"TTFT p50 {_ttft_p50_ms(tmp_path / 'run'):.1f} ms")
-    assert _refused(served) == 0, "the server refused requests: " + served.log.read_text(errors="replace")[-2000:]
-    engine = report["target"]["engine"]
-    assert engine["profile"] == "llama-cpp-python" and 'owned_by "me"' in engine["detected_by"], engine
-    ignored = {f["field"] for f in engine["ignored_fields"]}
-    assert "stream_options.include_usage" in ignored, engine
-    verdicts = _verdicts(report)
-    early = verdicts["early_close@run"]
-    share = early["figure"]
-    assert early["status"] == "fail" and share > 0.5, (
-        f"early_close {early['status']} with {share:.1%} of {early['samples']} streams cut: the default "
-        f"interrupt_requests cuts nearly every stream of a concurrent load", early["evidence"])
-    assert set(early["evidence"]["by_reason"]) == {"no_finish_reason"}, early["evidence"]
-    assert verdicts["errors@run"]["status"] == "pass", verdicts["errors@run"]  # HTTP 200 each, no 400
-    kv = verdicts["kv_cleanup@run"]
-    assert kv["status"] == "unobservable" and kv["ok"], kv
-
-
 def test_smoke_passes_with_interrupt_requests_off(llama_cpp_python: Callable[..., Served], tmp_path: Path) -> None:
     served = llama_cpp_python(*NO_INTERRUPT)
     code, text, report = _run(EXPERIMENTS / "smoke.yaml", served, tmp_path / "run")
     print(text, f"TTFT p50 {_ttft_p50_ms(tmp_path / 'run'):.1f} ms")
-    assert code == 0, text + served.log.read_text(errors="replace")[-2000:]
+    # on a saturated box `streaming` may be left undecided by the box (its own account): nothing else may
+    box = code == 3 and box_noise_only(report)
+    assert code == 0 or box, text + served.log.read_text(errors="replace")[-2000:]
     for key, v in _verdicts(report).items():
-        assert v["status"] == "pass" or (v["status"] == "unobservable" and v["ok"]), (key, v["figure"], v["evidence"])
+        assert v["status"] == "pass" or (v["status"] == "unobservable" and v["ok"]) or (
+            box and key == "streaming@run"), (key, v["figure"], v["evidence"])
+    kv = _verdicts(report)["kv_cleanup@run"]
+    assert kv["status"] == "unobservable" and kv["ok"], kv  # no /metrics, no /slots: said, and tolerated
     assert _verdicts(report)["early_close@run"]["figure"] == 0.0
 
 
@@ -112,9 +89,17 @@ def test_the_interrupt_experiment_fails_the_default_and_passes_the_fix(llama_cpp
                                                                         tmp_path: Path, flags: tuple[str, ...],
                                                                         exit_code: int) -> None:
     served = llama_cpp_python(*flags)
+    refused_before = _refused(served)  # the server is the module's: another test's 400s are in its log
     code, text, report = _run(EXPERIMENTS / "llama-cpp-python-interrupt.yaml", served, tmp_path / "run")
     print(text)
     assert code == exit_code, text + served.log.read_text(errors="replace")[-2000:]
+    engine = report["target"]["engine"]
+    assert engine["profile"] == "llama-cpp-python" and 'owned_by "me"' in engine["detected_by"], engine
+    assert "stream_options.include_usage" in {f["field"] for f in engine["ignored_fields"]}, engine
+    assert _refused(served) == refused_before, "refused: " + served.log.read_text(errors="replace")[-2000:]
     early = _verdicts(report)["early_close@run"]
     assert early["status"] == ("fail" if exit_code else "pass"), early["evidence"]
-    assert _verdicts(report)["errors@run"]["status"] == "pass"
+    if exit_code:  # the default cuts nearly every stream of a concurrent load, each ending [DONE] with no reason
+        assert early["figure"] > 0.5 and set(early["evidence"]["by_reason"]) == {"no_finish_reason"}, (
+            f"{early['figure']:.1%} of {early['samples']} streams cut", early["evidence"])
+    assert _verdicts(report)["errors@run"]["status"] == "pass"  # HTTP 200 each: the ids got through
