@@ -32,16 +32,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from chaos.model.engines import RUNNING_SERIES, USAGE_SERIES
-from chaos.model.observations import END_RULE_TOPIC, ErrorInfo, MetricSample, Observations, StreamRecord
+from chaos.model.observations import (
+    ABSENT_AFTER,
+    ABSENT_STATUSES,
+    END_RULE_TOPIC,
+    ErrorInfo,
+    MetricSample,
+    Observations,
+    StreamRecord,
+)
 
 __all__ = ["ABSENT_AFTER", "ABSENT_STATUSES", "Need", "client_left", "metrics_off", "no_metrics", "pick",
            "profile_series", "scrape_failures", "totals", "unjudged_reason", "unobservable"]
 
-# chaos.targets.scraper.ABSENT_AFTER (``sla`` imports only the model; tests/sla keep the two equal): this
-# many 404s in a row and the target has no /metrics there
-ABSENT_AFTER = 10
-# chaos.targets.scraper.ABSENT_STATUSES: 501 is llama.cpp's answer for an endpoint it was started without
-ABSENT_STATUSES = (404, 501)
 
 # how a client can leave a stream the server still serves: every one should make the server abort it
 LEFT_HOW = ("hang-up", "read timeout", "request timeout", "connection reset")

@@ -450,7 +450,6 @@ class H1Client(ExchangeSlots):
             _check_header("Authorization", f"Bearer {api_key}")
             self._base_headers += f"Authorization: Bearer {api_key}\r\n"
         self._idle: dict[tuple[str, str, int], list[Connection]] = {}
-        self._last_headers: dict[tuple[str, str, int], dict[str, str]] = {}  # per origin, the last response's
         self._open: set[Connection] = set()
         self.connects = 0  # connections opened, for tests and benchmarks
         self.closed = False
@@ -467,10 +466,6 @@ class H1Client(ExchangeSlots):
             f"Content-Length: {len(payload)}\r\n\r\n"
         )
         return head.encode("latin-1") + payload
-
-    def last_headers(self, target: Target) -> dict[str, str]:
-        """The head of the last response taken back from ``target``'s origin (lower-case names); empty: none."""
-        return self._last_headers.get(target.origin, {})
 
     def idle_connection(self, target: Target) -> Connection | None:
         """A kept-alive connection to ``target``'s origin, or None: O(1) apart from dead ones skipped."""
@@ -507,7 +502,6 @@ class H1Client(ExchangeSlots):
         ``may_reuse`` allows (``in_band_error``: the stream carried an error event), else close it."""
         conn.sink = None
         conn.resume_reading()
-        self._last_headers[conn.origin] = conn.headers
         if self.closed or not conn.reusable or not may_reuse(conn.status, keep_alive=conn.keep_alive,
                                                               complete=conn.complete, in_band_error=in_band_error):
             conn.close()

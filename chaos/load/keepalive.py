@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from chaos.load.client import stream_request
-from chaos.load.http1 import H1Client
+from chaos.load.http1 import Connection, H1Client
 from chaos.model.observations import StreamRecord
 
 __all__ = ["LINGER_S", "KeepAliveFinding", "KeepAliveMode", "keep_alive_reuse", "probe_keep_alive", "undecided"]
@@ -67,6 +67,18 @@ def keep_alive_reuse(mode: KeepAliveMode | str, finding: KeepAliveFinding | None
     return not (finding is not None and finding.closes_after_stream)
 
 
+class _ProbeClient(H1Client):
+    """An ``H1Client`` that keeps the head of the response it takes back: the probe reads the keep-alive
+    the server announced after the connection (and its head with it) may be gone. The load's client
+    keeps nothing of the kind on its per-request path."""
+
+    answer: Mapping[str, str] = {}
+
+    def release(self, conn: Connection, *, in_band_error: bool = False) -> None:
+        self.answer = conn.headers
+        super().release(conn, in_band_error=in_band_error)
+
+
 def _said(headers: Mapping[str, str]) -> str:
     parts = [f"{name}: {headers[name]}" for name in ("connection", "keep-alive") if name in headers]
     return ", ".join(parts) or "none"
@@ -78,7 +90,7 @@ async def probe_keep_alive(url: str, body: Mapping[str, Any], *, api_key: str | 
     """Send ``body`` (a short streamed request) to ``url`` over HTTP/1.1 with ``headers`` (every header the
     load sends) and see whether the server left the connection open ``linger_s`` after the response; None
     where the request itself did not complete: ``undecided``, saying why (nothing is known of the connection)."""
-    async with H1Client(1, api_key=api_key, headers=headers) as http:  # headers: None sends the SDK's
+    async with _ProbeClient(1, api_key=api_key, headers=headers) as http:  # headers: None sends the SDK's
         record = StreamRecord(id="keep_alive_probe", phase="preflight")
         await stream_request(http, url, body, record, request_timeout=timeout_s)
         if record.error is not None or record.status != 200:
@@ -86,7 +98,7 @@ async def probe_keep_alive(url: str, body: Mapping[str, Any], *, api_key: str | 
             what = f"{status}: {record.error.message[:200]}" if record.error is not None else status
             return undecided(f"the probe request got no complete answer ({what})")
         target = http.target(url)
-        answer = http.last_headers(target)
+        answer = http.answer
         t_end = time.monotonic()
         await asyncio.sleep(linger_s)
         still_open = http.idle_connection(target) is not None

@@ -25,6 +25,8 @@ from typing import IO, Any, ClassVar, Literal
 import orjson
 
 __all__ = [
+    "ABSENT_AFTER",
+    "ABSENT_STATUSES",
     "END_RULE_TOPIC",
     "RECORD_TYPES",
     "RUN_SERIES",
@@ -80,6 +82,12 @@ class EndRule:
 
 STRICT_END = EndRule()
 END_RULE_TOPIC = "engine_profile"  # the note that carries the run's rule under data["end"]
+# "No metrics endpoint there": the scraper's rule (chaos.targets.scraper backs off after it) and the
+# verifiers' (sla.engine_series: such evidence cannot exist), one definition for both. This many
+# answers in a row with one of these statuses: 404, no such route; 501, llama.cpp's answer for an
+# endpoint it was started without (``--metrics``, ``--no-slots``).
+ABSENT_AFTER = 10
+ABSENT_STATUSES = (404, 501)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from chaos.host.cadence import next_tick
 from chaos.host.capped import METRICS_LIMIT, get_capped
 from chaos.host.tls import tls_context
-from chaos.model.observations import MetricSample, Note
+from chaos.model.observations import ABSENT_AFTER, ABSENT_STATUSES, MetricSample, Note
 
 __all__ = ["ABSENT_AFTER", "ABSENT_INTERVAL_S", "ABSENT_STATUSES", "KEPT_PREFIXES", "MetricScraper", "all_metric_names",
            "parse_exposition"]
@@ -28,10 +28,7 @@ __all__ = ["ABSENT_AFTER", "ABSENT_INTERVAL_S", "ABSENT_STATUSES", "KEPT_PREFIXE
 # (an httpx request each: 2% of a core of the runner's, which at 64 streams was a fifth of the load's
 # own CPU). Any other answer (a 401 wanting credentials, a 500, a refused connection) keeps the
 # period: those are failures the console and kv_cleanup name, and may clear.
-ABSENT_AFTER = 10
-# 404: no such route; 501: llama.cpp's answer for an endpoint it was started without (``--metrics``,
-# ``--no-slots``: "This server does not support metrics endpoint")
-ABSENT_STATUSES = (404, 501)
+# (ABSENT_AFTER, ABSENT_STATUSES: chaos.model.observations, where the verifiers read them too)
 ABSENT_INTERVAL_S = 5.0
 
 # Series names (after prometheus-client strips nothing: samples keep their full names) we keep.

@@ -49,10 +49,9 @@ def observed(synth: Any, *errors: Any, metrics: list[Any] | None = None, profile
 
 
 def test_the_rule_for_an_absent_endpoint_is_the_scrapers() -> None:
-    from chaos.targets.scraper import ABSENT_AFTER as SCRAPER_AFTER
-    from chaos.targets.scraper import ABSENT_STATUSES as SCRAPER_STATUSES
+    from chaos.targets import scraper
 
-    assert (ABSENT_AFTER, ABSENT_STATUSES) == (SCRAPER_AFTER, SCRAPER_STATUSES)
+    assert (scraper.ABSENT_AFTER, scraper.ABSENT_STATUSES) == (ABSENT_AFTER, ABSENT_STATUSES) == (10, (404, 501))
 
 
 @pytest.mark.parametrize("verifier", ["kv_cleanup", "abort_propagation"])
