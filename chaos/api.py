@@ -29,18 +29,25 @@ def runner(experiment: Experiment, *, listeners: Sequence[RunListener] = (), **k
 async def run_async(
     experiment: Experiment | str | Path, *, target_url: str | None = None, out_dir: str | Path | None = None,
     seed: int | None = None, listeners: Sequence[RunListener] = (), handle_signals: bool = True,
-    api_key_env: str | None = None,
+    api_key_env: str | None = None, otlp: bool = False,
 ) -> Result:
-    """Run an experiment (an ``Experiment`` or a path to its YAML) and return the ``Result``."""
+    """Run an experiment (an ``Experiment`` or a path to its YAML) and return the ``Result``.
+
+    ``otlp``: export the run's streams as OpenTelemetry metrics and spans over OTLP/HTTP when it ends
+    (``chaos.output.otel``, configured by ``OTEL_EXPORTER_OTLP_*``), each request sending a ``traceparent``."""
     if isinstance(experiment, (str, Path)):
         from chaos.experiment import load_experiment
 
         experiment = load_experiment(experiment)
     if seed is not None:
         experiment = replace(experiment, seed=seed)
+    if otlp:
+        from chaos.output.otel import OtlpExporter
+
+        listeners = [*listeners, OtlpExporter()]  # exports on RunFinished; what it sent: the run dir's otlp.json
     return await runner(experiment, target_url=target_url, out_dir=out_dir, listeners=listeners,
                         handle_signals=handle_signals,
-                        api_key_env=api_key_env).run()
+                        api_key_env=api_key_env, traceparent=otlp).run()
 
 
 def run(experiment: Experiment | str | Path, **kwargs: Any) -> Result:

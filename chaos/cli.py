@@ -1,5 +1,5 @@
 """The `streamchaos` command line: run, capacity, survival, validate, list, verify, rollback, report, budgets,
-manifests, stack, toxiproxy, shard.
+manifests, stack, toxiproxy, shard, lever.
 
 Exit codes (docs/contracts.md): 0 every SLA as expected, 1 an SLA failed, 2 invalid experiment or usage,
 3 inconclusive, 4 the run could not be carried out. A user mistake never prints a traceback.
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from chaos.model.errors import ChaosError, ExperimentInvalid, UsageError
 
 if TYPE_CHECKING:
+    from chaos.model.observations import Observations
     from chaos.model.verdict import Verdict
 
 __all__ = ["main"]
@@ -55,8 +56,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
             if exporter.url:
                 print(f"metrics: {exporter.url} (for the life of the run)", file=sys.stderr)
             listeners.append(exporter)
+        if args.grafana:  # after the run's result is final: one line whatever Grafana does, the exit code kept
+            from chaos.output.grafana import GrafanaAnnotator
+
+            listeners.append(GrafanaAnnotator(args.grafana, token=_grafana_token(args),
+                                              token_env=args.grafana_token_env, dashboard_uid=args.grafana_dashboard,
+                                              panel_id=args.grafana_panel))
         result = run(experiment, target_url=args.target_url, out_dir=args.out, listeners=listeners,
-                     api_key_env=args.api_key_env)
+                     api_key_env=args.api_key_env, otlp=args.otlp)
     print(render_summary(result))
     return result.exit_code
 
@@ -151,6 +158,11 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
+    if args.what == "integrations":
+        from chaos.output.integrations import integrations_text
+
+        print(integrations_text(), end="")
+        return 0
     if args.what == "experiments":
         from chaos.execution.shipped import experiments_dir, render_experiments, shipped_experiments
 
@@ -324,9 +336,29 @@ def _cmd_report(args: argparse.Namespace) -> int:
         return _cmd_history(args)
     if not args.run_dir:
         raise UsageError("report: give RUN_DIR, --compare RUN_A RUN_B or --history DIR")
+    if args.grafana:
+        return _cmd_report_grafana(args)
+    if args.otlp:
+        return _cmd_report_otlp(args)
     if args.as_ == "vllm-bench":
         return _cmd_vllm_bench(args)
+    if args.as_ in ("llm-d", "aiperf"):
+        return _cmd_result_format(args)
     return _cmd_report_run(args)
+
+
+def _cmd_report_otlp(args: argparse.Namespace) -> int:
+    """``report RUN_DIR --otlp``: the run's metrics and spans over OTLP/HTTP again (chaos.output.otel)."""
+    from chaos.output.otel import export_run_dir, require_otel
+
+    require_otel("report --otlp")
+    run_dir = _run_dir(args.run_dir, ("journal.jsonl", "report.json"))
+    outcome = export_run_dir(run_dir)
+    if not outcome.ok:
+        return 4  # export_run_dir printed why
+    print(f"exported {outcome.spans} spans and {outcome.points} metric points to {outcome.endpoints['traces']} "
+          f"and {outcome.endpoints['metrics']}")
+    return 0
 
 
 def _cmd_report_run(args: argparse.Namespace) -> int:
@@ -341,6 +373,35 @@ def _cmd_report_run(args: argparse.Namespace) -> int:
         return int(report["exit_code"])
     _print_run_summary(report)
     return int(report["exit_code"])
+
+
+def _grafana_token(args: argparse.Namespace) -> str | None:
+    """The Grafana token from ``--grafana-token-env NAME`` (registered as a secret: never printed or written)."""
+    import os
+
+    from chaos.host.redact import register_secret
+
+    if not args.grafana_token_env:
+        return None
+    token = os.environ.get(args.grafana_token_env, "").strip()
+    if not token:
+        raise UsageError(f"--grafana-token-env {args.grafana_token_env}: that environment variable is not set or empty")
+    register_secret(token)
+    return token
+
+
+def _cmd_report_grafana(args: argparse.Namespace) -> int:
+    """Push a finished run's phase, fault and halt windows to Grafana as annotations (docs/grafana.md)."""
+    from chaos.output.grafana import annotations, push_annotations
+
+    token = _grafana_token(args)
+    bodies = annotations(_read_report(args.run_dir), dashboard_uid=args.grafana_dashboard, panel_id=args.grafana_panel)
+    if not bodies:
+        print(f"grafana: nothing to annotate in {args.run_dir} (no phase began)")
+        return 0
+    ids = push_annotations(args.grafana, bodies, token=token, token_env=args.grafana_token_env)  # refused: exit 4
+    print(f"grafana: {len(ids)} annotations pushed to {args.grafana}: ids {', '.join(map(str, ids))}")
+    return 0
 
 
 def _print_nothing_judged(report: dict[str, Any], run_dir: Path) -> None:
@@ -383,16 +444,43 @@ def _definitions(verdicts: list[Verdict]) -> list[str]:
     return definitions
 
 
-def _cmd_vllm_bench(args: argparse.Namespace) -> int:
+def _run_observations(args: argparse.Namespace) -> tuple[Path, Observations]:
+    """RUN_DIR's journal, with ``--phase`` checked against the run's phases."""
     from chaos.model.observations import Observations
-    from chaos.output.vllm_bench import render_vllm_bench, vllm_bench_figures
 
     run_dir = _run_dir(args.run_dir)
     obs = Observations.load(run_dir / "journal.jsonl")
     if args.phase is not None and obs.phase(args.phase) is None and not any(s.phase == args.phase for s in obs.streams):
         known = ", ".join(p.name for p in obs.phases) or "none"
         raise UsageError(f"{run_dir}: no phase {args.phase!r} in this run; phases: {known}")
+    return run_dir, obs
+
+
+def _cmd_vllm_bench(args: argparse.Namespace) -> int:
+    from chaos.output.vllm_bench import render_vllm_bench, vllm_bench_figures
+
+    _, obs = _run_observations(args)
     print(render_vllm_bench(vllm_bench_figures(obs, args.phase), obs.experiment))
+    return 0
+
+
+def _cmd_result_format(args: argparse.Namespace) -> int:
+    """``--as llm-d`` (one Benchmark Report per phase) or ``--as aiperf`` (profile_export_aiperf.json), as JSON."""
+    from chaos.experiment import load_experiment
+    from chaos.model.observations import iter_journal
+    from chaos.output.aiperf_export import aiperf_export
+    from chaos.output.llmd_report import llmd_report, llmd_reports
+
+    run_dir, obs = _run_observations(args)
+    header = next((b for b in iter_journal(run_dir / "journal.jsonl") if b.get("type") == "run"), {})
+    run_id = str(header.get("run_id", ""))
+    out: Any
+    if args.as_ == "aiperf":
+        out = aiperf_export(obs, args.phase, run_id)
+    else:
+        load = load_experiment(run_dir / "experiment.yaml").load if (run_dir / "experiment.yaml").is_file() else None
+        out = llmd_report(obs, args.phase, load, run_id) if args.phase else llmd_reports(obs, load, run_id)
+    print(json.dumps(out, indent=2))
     return 0
 
 
@@ -448,6 +536,36 @@ def _cmd_budgets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_lever(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from chaos.fleet import lever
+    from chaos.model.context import LeverSpec
+
+    spec = LeverSpec(file=args.file, namespace=args.namespace, configmap=args.configmap, kubeconfig=args.kubeconfig,
+                     context=args.context)
+    if args.action == "status":
+        states = asyncio.run(lever.read_levers(spec))
+        for state in states:
+            print(state.describe())
+        return 1 if any(s.engaged for s in states) else 0
+    # on/off act on the file, or on the ConfigMap alone when --namespace is given without --file
+    on_file, on_configmap = bool(args.file or not args.namespace), bool(args.namespace)
+    if args.action == "on":
+        if on_file:
+            print("engaged: " + lever.engage_file(lever.lever_file(spec), args.reason, args.by).describe())
+        if on_configmap:
+            print("engaged: " + asyncio.run(lever.engage_configmap(spec, args.reason, args.by)).describe())
+        return 0
+    befores = [lever.release_file(lever.lever_file(spec))] if on_file else []
+    if on_configmap:
+        befores.append(asyncio.run(lever.release_configmap(spec, args.reason, args.by)))
+    for before in befores:
+        print(f"released the fleet lever ({before.where})" if before.engaged
+              else f"the fleet lever ({before.where}) was not engaged: nothing to release")
+    return 0
+
+
 def _version() -> str:
     """The installed distribution's version; the source tree's own when it is run uninstalled."""
     from importlib.metadata import PackageNotFoundError, version
@@ -484,6 +602,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_report(sub)
     _add_budgets(sub)
     _add_shard(sub)
+    _add_lever(sub)
     sub.add_parser("stack", help="`stack serve ...`: the builtin streaming stack (see `stack serve --help`)")
     sub.add_parser("toxiproxy", help="`toxiproxy serve ...`: the embedded Toxiproxy server")
     return parser
@@ -505,6 +624,11 @@ def _add_run(sub: Commands) -> None:
     p.add_argument("--metrics-port", type=int, metavar="PORT",
                    help="serve the run's QoS metrics on 127.0.0.1:PORT/metrics while it runs (0: any free port)")
     p.add_argument("--push-metrics", metavar="URL", help="push the run's QoS metrics to this Prometheus Pushgateway")
+    p.add_argument("--otlp", action="store_true",
+                   help="export the run's streams as OpenTelemetry metrics and spans over OTLP/HTTP when it ends, "
+                        "configured by OTEL_EXPORTER_OTLP_*; sends traceparent to the target (docs/opentelemetry.md)")
+    _add_grafana(p, "when the run finishes, push its phase and fault windows to this Grafana as annotations "
+                 "(Grafana down or refusing: one line, the exit code unchanged)")
     p.set_defaults(fn=_cmd_run)
 
 
@@ -557,9 +681,10 @@ def _add_validate(sub: Commands) -> None:
 
 def _add_list(sub: Commands) -> None:
     p = sub.add_parser("list", help="the fault, SLA and target catalogues, or the shipped experiments")
-    p.add_argument("what", nargs="?", default="all", choices=["faults", "slas", "targets", "experiments", "all"],
-                   help="faults, slas, targets, all (the three; the default), or experiments: the ones shipped in "
-                        "experiments/")
+    p.add_argument("what", nargs="?", default="all",
+                   choices=["faults", "slas", "targets", "experiments", "integrations", "all"],
+                   help="faults, slas, targets, all (the three; the default), experiments: the ones shipped in "
+                        "experiments/, or integrations: the tools streamchaos plugs into")
     p.set_defaults(fn=_cmd_list)
 
 
@@ -602,9 +727,14 @@ def _add_manifests(sub: Commands) -> None:
 def _add_report(sub: Commands) -> None:
     p = sub.add_parser("report", help="print a finished run's report; compare two runs; a history page over many")
     p.add_argument("run_dir", nargs="?")
-    p.add_argument("--as", dest="as_", choices=["verdicts", "vllm-bench"], default="verdicts",
-                   help="verdicts (default), or the run's figures under vLLM bench serve's names")
-    p.add_argument("--phase", help="with --as vllm-bench: only this phase's streams")
+    p.add_argument("--as", dest="as_", choices=["verdicts", "vllm-bench", "llm-d", "aiperf"], default="verdicts",
+                   help="verdicts (default); the run's figures under vLLM bench serve's names (vllm-bench); "
+                        "llm-d Benchmark Reports v0.2.1, one per phase, as JSON (llm-d); AIPerf's "
+                        "profile_export_aiperf.json (aiperf). See docs/result-formats.md")
+    p.add_argument("--phase", help="with --as vllm-bench, llm-d or aiperf: only this phase's streams")
+    p.add_argument("--otlp", action="store_true",
+                   help="export RUN_DIR's streams again as OpenTelemetry metrics and spans over OTLP/HTTP "
+                        "(OTEL_EXPORTER_OTLP_*), with the trace and span ids of the run; exit 4 when it fails")
     p.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"),
                    help="each SLA's figure in both runs, the change, and whether it is significant; exit 1 when "
                         "flagged")
@@ -618,7 +748,18 @@ def _add_report(sub: Commands) -> None:
     p.add_argument("--min-delay", type=_duration, default=0.010, metavar="DURATION",
                    help="smallest latency change flagged as a regression, e.g. 5ms (default 10ms): milliseconds of "
                         "host scheduling are not a regression")
+    _add_grafana(p, "push RUN_DIR's phase and fault windows to this Grafana (its root URL) as annotations; "
+                 "exit 4 when Grafana refuses (docs/grafana.md)")
     p.set_defaults(fn=_cmd_report)
+
+
+def _add_grafana(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--grafana", metavar="URL", help=what)
+    p.add_argument("--grafana-token-env", metavar="NAME",
+                   help="the environment variable holding a Grafana service-account token (sent as a Bearer token, "
+                        "never printed or written)")
+    p.add_argument("--grafana-dashboard", metavar="UID", help="pin the annotations to this dashboard (its UID)")
+    p.add_argument("--grafana-panel", type=int, metavar="ID", help="and to this panel of it")
 
 
 def _add_budgets(sub: Commands) -> None:
@@ -648,6 +789,25 @@ def _add_shard(sub: Commands) -> None:
     p.add_argument("--connect-timeout", type=float, default=300.0, metavar="SECONDS",
                    help="keep trying to reach the coordinator this long (default 300)")
     p.set_defaults(fn=_cmd_shard)
+
+
+def _add_lever(sub: Commands) -> None:
+    p = sub.add_parser(
+        "lever", help="the fleet lever: while engaged, runs refuse to start and running ones halt and revert",
+        description="The fleet lever (docs/lever.md). `on` engages it: every run on this host (the file) or "
+        "watching this namespace (the ConfigMap) refuses to start, and running ones halt and revert within about "
+        "a second. `off` releases it; `status` prints each lever and exits 0 when none is engaged, 1 when one is. "
+        "on/off write the file, or only the ConfigMap when --namespace is given without --file. Exit 4: a lever "
+        "could not be read or written.")
+    p.add_argument("action", choices=["on", "off", "status"])
+    p.add_argument("--reason", help="why (shown to every run it stops)")
+    p.add_argument("--by", help="who (default: user@host)")
+    p.add_argument("--file", help="the lever file (default: $STREAMCHAOS_LEVER_FILE, else /var/lib/streamchaos/lever)")
+    p.add_argument("--namespace", help="the Kubernetes namespace of the lever's ConfigMap")
+    p.add_argument("--configmap", default="streamchaos-lever", help="the ConfigMap's name (default streamchaos-lever)")
+    p.add_argument("--kubeconfig", help="the cluster's kubeconfig (default: KUBECONFIG, ~/.kube/config, the pod's)")
+    p.add_argument("--context", help="the kubeconfig context")
+    p.set_defaults(fn=_cmd_lever)
 
 
 def main(argv: list[str] | None = None) -> int:

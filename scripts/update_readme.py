@@ -114,11 +114,17 @@ def _cli_cell(text: str) -> str:
     return " ".join(text.split()).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
 
 
+def _integrations() -> str:
+    from chaos.output.integrations import integrations_markdown
+
+    return integrations_markdown()
+
+
 # page (relative to the repository root) -> its generated blocks: (marker name, body)
 BLOCKS: dict[str, list[tuple[str, Callable[[], str]]]] = {
     "docs/faults.md": [("faults", _faults)],
     "docs/slas.md": [("slas", _slas)],
-    "docs/support.md": [("support", _support)],
+    "docs/support.md": [("support", _support), ("integrations", _integrations)],
     "docs/architecture.md": [("rooms", _rooms)],
     "docs/cli.md": [("cli", _cli)],
     "docs/hops.md": [("hops", _hops)],

@@ -47,6 +47,8 @@ ONE_WORKER: tuple[tuple[str, str], ...] = (
     ("tests/stack/test_", "stack"),  # the stack servers of tests/stack/conftest.py (not processes/)
     ("tests/toxiproxy/", "toxiproxy"),  # the embedded Toxiproxy and its upstreams
     ("tests/k8s/", "k8s"),  # the fake API server
+    ("tests/integrations/test_otel.py", "otel"),  # the module's builtin stack
+    ("tests/integrations/test_chaostoolkit.py", "chaostoolkit"),  # its builtin stack and CTK run of the storm
     ("tests/test_docs_site.py", "docs-site"),
     ("tests/engine/test_export.py", "engine-export"),
     ("tests/faults/test_server_faults.py", "server-faults"),
@@ -62,6 +64,11 @@ ONE_WORKER: tuple[tuple[str, str], ...] = (
     ("tests/nvml/", "nvml"),
     ("tests/reports/test_report_page.py", "report-page"),
     ("tests/test_failed_runs.py", "failed-runs"),
+    ("tests/reports/test_result_formats.py", "result-formats"),  # one run read in each format
+    ("tests/reports/test_grafana_annotations.py", "grafana"),  # one run, one annotations receiver
+    ("tests/fleet/test_clients.py", "fleet-clients"),  # one Prometheus, Alertmanager and nginx
+    ("tests/fleet/test_lever.py", "fleet-lever"),  # the fake API server
+    ("tests/fleet/test_stop_when.py", "fleet-stop-when"),  # a stack, a Prometheus scraping it, an Alertmanager
     # the slow tier's: queued first among the slow tests (_QueueOrder), not beside vLLM
     ("tests/reports/runs/test_probe_runs.py", "probe-runs"),
     ("tests/thirdparty/test_nginx.py", "thirdparty-stack"),  # tests/thirdparty/conftest.py's builtin stack
@@ -128,6 +135,13 @@ class _QueueOrder:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(_QueueOrder(), "streamchaos-queue-order")
+    # The suite's runs obey a lever of their own, not the host's (chaos.fleet.lever): a lever engaged on a
+    # developer's box or a CI host stops game-days, not loopback tests; the lever's tests name their own file.
+    import os
+    import tempfile
+
+    own = Path(tempfile.gettempdir()) / f"streamchaos-tests-lever-{os.getpid()}"
+    os.environ.setdefault("STREAMCHAOS_LEVER_FILE", str(own))
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -51,6 +51,7 @@ from chaos.model.errors import ChaosError, FaultError, FaultRevertFailed
 from chaos.model.experiment import Experiment, LoadSpec, PhaseSpec
 from chaos.model.observations import FaultEvent, Note, PhaseWindow
 from chaos.model.request_ids import run_tag
+from chaos.model.trace_ids import trace_id_of
 from chaos.model.verdict import Verdict
 from chaos.targets.base import BuiltinStack, Target, target_facts
 from chaos.targets.registry import start_target, started, target_class
@@ -96,8 +97,11 @@ class Runner:
         listeners: Sequence[RunListener] = (),
         handle_signals: bool = True,
         api_key_env: str | None = None,
+        traceparent: bool = False,
     ) -> None:
         self.experiment = experiment
+        # each load request sends a W3C traceparent under the run's trace (chaos.model.trace_ids; ``--otlp``)
+        self.traceparent = traceparent
         self.target_url = target_url
         self.api_key_env = api_key_env  # --api-key-env: the variable holding the target's API key
         self.out_dir = Path(out_dir) if out_dir else default_out_dir(experiment.name)
@@ -391,6 +395,7 @@ class Runner:
         the path (and its taps are journaled) and the path before the target.
         """
         self._check_allowed()
+        await self._obey_fleet(resources)
         self._raise_open_files()
         target = await self._start_target(resources)
         assert self._clock is not None
@@ -404,6 +409,26 @@ class Runner:
         await self._start_watchdog(resources, target)
         await self._start_observers(resources, target, found)
         return ctx
+
+    async def _obey_fleet(self, resources: contextlib.AsyncExitStack) -> None:
+        """The fleet lever and ``safety.stop_when``, before anything is started: an engaged lever or a
+        halting alert refuses the run (``RunRefused``, exit 4), a signal that cannot be read refuses it
+        too; then both are watched until teardown, and either halts the run (``chaos.fleet``)."""
+        from chaos.fleet.lever import refuse_if_engaged, watching_lever
+
+        safety, emit = self.experiment.safety, self.events.emit
+        levers = await refuse_if_engaged(safety.lever)
+        self._note("lever", {"checked": [lever.where for lever in levers], "every_s": safety.lever.every})
+        await resources.enter_async_context(watching_lever(safety.lever, self.halt, emit))
+        if not safety.stop_when:
+            return
+        from chaos.fleet.stop_when import refuse_if_firing, tokens, watching_stop_when
+
+        self._stage("fleet", "reading the fleet's stop signals: " + ", ".join(
+            f"{s.name} ({s.url})" for s in safety.stop_when))
+        toks = tokens(safety.stop_when)
+        await refuse_if_firing(safety.stop_when, toks, emit)
+        await resources.enter_async_context(watching_stop_when(safety.stop_when, toks, self.halt, emit))
 
     def _raise_open_files(self) -> None:
         """The open-file limit the load needs, before the target, proxy and load processes start
@@ -508,7 +533,8 @@ class Runner:
             self._stage("load", f"waiting for {exp.load.shards} load shards ({exp.load.shard_launch})")
         tag = run_tag(exp.seed, self._run_id())  # the first 8 hex digits of every UUID-shaped request id
         load_target = LoadTarget(base_url=load_url, model=self._model(ctx.target), seed=exp.seed,
-                                 api_key=self.credentials.api_key, ca_pems=trusted(), run_tag=tag)
+                                 api_key=self.credentials.api_key, ca_pems=trusted(), run_tag=tag,
+                                 trace_id=trace_id_of(self._run_id()) if self.traceparent else None)
         self._note("request_ids", {"format": found.preflight.load.request_ids, "run_tag": f"{tag:08x}"})
         found.preflight.load = await self._settle_keep_alive(found.preflight.load, load_target, tag)
         load = self.load = await resources.enter_async_context(running_load(

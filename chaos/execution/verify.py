@@ -50,11 +50,17 @@ def client_lateness(client_lag: dict[str, Any], phase: str | None) -> tuple[bool
 
 def judge_all(experiment: Experiment, obs: Observations, *, client_lag: dict[str, Any] | None = None,
               phases: Collection[str] | None = None) -> list[Verdict]:
-    """One verdict per SLA entry and scoped phase (``judge_entry``). ``phases``: only the entries
-    scoped to these phases (a run a fault ended early: those that ran)."""
-    return [judge_entry(entry, obs, phase, client_lag=client_lag)
-            for entry in experiment.sla for phase in entry.phases or (None,)
-            if phases is None or phase in phases]
+    """One verdict per SLA entry and scoped phase (``judge_entry``), and one per ``error``-severity alert
+    of ``safety.stop_when`` (``chaos.fleet.stop_when``). ``phases``: only the entries scoped to these
+    phases (a run a fault ended early: those that ran)."""
+    verdicts = [judge_entry(entry, obs, phase, client_lag=client_lag)
+                for entry in experiment.sla for phase in entry.phases or (None,)
+                if phases is None or phase in phases]
+    if phases is None and experiment.safety.stop_when:  # `error` alerts of the fleet's own: one verdict each
+        from chaos.fleet.stop_when import stop_when_verdicts
+
+        verdicts += stop_when_verdicts(experiment.safety.stop_when, obs)
+    return verdicts
 
 
 def judge_entry(entry: SlaEntry, obs: Observations, phase: str | None, *,

@@ -16,9 +16,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeGuard
 
+import yaml
+
 from chaos.k8s.labels import key_problem, value_problem
 from chaos.model.capacity import BASELINE_CASE, CapacitySpec
-from chaos.model.context import HaltSpec
+from chaos.model.context import HaltSpec, LeverSpec, PromAlert, StopSource
 from chaos.model.errors import ChaosError, ExperimentInvalid, Problem
 from chaos.model.experiment import (
     PROMPT_CLASSES,
@@ -829,8 +831,14 @@ def _safety(ctx: _Context, raw: object) -> SafetySpec:
     data = _mapping(ctx, raw, path, "the safety section")
     if data is None:
         return SafetySpec()
-    values = _parse(ctx, data, path, sections.SAFETY, extra=("halt_on",))
+    values = _parse(ctx, data, path, sections.SAFETY, extra=("halt_on", "stop_when", "lever"))
     _positive(ctx, values, path, "max_duration")
+    values.pop("stop_when", None)  # the schema lists them for the docs; parsed here, entry by entry
+    values.pop("lever", None)
+    if data.get("stop_when") is not None:
+        values["stop_when"] = _stop_when(ctx, data["stop_when"], path + ("stop_when",))
+    if data.get("lever") is not None:
+        values["lever"] = _lever(ctx, data["lever"], path + ("lever",))
     allowed = values.pop("allowed_targets", None)
     if allowed is not None:
         values["allowed_targets"] = _allowed_targets(ctx, allowed, path + ("allowed_targets",))
@@ -924,6 +932,104 @@ def _halt_on(ctx: _Context, raw: object, path: KeyPath) -> tuple[HaltSpec, ...]:
         values["name"] = values.get("name") or f"{data['kind']}[{i}]"
         out.append(HaltSpec(**_fields(values, HaltSpec)))
     return tuple(out)
+
+
+def _stop_when(ctx: _Context, raw: object, path: KeyPath) -> tuple[StopSource, ...]:
+    """``safety.stop_when``: a list of fleet signals, each checked against its source's keys; a Prometheus
+    entry's alerts written inline or read from a krkn alert-profile file."""
+    if not isinstance(raw, list):
+        sources = ", ".join(sections.STOP_SOURCES)
+        ctx.add(path, f"expected a list of fleet signals ({{source, ...}}; sources: {sources}), found {_describe(raw)}")
+        return ()
+    out: list[StopSource] = []
+    for i, entry in enumerate(raw):
+        spath = path + (i,)
+        data = _mapping(ctx, entry, spath, "a fleet signal {source, ...}")
+        if data is None:
+            continue
+        source = data.get("source")
+        if not isinstance(source, str) or source not in sections.STOP_WHEN:
+            known = ", ".join(sections.STOP_SOURCES)
+            ctx.add(spath + ("source",) if "source" in data else spath,
+                    f"unknown source {source!r}{suggest(str(source), sections.STOP_SOURCES)}; known: {known}"
+                    if "source" in data else f"missing required key 'source' ({known})")
+            continue
+        n = ctx.count
+        values = _parse(ctx, data, spath, sections.STOP_WHEN[source], extra=("alerts",))
+        url_key = f"{source}_url"
+        url = values.pop(url_key, None)
+        if isinstance(url, str) and not re.match(r"https?://[^/\s]+", url):
+            ctx.add(spath + (url_key,),
+                    f"expected an http:// or https:// URL such as http://prometheus:9090, found {url!r}")
+        alerts: tuple[PromAlert, ...] = ()
+        if source == "prometheus":
+            alerts = _prom_alerts(ctx, data, values.pop("profile", None), spath)
+        if ctx.count > n:
+            continue
+        values["matchers"] = tuple(values.get("matchers") or ())
+        _matchers(ctx, values["matchers"], spath + ("matchers",))
+        values.update(url=str(url), alerts=alerts, name=values.get("name") or f"{source}[{i}]",
+                      where=render_path(spath))
+        out.append(StopSource(**_fields(values, StopSource)))
+    return tuple(out)
+
+
+def _prom_alerts(ctx: _Context, data: dict[str, Any], profile: str | None, path: KeyPath) -> tuple[PromAlert, ...]:
+    """A Prometheus source's krkn alert-profile entries: ``alerts:`` inline or ``profile:`` a file, one of them."""
+    inline = data.get("alerts")
+    if (inline is None) == (profile is None):
+        ctx.add(path, "give alerts: (a list of {expr, description, severity}) or profile: (a krkn alert-profile "
+                "file), one of them")
+        return ()
+    where, wpath = render_path(path + ("alerts",)), path + ("alerts",)
+    if profile is not None:
+        file = Path(profile) if Path(profile).is_absolute() else ctx.base_dir / profile
+        try:
+            inline = yaml.safe_load(file.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            ctx.add(path + ("profile",), f"could not read the alert profile {str(file)!r}: {exc}")
+            return ()
+        where, wpath = f"{file}", path + ("profile",)
+    if not isinstance(inline, list) or not inline:
+        ctx.add(wpath, f"expected a non-empty list of {{expr, description, severity}}, found {_describe(inline)}"
+                + (f" in {where}" if profile is not None else ""))
+        return ()
+    out: list[PromAlert] = []
+    for j, entry in enumerate(inline):
+        apath = wpath + (j,) if profile is None else wpath
+        label = f"{where}[{j}]"
+        item = _mapping(ctx, entry, apath, f"an alert {{expr, description, severity}} ({label})")
+        if item is None:
+            continue
+        n = ctx.count
+        values = _parse(ctx, item, apath, sections.PROM_ALERT)
+        if ctx.count > n:
+            continue
+        if not str(values.get("expr", "")).strip():
+            ctx.add(apath, f"{label}: expr is empty; give a PromQL expression")
+            continue
+        out.append(PromAlert(**_fields(values, PromAlert), where=label))
+    return tuple(out)
+
+
+def _matchers(ctx: _Context, matchers: tuple[str, ...], path: KeyPath) -> None:
+    """Alertmanager label matchers, each checked for its syntax (the server checks them again)."""
+    from chaos.fleet.alertmanager import parse_matcher
+
+    for i, text in enumerate(matchers):
+        try:
+            parse_matcher(text)
+        except ValueError as exc:
+            ctx.add(path + (i,), str(exc))
+
+
+def _lever(ctx: _Context, raw: object, path: KeyPath) -> LeverSpec:
+    """``safety.lever``: where the fleet lever lives besides the host's default file."""
+    data = _mapping(ctx, raw, path, "the lever section {file, namespace, ...}")
+    if data is None:
+        return LeverSpec()
+    values = _parse(ctx, data, path, sections.LEVER)
+    return LeverSpec(**_fields(values, LeverSpec))
 
 
 @dataclass

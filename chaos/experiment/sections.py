@@ -286,6 +286,56 @@ SAFETY = Schema((
     Param("min_fault_coverage", "fraction", 0.9, doc="a fault in force for less than this share of its phase's planned "
           "time on the phase's clock, inject returned to revert began (a hard stop, a halt), makes the run an "
           "error (exit 4)"),
+    Param("stop_when", "mapping", None, doc="the fleet's own signals, read before the run starts and while it runs: "
+          "a list of {source: prometheus | alertmanager, ...} (docs/fleet-signals.md)"),
+    Param("lever", "mapping", None, doc="the fleet lever every run checks: {file, namespace, configmap, kubeconfig, "
+          "context, every} (docs/lever.md); the host file is checked even without this section"),
+))
+
+# safety.stop_when: a list of {source, ...}; each source's own keys (chaos.fleet.stop_when)
+STOP_SOURCES = ("prometheus", "alertmanager")
+_STOP_COMMON = (
+    Param("source", "str", required=True),
+    Param("name", "str", None, doc="how halts, notes and the stop_when verdict call it (default: the source)"),
+    Param("every", "duration", 5.0, min=0.1, doc="read the source this often while the run runs"),
+    Param("bearer_token_env", "str", None, doc="the environment variable holding a bearer token sent with each read"),
+    Param("timeout", "duration", 3.0, min=0.1, doc="one read's time limit"),
+    Param("unreachable_halt", "duration", 30.0, min=0.0,
+          doc="while the run runs, no answer from the source for this long halts it (0: never; before the run, "
+              "no answer refuses it)"),
+)
+STOP_WHEN = {
+    "prometheus": Schema((
+        *_STOP_COMMON,
+        Param("prometheus_url", "str", required=True, doc="the Prometheus server's root URL (its /api/v1/query)"),
+        Param("alerts", "mapping", None, doc="krkn alert-profile entries: a list of {expr, description, severity}"),
+        Param("profile", "str", None, doc="a krkn alert-profile file (a YAML list of {expr, description, severity}), "
+              "relative to the experiment"),
+    )),
+    "alertmanager": Schema((
+        *_STOP_COMMON,
+        Param("alertmanager_url", "str", required=True, doc="the Alertmanager's root URL (its /api/v2/alerts)"),
+        Param("matchers", "str_list", required=True,
+              doc="label matchers an active, unsilenced alert must all meet to halt the run, e.g. "
+                  "severity=~\"critical|page\""),
+    )),
+}
+ALERT_SEVERITIES = ("critical", "error", "warning")
+PROM_ALERT = Schema((
+    Param("expr", "str", required=True, doc="PromQL; the alert fires while it returns a series (or a non-zero scalar)"),
+    Param("description", "str", "", doc="what a halt or note says; {{$value}} and {{$labels.NAME}} are filled in"),
+    Param("severity", "choice", "critical", choices=ALERT_SEVERITIES,
+          doc="critical: halt and revert (and refuse to start); error: the run fails; warning: recorded"),
+))
+
+LEVER = Schema((
+    Param("file", "str", None, doc="the host's lever file (default $STREAMCHAOS_LEVER_FILE, else "
+          "/var/lib/streamchaos/lever); the lever is engaged while it exists"),
+    Param("namespace", "str", None, doc="also check the lever ConfigMap in this Kubernetes namespace"),
+    Param("configmap", "str", "streamchaos-lever", doc="the lever ConfigMap's name"),
+    Param("kubeconfig", "str", None, doc="the kubeconfig to reach the API server with (default: the usual lookup)"),
+    Param("context", "str", None, doc="the kubeconfig context"),
+    Param("every", "duration", 1.0, min=0.1, max=60.0, doc="check the lever this often while the run runs"),
 ))
 
 ALLOWED_TARGETS = Schema((

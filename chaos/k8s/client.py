@@ -213,6 +213,36 @@ class KubeApi:
                                                self.apps.replace_namespaced_deployment_scale(name, namespace, body,
                                                                                              _request_timeout=CALL_TIMEOUT_S))))
 
+    # -- the fleet lever's ConfigMap (chaos.fleet.lever; its rules: chaos.k8s.rbac.lever_rules) ---------------
+    async def read_configmap(self, namespace: str, name: str, timeout_s: float = CALL_TIMEOUT_S) -> dict[str, Any]:
+        return dict(self.plain(await self.call(Call("get", "configmaps", namespace, name),
+                                               self.core.read_namespaced_config_map(name, namespace,
+                                                                                    _request_timeout=timeout_s))))
+
+    async def write_configmap(self, namespace: str, name: str, data: dict[str, str], *,
+                              current: dict[str, Any] | None, labels: dict[str, str] | None = None,
+                              timeout_s: float = CALL_TIMEOUT_S) -> None:
+        """Create the ConfigMap (``current`` None: 409 when someone else did first), or replace ``current``
+        with ``data`` by compare-and-set on its resourceVersion (409 when it changed meanwhile); its other
+        keys, binary data, labels and annotations are kept."""
+        from kubernetes.aio import client
+
+        if current is None:
+            body = client.V1ConfigMap(api_version="v1", kind="ConfigMap", data=data,
+                                      metadata=client.V1ObjectMeta(name=name, namespace=namespace, labels=labels))
+            await self.call(Call("create", "configmaps", namespace, name),
+                            self.core.create_namespaced_config_map(namespace, body, _request_timeout=timeout_s))
+            return
+        meta = current.get("metadata") or {}
+        body = client.V1ConfigMap(
+            api_version="v1", kind="ConfigMap", data={**(current.get("data") or {}), **data},
+            binary_data=current.get("binaryData"),
+            metadata=client.V1ObjectMeta(name=name, namespace=namespace, labels=meta.get("labels"),
+                                         annotations=meta.get("annotations"),
+                                         resource_version=meta.get("resourceVersion")))
+        await self.call(Call("update", "configmaps", namespace, name),
+                        self.core.replace_namespaced_config_map(name, namespace, body, _request_timeout=timeout_s))
+
     # -- streams ----------------------------------------------------------------------------------------
     async def watch_pods(self, namespace: str, labels: Mapping[str, str],
                          resource_version: str) -> AsyncIterator[dict[str, Any]]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from chaos.k8s.rbac import Rule, merge_rules, target_rules
+from chaos.k8s.rbac import Rule, lever_rules, merge_rules, target_rules
 
 if TYPE_CHECKING:
     from chaos.model.experiment import Experiment
@@ -37,6 +37,8 @@ def experiment_rules(experiment: Experiment, *, in_cluster: bool = True) -> list
         rules += target_rules(service=kube.service, port_forward=access == "port-forward")
     for _, fault in experiment.faults():
         rules += fault.rbac()
+    if experiment.safety.lever.namespace:  # the lever's ConfigMap (in the Role's namespace: docs/lever.md)
+        rules += lever_rules(experiment.safety.lever.configmap)
     return merge_rules(rules)
 
 

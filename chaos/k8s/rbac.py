@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["Rule", "merge_rules", "target_rules"]
+__all__ = ["Rule", "lever_rules", "merge_rules", "target_rules"]
 
 
 @dataclass(frozen=True)
@@ -57,3 +57,11 @@ def target_rules(*, service: str | None, port_forward: bool) -> list[Rule]:
         rules.append(Rule("", "pods/portforward", ("create", "get"),
                           "carry the load and the scrapes to the pods from outside the cluster"))
     return rules
+
+
+def lever_rules(configmap: str) -> list[Rule]:
+    """What a run watching the fleet lever's ConfigMap calls (``safety.lever.namespace``): ``get`` on that one
+    ConfigMap. Engaging and releasing it (`streamchaos lever on|off --namespace`) is an operator's act, not
+    a run's: ``create`` on configmaps and ``update`` on this one, granted to them, not to the run."""
+    return [Rule("", "configmaps", ("get",), "read the fleet lever before the run and while it runs",
+                 names=(configmap,))]

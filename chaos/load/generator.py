@@ -55,6 +55,7 @@ from chaos.model.context import ClientPolicy
 from chaos.model.errors import ExperimentInvalid
 from chaos.model.observations import ErrorInfo, Hangup, StreamRecord
 from chaos.model.request_ids import RequestIds, run_tag
+from chaos.model.trace_ids import TRACEPARENT_HEADER, span_id_of, traceparent
 
 __all__ = ["BACKLOG_CAP", "DEFAULT_INFLIGHT_CAP", "LoadGenerator"]
 
@@ -69,6 +70,12 @@ LOOKAHEAD_MAX = 64
 
 _SETTLE_POLL_S = 0.01  # how often start() looks whether its background streams have their first token
 _IDLE_SESSIONS = 256  # a closed-loop slot whose sessions sent nothing this many times in a row stops
+
+
+def _traceparent_of(spec: LoadSpecLike, target: LoadTarget) -> str | None:
+    """The trace id each request's ``traceparent`` names (the run's, ``--otlp``), unless ``load.headers`` names
+    a traceparent of its own (sent as given); None: none sent."""
+    return None if any(n.lower() == TRACEPARENT_HEADER for n, _ in spec.headers) else target.trace_id
 
 
 class LoadGenerator:
@@ -94,7 +101,7 @@ class LoadGenerator:
         for pem in target.ca_pems:  # what the run serves over TLS itself (chaos.host.certs): one trust policy
             trust_data(pem)
         self.settings = LoadSettings.of(spec)
-        self._id_header = request_id_header(spec.headers)  # None: load.headers names X-Request-Id
+        self._id_header, self._trace_id = request_id_header(spec.headers), _traceparent_of(spec, target)  # or None
         # each request's X-Request-Id: its record id as a UUID-shaped id of the run (``load.request_ids: uuid``)
         # or as it is (``sequence``); the hops' taps are read back to the record id (chaos.execution.path)
         self._ids = RequestIds(self.settings.request_ids,
@@ -211,8 +218,14 @@ class LoadGenerator:
         return _Made(body, prompt, payload, self._plan_rng(request_id))
 
     def _id_of(self, request_id: str) -> dict[str, str]:
-        """The request's own id header as it goes on the wire, unless ``load.headers`` names it (``_id_header``)."""
-        return {self._id_header: self._ids.wire(request_id)} if self._id_header else {}
+        """The request's own id header as it goes on the wire, unless ``load.headers`` names it (``_id_header``),
+        and with a trace id its ``traceparent``: its span id derived from that wire id (chaos.model.trace_ids)."""
+        if self._trace_id is None:
+            return {self._id_header: self._ids.wire(request_id)} if self._id_header else {}
+        wire = self._ids.wire(request_id)
+        out = {self._id_header: wire} if self._id_header else {}
+        out[TRACEPARENT_HEADER] = traceparent(self._trace_id, span_id_of(wire))
+        return out
 
     def _plan_rng(self, request_id: str) -> random.Random:
         # seeded by the request id: the same request gets the same client behaviour in every replay, whatever

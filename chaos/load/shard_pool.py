@@ -361,6 +361,7 @@ class ShardPool:
             "model": self.target.model,
             "seed": self.target.seed, "run_id": self.run_id, "lifetime_s": self.lifetime_s,
             "run_tag": self.target.run_tag,  # every shard's request ids carry the same run's tag
+            "trace_id": self.target.trace_id,  # and the same run's traceparent (None: none sent)
             # the CA certificates themselves: a shard on another host cannot read the runner's files
             "ca_pems": list(self.target.ca_pems),
             "rules": [rule_to_json(r) for r in self._policy.rules.values()],

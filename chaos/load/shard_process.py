@@ -121,7 +121,8 @@ class _Shard:
                             "pid": os.getpid(), "host": socket.gethostname(), "skew_ns": self.skew_ns,
                             "open_files": open_files.to_dict()}, durable=True)
         target = LoadTarget(base_url=target_url or str(config["base_url"]), model=str(config["model"]),
-                            seed=int(config["seed"]), api_key=api_key, run_tag=_run_tag(config.get("run_tag")))
+                            seed=int(config["seed"]), api_key=api_key, run_tag=_run_tag(config.get("run_tag")),
+                            trace_id=_trace_id(config.get("trace_id")))
         for pem in config.get("ca_pems", ()):  # what the runner trusts beyond the host (its own TLS servers)
             trust_data(str(pem))
         self.gen = LoadGenerator(settings, target, policy=self.policy, sink=self.sink, worker_index=self.index,
@@ -303,6 +304,12 @@ async def run_shard(coordinator: str, *, index: int, count: int, token: str, jou
 def _run_tag(value: object) -> int | None:
     """The run's tag the coordinator sent (None from one that sends none: a tag from the seed alone)."""
     return value if type(value) is int and 0 <= value < 2**32 else None
+
+
+def _trace_id(value: object) -> str | None:
+    """The run's trace id the coordinator sent: 32 lower-case hex digits, else None (no traceparent)."""
+    ok = isinstance(value, str) and len(value) == 32 and all(c in "0123456789abcdef" for c in value)
+    return value if ok and isinstance(value, str) else None
 
 
 def _on_signals(task: asyncio.Future[str]) -> list[str]:

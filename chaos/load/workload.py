@@ -100,6 +100,9 @@ class LoadTarget:
     # the run's tag, the first 8 hex digits of each UUID-shaped request id (chaos.model.request_ids.run_tag); None:
     # one from the seed alone
     run_tag: int | None = None
+    # the run's W3C trace id (32 hex digits, chaos.model.trace_ids): each request then sends a ``traceparent``
+    # naming its stream's span under it (``--otlp``); None: no traceparent is sent
+    trace_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -35,11 +35,14 @@ __all__ = [
     "ClientRule",
     "FaultAccount",
     "HaltSpec",
+    "LeverSpec",
+    "PromAlert",
     "HopInfo",
     "ProxyInfo",
     "Reach",
     "RunContext",
     "SafetySpec",
+    "StopSource",
     "Scene",
     "TargetInfo",
 ]
@@ -152,6 +155,54 @@ class HaltSpec:
 
 
 @dataclass(frozen=True)
+class PromAlert:
+    """One expression of a krkn alert profile (``safety.stop_when[].alerts``): it fires while the PromQL
+    ``expr`` returns a series (or a non-zero scalar). ``severity``: ``critical`` halts the run and
+    reverts its faults (and refuses to start it), ``error`` fails the run (a ``stop_when`` verdict),
+    ``warning`` is recorded. ``description`` may hold ``{{$value}}`` and ``{{$labels.NAME}}``."""
+
+    expr: str
+    severity: str = "critical"  # critical | error | warning
+    description: str = ""
+    where: str = ""  # the key path it was read from (``safety.stop_when[0].alerts[1]``), for messages
+
+
+@dataclass(frozen=True)
+class StopSource:
+    """One ``safety.stop_when`` entry: a signal of the fleet's own, read before the run starts and every
+    ``every`` seconds while it runs (``chaos.fleet.stop_when``).
+
+    ``source``: ``prometheus`` (``alerts`` evaluated as instant queries against ``url``) or
+    ``alertmanager`` (an active, unsilenced alert matching every one of ``matchers`` halts).
+    """
+
+    source: str  # prometheus | alertmanager
+    url: str  # the server's root (prometheus_url / alertmanager_url in the YAML)
+    every: float = 5.0  # seconds between reads while the run runs
+    alerts: tuple[PromAlert, ...] = ()  # prometheus
+    matchers: tuple[str, ...] = ()  # alertmanager: label matchers, e.g. 'severity=~"critical|page"'
+    bearer_token_env: str | None = None  # the variable holding a bearer token sent with each read
+    timeout: float = 3.0  # seconds one read may take
+    unreachable_halt: float = 30.0  # no answer for this long while the run runs halts it (0: never)
+    name: str = ""  # how messages call it (defaults to the source)
+    where: str = ""  # the key path it was read from (``safety.stop_when[0]``)
+
+
+@dataclass(frozen=True)
+class LeverSpec:
+    """``safety.lever``: the fleet-wide stop switch (``chaos.fleet.lever``), checked before every run
+    starts and every ``every`` seconds while it runs. The host file is always checked; a Kubernetes
+    ConfigMap too when ``namespace`` is set."""
+
+    file: str | None = None  # None: $STREAMCHAOS_LEVER_FILE, else chaos.fleet.lever.DEFAULT_FILE
+    namespace: str | None = None  # the ConfigMap's namespace (Kubernetes game-days)
+    configmap: str = "streamchaos-lever"
+    kubeconfig: str | None = None  # the API server's kubeconfig and context (None: the usual lookup)
+    context: str | None = None
+    every: float = 1.0  # seconds between checks while the run runs
+
+
+@dataclass(frozen=True)
 class SafetySpec:
     """Bounds that keep a run from harming the machine or running forever."""
 
@@ -164,6 +215,8 @@ class SafetySpec:
     halt_on: tuple[HaltSpec, ...] = ()  # live conditions that stop the run early (chaos.execution.halt)
     halt_on_dead_target: bool = True  # the default condition: the first 20 streams all failed, or >= 95% over 2s
     min_fault_coverage: float = 0.9  # a fault in force for less of its phase's planned time is a run error
+    stop_when: tuple[StopSource, ...] = ()  # the fleet's own signals: Prometheus expressions, Alertmanager alerts
+    lever: LeverSpec = LeverSpec()  # the fleet-wide stop switch
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@
     ├── ExperimentInvalid        the experiment file (or a CLI argument) is wrong; nothing was touched
     ├── TargetNotAllowed         safety.allowed_targets does not allow what the run would act on; nothing was touched
     ├── SetupFailed              the stack, proxy or scraper could not be brought up
-    │   └── TargetUnreachable    the system under test does not answer
+    │   ├── TargetUnreachable    the system under test does not answer
+    │   └── FleetSignalError     a fleet signal (Prometheus, Alertmanager, the lever's ConfigMap) could not be read
+    ├── RunRefused               the fleet says not now (the lever is engaged, a stop condition holds); nothing touched
     ├── FaultError               a fault could not act or could not be undone
     │   ├── FaultUnsupported     this environment cannot run the fault (no NVML, no docker, ...)
     │   ├── FaultPermissionDenied the fault needs privileges this process lacks
@@ -30,9 +32,11 @@ __all__ = [
     "FaultRefused",
     "FaultRevertFailed",
     "FaultUnsupported",
+    "FleetSignalError",
     "Problem",
     "ReportWriteFailed",
     "RollbackInProgress",
+    "RunRefused",
     "SetupFailed",
     "TargetNotAllowed",
     "TargetUnreachable",
@@ -100,6 +104,25 @@ class SetupFailed(ChaosError):
 
 class TargetUnreachable(SetupFailed):
     """The system under test did not answer at the address given."""
+
+
+class FleetSignalError(SetupFailed):
+    """A fleet signal the run must watch (``safety.stop_when``, ``safety.lever``) could not be read, or its
+    server rejected the query; the message names the source, the URL and what it answered.
+
+    ``rejected``: the server answered and refused the query itself (a PromQL syntax error, a bad matcher):
+    the experiment is wrong, not the fleet."""
+
+    def __init__(self, message: str, *, rejected: bool = False) -> None:
+        super().__init__(message)
+        self.rejected = rejected
+
+
+class RunRefused(ChaosError):
+    """The run was not started: the fleet lever is engaged, or a ``safety.stop_when`` condition holds
+    already. Nothing was touched; exit 4 (the run could not be carried out), the message says who and why."""
+
+    exit_code = 4
 
 
 class FaultError(ChaosError):

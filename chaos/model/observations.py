@@ -427,6 +427,7 @@ class TapRecord:
     down_end: str = "none"
     faults: list[str] = field(default_factory=list)  # the names of the rules that acted on this request
     wire_id: str | None = None  # the X-Request-Id as sent, where ``request_id`` is the record id it stood for
+    traceparent: str | None = None  # the request's W3C traceparent as it reached the hop (``--otlp``; None: none)
 
 
 Record = StreamRecord | MetricSample | FaultEvent | PhaseWindow | Note | TapRecord

@@ -213,6 +213,7 @@ def report_dict(result: Result) -> dict[str, Any]:
         # per phase: the prefix cache's hit rate, TTFT's time queued and in prefill (the engine's counters)
         "engine_phases": engine_phases(obs),
         "halt": halt_facts(obs),
+        "fleet": fleet_facts(obs),
         # each entry's parameters, parsed: what the report's CDFs rebuild its spec from (``spec.samples``)
         "sla": [{"name": e.name, "kind": e.kind, "params": e.spec.params} for e in result.experiment.sla],
         "verdicts": [v.to_dict() for v in result.verdicts],
@@ -285,10 +286,23 @@ def host_summary(obs: Observations) -> dict[str, Any] | None:
     }
 
 
+def fleet_facts(obs: Observations) -> dict[str, Any]:
+    """What the fleet's own signals said (``chaos.fleet``): the levers checked and how often, each
+    ``safety.stop_when`` alert seen firing or resolving (with its value), and each source's reads."""
+    lever = obs.notes_on("lever")
+    watch = obs.notes_on("lever_watch")
+    return {
+        "lever": {**(dict(lever[-1].data) if lever else {}), **({"watch": dict(watch[-1].data)} if watch else {})},
+        "stop_when": [{**n.data, "at_s": round((n.t - obs.t0) / 1e9, 4)} for n in obs.notes_on("stop_when")],
+        "stop_when_reads": [dict(n.data) for n in obs.notes_on("stop_when_watch")],
+    }
+
+
 def halt_facts(obs: Observations) -> dict[str, Any] | None:
-    """Why a halt condition stopped the run, and the top error messages then, when one did."""
+    """Why a halt condition stopped the run, when (``at_s``, from the run's start), and the top error
+    messages then, when one did."""
     notes = obs.notes_on("halt")
-    return dict(notes[-1].data) if notes else None
+    return {**notes[-1].data, "at_s": round((notes[-1].t - obs.t0) / 1e9, 4)} if notes else None
 
 
 def _junit(result: Result) -> ET.ElementTree:

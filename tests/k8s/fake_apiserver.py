@@ -110,6 +110,7 @@ KINDS = [
     Kind("", "v1", "pods", "Pod"),
     Kind("", "v1", "services", "Service"),
     Kind("", "v1", "serviceaccounts", "ServiceAccount"),
+    Kind("", "v1", "configmaps", "ConfigMap"),
     Kind("apps", "v1", "deployments", "Deployment"),
     Kind("apps", "v1", "replicasets", "ReplicaSet"),
     Kind("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget"),
@@ -174,6 +175,22 @@ def invalid(kind: Kind, name: str, field_path: str, message: str) -> ApiError:
     return ApiError(422, "Invalid", f'{kind.kind} "{name}" is invalid: {field_path}: {message}',
                     {"name": name, "group": kind.group, "kind": kind.kind,
                      "causes": [{"reason": "FieldValueInvalid", "message": message, "field": field_path}]})
+
+
+def check_configmap(kind: Kind, name: str, body: dict[str, Any]) -> None:
+    """What a real API server refuses in a ConfigMap: a value that is not a string (400: the body cannot be
+    decoded) and a key that is not ``[-._a-zA-Z0-9]+`` (422)."""
+    for field_name in ("data", "binaryData"):
+        values = body.get(field_name) or {}
+        if not isinstance(values, dict):
+            raise ApiError(400, "BadRequest", f"json: cannot unmarshal into Go struct field ConfigMap.{field_name}")
+        for key, value in values.items():
+            if not isinstance(value, str):
+                raise ApiError(400, "BadRequest", f"json: cannot unmarshal {type(value).__name__} into Go struct "
+                               f"field ConfigMap.{field_name} of type string")
+            if not re.fullmatch(r"[-._a-zA-Z0-9]+", key) or len(key) > 253:
+                raise invalid(kind, name, f"{field_name}[{key}]", f'Invalid value: "{key}": a valid config key must '
+                              "consist of alphanumeric characters, '-', '_' or '.'")
 
 
 # --- label selectors -----------------------------------------------------------------------------------
@@ -416,7 +433,8 @@ class Store:
         if kind.plural in ("deployments", "replicasets", "poddisruptionbudgets"):
             meta["generation"] = 1
         meta.pop("deletionTimestamp", None)
-        obj.setdefault("status", {})
+        if kind.plural != "configmaps":  # a ConfigMap has no status
+            obj.setdefault("status", {})
         self.objects[key] = obj
         self._emit("ADDED", kind, obj)
         return obj
@@ -1189,6 +1207,8 @@ class Cluster:
             raise invalid(kind, name, "spec", "Invalid value: minAvailable and maxUnavailable cannot be both set")
         if kind.plural == "pods":
             body.setdefault("status", {"phase": "Pending"})
+        if kind.plural == "configmaps":
+            check_configmap(kind, name, body)
         return self.store.create(kind, ns, body)
 
     def delete(self, kind: Kind, obj: dict[str, Any], query: Any, body: dict[str, Any]) -> web.Response:
@@ -1240,6 +1260,19 @@ class Cluster:
                                f"application/merge-patch+json, application/strategic-merge-patch+json (got {ctype})")
         meta = obj["metadata"]
         before = json.dumps(obj.get("spec"), sort_keys=True)
+        if kind.plural == "configmaps":  # no spec: the body is the object (a PUT without data empties it)
+            check_configmap(kind, meta["name"], new)
+            for key in ("data", "binaryData", "immutable"):
+                if key in new:
+                    obj[key] = new[key]
+                elif verb == "update":
+                    obj.pop(key, None)
+            for key in ("labels", "annotations"):
+                if key in (new.get("metadata") or {}):
+                    meta[key] = new["metadata"][key]
+                elif verb == "update":
+                    meta.pop(key, None)
+            return self.store.update(kind, obj)
         if status_only:
             obj["status"] = new.get("status", {})
         else:

@@ -105,6 +105,8 @@ class Exchange:
         self.request_id = rid.decode("latin-1") if rid else None
         self.tap = Tap(hop.name, hop.requests, self.request_id, request.target.decode("latin-1"), now,
                        hop.max_events)
+        if (trace := _header(request.headers, b"traceparent")) is not None:
+            self.tap.traceparent = trace.decode("latin-1")[:64]
         self.h2: H2Side | None = writer.get_extra_info("h2_stream")  # an HTTP/2 stream of h2front, or None
         self.rules = RequestRules(hop.rules.values(), self.request_id, hop.requests, hop.in_flight,
                                   http2=self.h2 is not None)

@@ -27,7 +27,7 @@ class Tap:
     __slots__ = ("hop", "seq", "request_id", "target", "t_accept", "t_upstream_open", "t_upstream_head", "t_end",
                  "t_client_gone", "t_upstream_closed", "status_up", "status_down", "headers_up", "headers_down",
                  "up", "down", "dropped_up", "dropped_down", "bytes_up", "bytes_down", "reads_up", "up_end",
-                 "down_end", "faults", "max_events")
+                 "down_end", "faults", "traceparent", "max_events")
 
     def __init__(self, hop: str, seq: int, request_id: str | None, target: str, t_accept: int,
                  max_events: int) -> None:
@@ -49,6 +49,7 @@ class Tap:
         self.bytes_up = self.bytes_down = self.reads_up = 0
         self.up_end = self.down_end = "none"
         self.faults: list[str] = []
+        self.traceparent: str | None = None  # the request's W3C traceparent as it reached the hop (the load's --otlp)
         self.max_events = max_events
 
     def event_up(self, t_ns: int, kind: str, digest: str) -> None:
