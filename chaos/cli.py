@@ -472,11 +472,14 @@ def _cmd_result_format(args: argparse.Namespace) -> int:
     from chaos.output.llmd_report import llmd_report, llmd_reports
 
     run_dir, obs = _run_observations(args)
-    header = next((b for b in iter_journal(run_dir / "journal.jsonl") if b.get("type") == "run"), {})
+    records = [b for b in iter_journal(run_dir / "journal.jsonl") if b.get("type") in ("run", "end")]
+    header = next((b for b in records if b.get("type") == "run"), {})
+    end = next((b for b in records if b.get("type") == "end"), None)
     run_id = str(header.get("run_id", ""))
     out: Any
-    if args.as_ == "aiperf":
-        out = aiperf_export(obs, args.phase, run_id)
+    if args.as_ == "aiperf":  # halted, interrupted or never closed: AIPerf's was_cancelled
+        cancelled = end is None or end.get("status") in ("halted", "interrupted")
+        out = aiperf_export(obs, args.phase, run_id, cancelled=cancelled)
     else:
         load = load_experiment(run_dir / "experiment.yaml").load if (run_dir / "experiment.yaml").is_file() else None
         out = llmd_report(obs, args.phase, load, run_id) if args.phase else llmd_reports(obs, load, run_id)

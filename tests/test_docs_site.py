@@ -24,7 +24,8 @@ PAGES = ("getting-started", "concepts", "targets", "kubernetes", "safety", "game
          "experiments", "reports", "ci", "faults", "slas", "support", "contracts", "api", "measured", "architecture",
          "security", "cli", "troubleshooting", "dev", "dev/fault", "dev/report-panel", "measured/engine",
          "measured/vllm", "measured/proxy", "measured/load-generator", "measured/through-a-run",
-         "measured/long-streams", "measured/docker", "measured/test-suite", "measured/soak")
+         "measured/long-streams", "measured/docker", "measured/test-suite", "measured/soak", "fleet-signals", "lever",
+         "result-formats", "github-action", "opentelemetry", "chaostoolkit", "grafana")
 GLOSSARY = ("Phase window", "Population", "End rule", "Censored", "Goodput", "Fluidity", "Injection", "Reach")
 
 

@@ -214,7 +214,7 @@ class HaltWatcher:
     halted or finished.
     """
 
-    def __init__(self, safety: SafetySpec, halt: Callable[[str], None], emit: Callable[[Note], None],
+    def __init__(self, safety: SafetySpec, halt: Callable[[str], object], emit: Callable[[Note], None],
                  clock: Callable[[], int] = time.monotonic_ns) -> None:
         self.safety = safety
         self.halt = halt

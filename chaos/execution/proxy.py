@@ -320,7 +320,7 @@ async def start_proxy(experiment: Experiment, target: TargetInfo, run_dir: Path,
 
 
 @contextlib.asynccontextmanager
-async def watching_proxy(info: ProxyInfo, halt: Callable[[str], None],
+async def watching_proxy(info: ProxyInfo, halt: Callable[[str], object],
                          emit: Callable[[Any], None]) -> AsyncIterator[None]:
     """While entered, the run's proxy is read back every ``WATCH_EVERY_S``: on a change the run did not
     make, a ``halt`` note with the differences and ``halt`` (the runner reverts its faults and ends
@@ -348,7 +348,7 @@ async def _changes(api: ToxiproxyAPI, info: ProxyInfo, ledger: ProxyLedger) -> l
     return ledger.differences(seen)
 
 
-async def _watch(info: ProxyInfo, halt: Callable[[str], None], emit: Callable[[Any], None],
+async def _watch(info: ProxyInfo, halt: Callable[[str], object], emit: Callable[[Any], None],
                  counts: dict[str, int]) -> None:
     api = ToxiproxyAPI(info.api_url, info.token)
     while True:

@@ -225,16 +225,18 @@ class Runner:
             outcome = _Outcome("failed", 4, "; ".join(self.revert_errors))
         return outcome
 
-    def halt(self, reason: str) -> None:
+    def halt(self, reason: str) -> bool:
         """Stop the run early because a safety condition tripped: revert, tear down, end ``halted``.
 
-        For run listeners that watch the run (halt conditions); safe to call more than once.
+        For run listeners that watch the run (halt conditions); safe to call more than once. False when
+        it came too late to act (the run already stopping, or in teardown): a watcher then records no halt.
         """
         if self.cleaning or self._stopped() is not None:
-            return
+            return False
         self.halted = reason
         self._stage("halt", f"halting: {reason}")
         self._stop_work()
+        return True
 
     def interrupt(self, name: str) -> None:
         """Stop the run as a signal would (``interrupted``); for a caller that owns the signal itself
@@ -427,8 +429,8 @@ class Runner:
         self._stage("fleet", "reading the fleet's stop signals: " + ", ".join(
             f"{s.name} ({s.url})" for s in safety.stop_when))
         toks = tokens(safety.stop_when)
-        await refuse_if_firing(safety.stop_when, toks, emit)
-        await resources.enter_async_context(watching_stop_when(safety.stop_when, toks, self.halt, emit))
+        already = await refuse_if_firing(safety.stop_when, toks, emit)
+        await resources.enter_async_context(watching_stop_when(safety.stop_when, toks, self.halt, emit, already))
 
     def _raise_open_files(self) -> None:
         """The open-file limit the load needs, before the target, proxy and load processes start

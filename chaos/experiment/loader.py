@@ -958,9 +958,9 @@ def _stop_when(ctx: _Context, raw: object, path: KeyPath) -> tuple[StopSource, .
         values = _parse(ctx, data, spath, sections.STOP_WHEN[source], extra=("alerts",))
         url_key = f"{source}_url"
         url = values.pop(url_key, None)
-        if isinstance(url, str) and not re.match(r"https?://[^/\s]+", url):
-            ctx.add(spath + (url_key,),
-                    f"expected an http:// or https:// URL such as http://prometheus:9090, found {url!r}")
+        if isinstance(url, str) and (why := _url_problem(url)):
+            ctx.add(spath + (url_key,), f"{why}: expected an http:// or https:// URL such as "
+                    f"http://prometheus:9090, found {url!r}")
         alerts: tuple[PromAlert, ...] = ()
         if source == "prometheus":
             alerts = _prom_alerts(ctx, data, values.pop("profile", None), spath)
@@ -970,8 +970,29 @@ def _stop_when(ctx: _Context, raw: object, path: KeyPath) -> tuple[StopSource, .
         _matchers(ctx, values["matchers"], spath + ("matchers",))
         values.update(url=str(url), alerts=alerts, name=values.get("name") or f"{source}[{i}]",
                       where=render_path(spath))
+        if any(other.name == values["name"] for other in out):  # notes, halts and verdicts are told apart by it
+            ctx.add(spath + ("name",), f"duplicate name {values['name']!r}: each fleet signal needs its own")
+            continue
         out.append(StopSource(**_fields(values, StopSource)))
     return tuple(out)
+
+
+def _url_problem(url: str) -> str | None:
+    """What is wrong with a server's URL (scheme, host, port, characters), or None. Pure."""
+    from urllib.parse import urlsplit
+
+    if any(c.isspace() or ord(c) < 32 for c in url):
+        return "it holds a space or a control character"
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises ValueError out of 0-65535
+    except ValueError as exc:
+        return f"it cannot be read ({exc})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "no http(s) scheme or no host"
+    if port == 0:
+        return "port 0"
+    return None
 
 
 def _prom_alerts(ctx: _Context, data: dict[str, Any], profile: str | None, path: KeyPath) -> tuple[PromAlert, ...]:

@@ -386,7 +386,7 @@ async def refuse_if_engaged(spec: LeverSpec) -> list[LeverState]:
 
 
 @contextlib.asynccontextmanager
-async def watching_lever(spec: LeverSpec, halt: Callable[[str], None],
+async def watching_lever(spec: LeverSpec, halt: Callable[[str], bool | None],
                          emit: Callable[[Any], None]) -> AsyncIterator[None]:
     """While entered, every lever ``spec`` names is read every ``spec.every`` seconds (the file and the
     ConfigMap each on its own loop: a slow API server never delays the file). When one is engaged: a
@@ -413,7 +413,7 @@ async def watching_lever(spec: LeverSpec, halt: Callable[[str], None],
 class _Watch:
     """The watch's loops and counts (one per ``watching_lever``)."""
 
-    def __init__(self, spec: LeverSpec, halt: Callable[[str], None], emit: Callable[[Any], None]) -> None:
+    def __init__(self, spec: LeverSpec, halt: Callable[[str], bool | None], emit: Callable[[Any], None]) -> None:
         self.spec, self._halt, self.emit = spec, halt, emit
         self.path = lever_file(spec)
         self.where = [f"file {self.path}"] + ([_where(spec)] if spec.namespace else [])
@@ -469,6 +469,7 @@ class _Watch:
         if self.halted:
             return
         self.halted = True
-        self.emit(Note(topic="halt", t=time.monotonic_ns(), data={"reason": why, "top_errors": [], "lever": lever}))
-        self._halt(why)
+        t = time.monotonic_ns()
+        if self._halt(why) is not False:  # taken: the run stops for it (not one already stopping or in teardown)
+            self.emit(Note(topic="halt", t=t, data={"reason": why, "top_errors": [], "lever": lever}))
 

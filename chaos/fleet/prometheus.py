@@ -69,8 +69,11 @@ async def http_get(source: str, url: str, params: Any, *, token: str | None, tim
                 response = await client.get(url, params=params, headers=headers)
     except TimeoutError:
         raise FleetSignalError(f"{source} at {url} did not answer within {timeout_s:g}s") from None
-    except httpx.HTTPError as exc:
-        raise FleetSignalError(f"{source} at {url} could not be reached: {type(exc).__name__}: {exc}") from exc
+    except (httpx.HTTPError, httpx.InvalidURL, OSError, ValueError) as exc:
+        raise FleetSignalError(f"{source} at {url} could not be reached: {type(exc).__name__}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - anyio's ExceptionGroup (a port out of range), h11's header errors:
+        # a safety read that fails is a signal not seen, said as such, never a traceback
+        raise FleetSignalError(f"{source} at {url} could not be read: {type(exc).__name__}: {exc}") from None
     if response.status_code in (401, 403):
         raise FleetSignalError(f"{source} at {url} answered {response.status_code}, unauthorized: check the bearer "
                                f"token variable ({_snippet(response.content) or 'no body'})")

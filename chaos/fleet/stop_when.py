@@ -88,18 +88,22 @@ class Reading:
 
 
 def tokens(sources: Sequence[StopSource], environ: Mapping[str, str] = os.environ) -> dict[str, str | None]:
-    """Each source's bearer token from its variable, by source name; a variable that is not set is a
-    usage error before anything is touched (exit 2)."""
+    """Each source's bearer token from its variable, by the source's key path (``where``: unique where
+    names need not be); a variable that is not set is a usage error before anything is touched (exit 2).
+    Each token is registered with the redactor, so no message or file of the run carries it."""
+    from chaos.host.redact import register_secret
+
     out: dict[str, str | None] = {}
     for source in sources:
         if source.bearer_token_env is None:
-            out[source.name] = None
+            out[source.where] = None
             continue
         value = environ.get(source.bearer_token_env, "").strip()
         if not value:
             raise UsageError(f"{source.where}.bearer_token_env: the environment variable {source.bearer_token_env} "
                              "is not set (or empty); export it before the run")
-        out[source.name] = value
+        register_secret(value)
+        out[source.where] = value
     return out
 
 
@@ -158,13 +162,14 @@ def _rejected(source: StopSource, exc: FleetSignalError) -> ExperimentInvalid:
 
 
 async def refuse_if_firing(sources: Sequence[StopSource], toks: Mapping[str, str | None],
-                           emit: Callable[[Any], None]) -> None:
+                           emit: Callable[[Any], None]) -> list[Reading]:
     """Read every source once before the run touches anything: a halting alert firing refuses the run
     (``RunRefused``), a source that does not answer refuses it too (``FleetSignalError``), a rejected
     expression or matcher is the experiment's mistake (``ExperimentInvalid``). What was read is
     noted (``stop_when`` notes, ``before_start``): an ``error`` alert already firing fails the run's
-    verdict for it, and the note says it fired before the run."""
-    readings = await asyncio.gather(*(_read_or_reject(s, toks.get(s.name)) for s in sources))
+    verdict for it, and the note says it fired before the run. Returns the readings, which the watch
+    starts from (an alert firing already is not noted as starting again)."""
+    readings = await asyncio.gather(*(_read_or_reject(s, toks.get(s.where)) for s in sources))
     unanswered = [r for r in readings if r.error is not None]
     if unanswered:
         raise FleetSignalError("safety.stop_when: the run is not started without its stop signals: " + "; ".join(
@@ -177,6 +182,7 @@ async def refuse_if_firing(sources: Sequence[StopSource], toks: Mapping[str, str
     if halting:
         raise RunRefused("safety.stop_when: not started while the fleet says stop: "
                          + "; ".join(f.reason() for f in halting[:5]))
+    return list(readings)
 
 
 async def _read_or_reject(source: StopSource, token: str | None) -> Reading:
@@ -188,13 +194,17 @@ async def _read_or_reject(source: StopSource, token: str | None) -> Reading:
 
 @contextlib.asynccontextmanager
 async def watching_stop_when(sources: Sequence[StopSource], toks: Mapping[str, str | None],
-                             halt: Callable[[str], None], emit: Callable[[Any], None],
-                             already: Sequence[Firing] = ()) -> AsyncIterator[None]:
-    """While entered, each source is read every ``every`` seconds: a halting alert emits a ``halt``
-    note (source, what, value) and calls ``halt`` once; alerts starting or stopping to fire are
-    noted; ``unreachable_halt`` seconds without an answer halt too. On exit, one ``stop_when_watch``
-    note per source with its counts."""
-    watches = [_Watch(s, toks.get(s.name), halt, emit) for s in sources]
+                             halt: Callable[[str], bool | None], emit: Callable[[Any], None],
+                             already: Sequence[Reading] = ()) -> AsyncIterator[None]:
+    """While entered, each source is read every ``every`` seconds: a halting alert calls ``halt`` once
+    and, when the run took it (``halt`` returned anything but False: not already stopping or in
+    teardown), emits a ``halt`` note (source, what, value); alerts starting or stopping to fire are
+    noted; ``unreachable_halt`` seconds without an answer halt too. ``already``: the readings before the
+    run (``refuse_if_firing``), which the watch starts from. On exit, a source with ``error`` alerts is
+    read once more (the run's last moments count for their verdict), then one ``stop_when_watch`` note
+    per source with its counts."""
+    before = {r.source.where: r for r in already}
+    watches = [_Watch(s, toks.get(s.where), halt, emit, before.get(s.where)) for s in sources]
     tasks = [asyncio.create_task(w.run(), name=f"stop-when-{w.source.name}") for w in watches]
     try:
         yield
@@ -204,6 +214,7 @@ async def watching_stop_when(sources: Sequence[StopSource], toks: Mapping[str, s
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await asyncio.gather(*(w.last_read() for w in watches if w.judges))
         for w in watches:
             emit(Note(topic="stop_when_watch", t=time.monotonic_ns(), data=w.counts()))
 
@@ -211,11 +222,12 @@ async def watching_stop_when(sources: Sequence[StopSource], toks: Mapping[str, s
 class _Watch:
     """One source's reads while the run runs."""
 
-    def __init__(self, source: StopSource, token: str | None, halt: Callable[[str], None],
-                 emit: Callable[[Any], None]) -> None:
+    def __init__(self, source: StopSource, token: str | None, halt: Callable[[str], bool | None],
+                 emit: Callable[[Any], None], before: Reading | None = None) -> None:
         self.source, self.token, self.halt, self.emit = source, token, halt, emit
-        self.reads = self.unanswered = 0
-        self.firing: dict[str, Firing] = {}  # by key: what fired in the last read
+        self.reads = self.unanswered = 0  # while the run ran (the read before it is not counted)
+        # by key: what fired in the last read, from the read before the run on
+        self.firing: dict[str, Firing] = {_key(f): f for f in (before.firing if before is not None else ())}
         self.last_answer = time.monotonic()
         self.halted = False
         self.last_error: str | None = None
@@ -226,6 +238,20 @@ class _Watch:
                 "every_s": self.source.every, "reads": self.reads, "unanswered": self.unanswered,
                 "slowest_read_s": round(self.slowest_read_s, 4), "last_error": self.last_error,
                 "halted": self.halted}
+
+    @property
+    def judges(self) -> bool:
+        """Whether an ``error`` alert of this source gets a verdict (``stop_when_verdicts``)."""
+        return any(a.severity == FAILS for a in self.source.alerts)
+
+    async def last_read(self) -> None:
+        """One more read as the watch ends, noted but acting on nothing: the run is over."""
+        with contextlib.suppress(Exception):  # noqa: BLE001 - a last look that cannot be had decides nothing
+            async with asyncio.timeout(self.source.timeout + 1.0):
+                reading = await read_source(self.source, self.token)
+            if reading.error is None:
+                self.reads += 1
+                self._note_changes(reading)
 
     async def run(self) -> None:
         while not self.halted:
@@ -256,7 +282,16 @@ class _Watch:
                        {"source": self.source.name, "error": str(error), "silent_s": round(quiet, 3)})
 
     def _seen(self, reading: Reading) -> None:
-        now = {f.key + repr(sorted(f.labels.items())): f for f in reading.firing}
+        self._note_changes(reading)
+        halting = [f for f in reading.firing if f.severity == HALTS]
+        if halting:
+            self._halt("the fleet says stop: " + "; ".join(f.reason() for f in halting[:3]),
+                       {"source": self.source.name, "firing": [f.to_dict() for f in halting[:5]],
+                        "t_wall": reading.t_wall})
+
+    def _note_changes(self, reading: Reading) -> None:
+        """A ``stop_when`` note for each alert that started or stopped firing since the last read."""
+        now = {_key(f): f for f in reading.firing}
         for key, firing in now.items():
             if key not in self.firing:
                 self.emit(Note(topic="stop_when", t=time.monotonic_ns(),
@@ -268,29 +303,31 @@ class _Watch:
                                data={**firing.to_dict(), "state": "resolved", "before_start": False,
                                      "t_wall": reading.t_wall}))
         self.firing = now
-        halting = [f for f in reading.firing if f.severity == HALTS]
-        if halting:
-            self._halt("the fleet says stop: " + "; ".join(f.reason() for f in halting[:3]),
-                       {"source": self.source.name, "firing": [f.to_dict() for f in halting[:5]],
-                        "t_wall": reading.t_wall})
 
     def _halt(self, why: str, data: dict[str, Any]) -> None:
         if self.halted:
             return
         self.halted = True
-        self.emit(Note(topic="halt", t=time.monotonic_ns(), data={"reason": why, "top_errors": [], "stop_when": data}))
-        self.halt(why)
+        t = time.monotonic_ns()
+        if self.halt(why) is not False:  # taken: the run stops for it (not one already stopping or in teardown)
+            self.emit(Note(topic="halt", t=t, data={"reason": why, "top_errors": [], "stop_when": data}))
+
+
+def _key(firing: Firing) -> str:
+    """One alert across reads: its expression or fingerprint and its labels."""
+    return firing.key + repr(sorted(firing.labels.items()))
 
 
 def stop_when_verdicts(sources: Sequence[StopSource], obs: Observations) -> list[Verdict]:
     """One ``stop_when`` verdict per ``error``-severity alert: ``fail`` when any read saw it firing
-    (before the run too: the evidence says so), ``pass`` when the source answered and it never fired,
-    ``inconclusive`` when the source never answered a read. Pure."""
+    (before the run too: the evidence says so), ``pass`` when the source answered at least one read
+    while the run ran (or the one as it ended) and it never fired, ``inconclusive`` when none answered
+    (a source that went silent after the read before the run decides nothing about the run). Pure."""
     notes = obs.notes_on("stop_when")
     watched = {n.data.get("source"): n.data for n in obs.notes_on("stop_when_watch")}
     out: list[Verdict] = []
     for source in sources:
-        reads = int((watched.get(source.name) or {}).get("reads", 0)) + 1  # the read before the run answered
+        reads = int((watched.get(source.name) or {}).get("reads", 0))  # while the run ran, and as it ended
         for alert in source.alerts:
             if alert.severity != FAILS:
                 continue

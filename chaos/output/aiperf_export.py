@@ -53,8 +53,11 @@ def _iso(obs: Observations, t: int) -> str:
     return datetime.fromtimestamp(obs.wall_t0 + (t - obs.t0) / NS, tz=timezone.utc).isoformat()
 
 
-def aiperf_export(obs: Observations, phase: str | None = None, run_id: str = "") -> dict[str, Any]:
-    """The run (or one phase) as ``profile_export_aiperf.json`` (a plain dict, ready for ``json.dumps``)."""
+def aiperf_export(obs: Observations, phase: str | None = None, run_id: str = "",
+                  cancelled: bool = False) -> dict[str, Any]:
+    """The run (or one phase) as ``profile_export_aiperf.json`` (a plain dict, ready for ``json.dumps``).
+    ``cancelled``: the run did not end as planned (halted, interrupted, or its journal has no end), AIPerf's
+    ``was_cancelled``."""
     f = phase_figures(obs, phase)
     per_user = [1e9 / t for t in f.tpot if t > 0]  # tokens/sec/user: 1 / ITL, per request
     metrics: dict[str, dict[str, Any] | None] = {
@@ -91,7 +94,7 @@ def aiperf_export(obs: Observations, phase: str | None = None, run_id: str = "")
     export: dict[str, Any] = {"schema_version": SCHEMA_VERSION,
                               "benchmark_id": f"{run_id or obs.experiment}:{phase or 'run'}"}
     export.update({tag: value for tag, value in metrics.items() if value is not None})
-    export["was_cancelled"] = False
+    export["was_cancelled"] = cancelled
     export["error_summary"] = errors
     if f.t_first_sent is not None:
         export["start_time"] = _iso(obs, f.t_first_sent)

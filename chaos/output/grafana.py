@@ -131,8 +131,13 @@ def check_url(url: str) -> str:
     """``url`` when it is an http(s) URL with a host; ``UsageError`` (exit 2) otherwise."""
     from urllib.parse import urlsplit
 
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError out of 0-65535
+    except ValueError:
+        port = -1
+    if parts.scheme not in ("http", "https") or not parts.hostname or port in (-1, 0) \
+            or any(c.isspace() or ord(c) < 32 for c in url):
         raise UsageError(f"--grafana {url}: expected Grafana's root URL, http:// or https://, e.g. http://grafana:3000")
     return url
 
@@ -158,7 +163,7 @@ def push_annotations(url: str, annotations: Sequence[Mapping[str, Any]], *, toke
         for body in annotations:
             try:
                 response = client.post(endpoint, content=json.dumps(body), headers=headers)
-            except httpx.HTTPError as exc:
+            except Exception as exc:  # noqa: BLE001 - httpx's errors, anyio's ExceptionGroup, h11's: one line, no traceback
                 why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 raise ReportWriteFailed(f"Grafana at {url} could not be reached ({why})"
                                         + _so_far(ids, annotations)) from None

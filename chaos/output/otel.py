@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +56,16 @@ DEFAULT_SERVICE = "streamchaos"
 FIRST_TOKEN_EVENT = "streamchaos.first_token"  # the conventions name no event for it (only an attribute)
 FAULT_EVENT = "streamchaos.fault"
 SPAN_BATCH = 512  # spans per OTLP request: far below the exporter's 64 MiB request limit
+
+
+def _timeout_s(signal: str) -> float:
+    """The export timeout the SDK reads for ``signal`` (TRACES, METRICS), in seconds (default 10)."""
+    for name in (f"OTEL_EXPORTER_OTLP_{signal}_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"):
+        try:
+            return float(os.environ[name])
+        except (KeyError, ValueError):
+            continue
+    return 10.0
 # the semantic conventions' ExplicitBucketBoundaries advice for these metrics (gen-ai-metrics.md)
 DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
 TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
@@ -510,7 +522,14 @@ def export(spans: Sequence[SpanPlan], points: Sequence[Point], trace_id: str, *,
         outcome.endpoints = {"traces": str(getattr(span_exporter, "_endpoint", "")),
                              "metrics": str(getattr(metric_exporter, "_endpoint", ""))}
         readable = to_readable(spans, trace_id, resource)
+        # one deadline for all the span batches (each batch alone may take the exporter's whole timeout)
+        budget_s = _timeout_s("TRACES")
+        started = time.monotonic()
         for i in range(0, len(readable), SPAN_BATCH):
+            if i and time.monotonic() - started > budget_s:
+                outcome.errors.append(f"spans: stopped after {outcome.spans} of {len(readable)}: the export took "
+                                      f"longer than {budget_s:g}s (OTEL_EXPORTER_OTLP_TIMEOUT)")
+                break
             if span_exporter.export(readable[i:i + SPAN_BATCH]) is not SpanExportResult.SUCCESS:
                 outcome.errors.append(_failure("spans", outcome.endpoints["traces"], captured.lines))
                 break

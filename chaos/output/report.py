@@ -302,7 +302,8 @@ def halt_facts(obs: Observations) -> dict[str, Any] | None:
     """Why a halt condition stopped the run, when (``at_s``, from the run's start), and the top error
     messages then, when one did."""
     notes = obs.notes_on("halt")
-    return {**notes[-1].data, "at_s": round((notes[-1].t - obs.t0) / 1e9, 4)} if notes else None
+    # the first: the one that stopped the run (a later condition found the run already stopping)
+    return {**notes[0].data, "at_s": round((notes[0].t - obs.t0) / 1e9, 4)} if notes else None
 
 
 def _junit(result: Result) -> ET.ElementTree:

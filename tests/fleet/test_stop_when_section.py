@@ -74,3 +74,16 @@ def test_a_lever_configmap_is_in_the_runs_role() -> None:
                                        "sla": [{"kind": "errors", "budget": "1%"}]})
     (rule,) = experiment_rules(experiment)
     assert (rule.resource, rule.verbs, rule.names) == ("configmaps", ("get",), ("stop",))
+
+
+@pytest.mark.parametrize("url", ["http://prom:99999", "prom:9090", "http://", "http://pr om:9090"])
+def test_a_url_that_cannot_be_reached_is_located(url: str) -> None:
+    with pytest.raises(ExperimentInvalid, match=r"safety\.stop_when\[0\]\.prometheus_url"):
+        _safety(stop_when=[{"source": "prometheus", "prometheus_url": url, "alerts": [{"expr": "up"}]}])
+
+
+def test_two_signals_may_not_share_a_name() -> None:
+    with pytest.raises(ExperimentInvalid, match=r"stop_when\[1\]\.name.*duplicate name 'fleet'"):
+        _safety(stop_when=[
+            {"source": "prometheus", "name": "fleet", "prometheus_url": "http://a", "alerts": [{"expr": "up"}]},
+            {"source": "alertmanager", "name": "fleet", "alertmanager_url": "http://b", "matchers": ["a=b"]}])

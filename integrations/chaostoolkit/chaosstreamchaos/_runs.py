@@ -6,7 +6,11 @@ a time on its own thread, and a run wants signal handlers and an event loop of i
 started in a session of its own, so a Ctrl-C at the terminal reaches the Chaos Toolkit alone, which
 then stops the child with one SIGTERM (a second one would cut the run's teardown short), and with
 ``PR_SET_PDEATHSIG`` (``chaos.host.children.spawn``), so it gets SIGTERM when the process that started
-it is gone, however it went: a background run never outlives its Chaos Toolkit run.
+it is gone, however it went, when the activity runs on the Chaos Toolkit's main thread (the kernel ties
+that signal to the starting thread, so ``spawn`` sets it only there): an activity marked
+``"background": true`` starts its run from a worker thread, and a Chaos Toolkit killed outright then
+leaves it running to its own ``safety.max_duration``. A run this module had to kill is rolled back
+(``streamchaos rollback``) at once.
 """
 
 from __future__ import annotations
@@ -148,8 +152,8 @@ def forget(child: Child) -> None:
 
 
 def _terminate(child: Child, wait_s: float) -> bool:
-    """One SIGTERM (the runner reverts every fault and writes its report), then SIGKILL after ``wait_s``.
-    True when it had to be killed."""
+    """One SIGTERM (the runner reverts every fault and writes its report), then SIGKILL after ``wait_s``
+    and ``streamchaos rollback``. True when it had to be killed."""
     if child.proc.poll() is not None:
         return False
     if not child.terminated:
@@ -161,6 +165,7 @@ def _terminate(child: Child, wait_s: float) -> bool:
     except subprocess.TimeoutExpired:
         child.proc.kill()
         child.proc.wait(10)
+        _rollback(child.run_dir)  # killed mid-revert perhaps: what it left in force is undone from its journal
         return True
 
 
