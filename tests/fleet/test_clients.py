@@ -1,7 +1,7 @@
 """chaos.fleet's clients: the pure readers against written answers, then the calls against a real Prometheus
 2.42, Alertmanager 0.25 and an nginx asking for a bearer token (tests/fleet/servers.py), one of each for the
-module. The Prometheus evaluates one rule, ``vector(1)`` firing at once, sent to the Alertmanager: the last
-test reads it there, which proves the fixtures wire up the real pipeline."""
+module. A rule's alert going from Prometheus to Alertmanager, the whole pipeline, is run by
+tests/fleet/test_stop_when.py, where it halts a run."""
 
 from __future__ import annotations
 
@@ -21,16 +21,6 @@ from tests.fleet.servers import Server, alertmanager, bearer_proxy, prometheus, 
 from tests.thirdparty.servers import free_port
 
 TOKEN = "fleet-token-0123456789"
-RULES = """\
-groups:
-  - name: fleet-tests
-    rules:
-      - alert: AlwaysFiring
-        expr: vector(1)
-        for: 0s
-        labels: {severity: critical, origin: rule}
-        annotations: {summary: "value {{ $value }}"}
-"""
 
 
 def _vector(*series: tuple[dict[str, str], str]) -> bytes:
@@ -182,10 +172,8 @@ def am(fleet_tmp: Path) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="module")
-def prom(fleet_tmp: Path, am: Server) -> Iterator[Server]:
-    """Started with the module: its rule's alert needs ~6 s to reach the Alertmanager (the notifier
-    learns its Alertmanager on discovery's first 5 s tick), time the other tests spend."""
-    with prometheus(fleet_tmp, rules_yaml=RULES, alertmanager_url=am.url, interval_s=0.5) as server:
+def prom(fleet_tmp: Path) -> Iterator[Server]:
+    with prometheus(fleet_tmp, interval_s=0.5) as server:
         yield server
 
 
@@ -249,10 +237,3 @@ async def test_a_bad_matcher_is_rejected_with_alertmanagers_words(am: Server) ->
     with pytest.raises(FleetSignalError, match="regexp") as caught:
         await active_alerts(am.url, ['severity=~"("'])
     assert caught.value.rejected
-
-
-@pytest.mark.slow
-async def test_a_prometheus_rule_reaches_the_alertmanager(prom: Server, am: Server) -> None:
-    alerts = await _wait_for(am.url, ['alertname="AlwaysFiring"', 'origin="rule"'], want=True, within_s=15)
-    assert [(a.name, a.labels["severity"], a.annotations["summary"]) for a in alerts] == [
-        ("AlwaysFiring", "critical", "value 1")], f"no alert in 15 s; Prometheus log {prom.log}"

@@ -69,9 +69,21 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         with alertmanager(tmp / "am") as am, prometheus(
                 tmp / "prom", scrape_targets=[stack.url.split("://", 1)[1].split("/", 1)[0]], rules_yaml=RULES,
                 alertmanager_url=am.url, interval_s=EVERY_S) as prom:
+            _scraping(prom)
             yield Fleet(stack, prom, am)
     finally:
         stack.close()
+
+
+def _scraping(prom: Server, timeout_s: float = 20.0) -> None:
+    """Wait until Prometheus has scraped the stack once (its scrape manager takes up new targets on a 5 s
+    tick: a run begun before then would meet a Prometheus with no data of the stack at all)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if httpx.get(f"{prom.url}/api/v1/query", params={"query": 'up{job="stack"} == 1'}).json()["data"]["result"]:
+            return
+        time.sleep(0.2)
+    pytest.fail(f"Prometheus did not scrape the stack within {timeout_s:g}s (log: {prom.log})")
 
 
 def _discovered(prom: Server, timeout_s: float = 20.0) -> None:
@@ -99,8 +111,9 @@ def _quiet(fleet: Fleet, timeout_s: float = 20.0) -> None:
     pytest.fail("the fleet did not go quiet between runs")
 
 
-SLOWED = [{"name": "baseline", "duration": "500ms"},  # the load starts here: the expression becomes true
-          {"name": "slowed", "duration": "6s",
+# the fault is in force from the phase's start, before the load's first request: whenever the expression
+# becomes true, the halt finds a fault to revert
+SLOWED = [{"name": "slowed", "duration": "6s",
            "faults": [{"kind": "client.slow_reader", "read_delay": "2ms", "fraction": 0.5}]}]
 
 
@@ -167,7 +180,7 @@ def test_error_fails_the_run_and_warning_is_recorded_through_a_bearer_token(
             "bearer_token_env": "TEST_PROM_TOKEN",
             "alerts": [{"expr": RUNNING, "severity": "error", "description": "load on the stack"},
                        {"expr": "vector(1)", "severity": "warning", "description": "always"}]}],
-            phases=[{"name": "load", "duration": "2s"}])
+            phases=[{"name": "load", "duration": "3s"}])
     assert result.status == "completed" and result.exit_code == 1, result.error
     report = _report(result)
     (verdict,) = [v for v in report["verdicts"] if v["sla"] == "stop_when"]
@@ -180,7 +193,7 @@ def test_error_fails_the_run_and_warning_is_recorded_through_a_bearer_token(
 
 
 @pytest.mark.slow
-def test_a_bad_expression_is_the_experiments_mistake_and_a_silent_source_refuses_the_run(
+def test_a_bad_expression_is_the_experiments_mistake_a_firing_or_silent_source_refuses_the_run(
         tmp_path: Path, fleet: Fleet) -> None:
     bad = _run(tmp_path / "bad", fleet, [{
         "source": "prometheus", "prometheus_url": fleet.prometheus.url,
@@ -188,6 +201,11 @@ def test_a_bad_expression_is_the_experiments_mistake_and_a_silent_source_refuses
     assert bad.exit_code == 2, bad.error
     assert "safety.stop_when[0].alerts[0]" in bad.error and "parse error" in bad.error, bad.error
     assert bad.target is None
+    firing = _run(tmp_path / "firing", fleet, [{  # a critical expression true already: not started
+        "source": "prometheus", "prometheus_url": fleet.prometheus.url,
+        "alerts": [{"expr": "vector(3)", "severity": "critical", "description": "{{$value}} pages open"}]}])
+    assert firing.exit_code == 4 and firing.target is None, firing.error
+    assert "not started while the fleet says stop" in firing.error and "3 pages open" in firing.error, firing.error
     silent = _run(tmp_path / "silent", fleet, [{
         "source": "alertmanager", "alertmanager_url": "http://127.0.0.1:9", "timeout": "500ms",
         "matchers": ['severity="critical"']}])

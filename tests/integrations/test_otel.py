@@ -7,6 +7,7 @@ exported. Without ``--otlp`` no traceparent is sent; an OTLP endpoint that is do
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import json
 import os
 import re
@@ -198,16 +199,19 @@ def test_without_otlp_no_traceparent_is_sent_and_a_dead_endpoint_keeps_the_exit_
     exp = _experiment(tmp_path, stack, [{"name": "baseline", "duration": "500ms"},
                                         {"name": "cut", "duration": "500ms", "faults": [CUT]}],
                       [{"kind": "errors", "budget": "0%"}])  # the cut fails it: exit 1
-    off = _cli("run", str(exp), "--out", str(tmp_path / "off"), "--quiet")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # the two runs side by side: half the wall time
+        off_run = pool.submit(_cli, "run", str(exp), "--out", str(tmp_path / "off"), "--quiet")
+        down_run = pool.submit(_cli, "run", str(exp), "--out", str(tmp_path / "down"), "--quiet", "--otlp",
+                               endpoint=dead)
+        off, down = off_run.result(), down_run.result()
     assert off.returncode == 1, off.stderr
     _, streams, taps = _journal(tmp_path / "off")
     assert streams and len(taps) == len(streams) and all(tap["traceparent"] is None for tap in taps)
     assert not (tmp_path / "off" / "otlp.json").exists()
 
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
-    down = _cli("run", str(exp), "--out", str(tmp_path / "down"), "--quiet", "--otlp", endpoint=dead)
     assert down.returncode == 1, down.stderr
     lines = [line for line in down.stderr.splitlines() if "OTLP export" in line]
     assert len(lines) == 1 and f"{dead}/v1/traces failed" in lines[0] and "exit code is unchanged" in lines[0], \
