@@ -110,10 +110,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return ByTable(config, log)
 
 
-# Slow tests of half a minute or more that share no group: queued with the slow groups, ahead of the slow
-# rest, so none of them is the suite's tail (a CI run: two of them began in its last minute and one
-# worker ran 20 s past the others)
-LONG_FIRST = ("tests/install/light/", "tests/survival/runs/test_survival_nginx.py")
+# Slow tests of half a minute or so that share no group: queued with the slow groups, ahead of the slow
+# rest, so none of them is the suite's tail (a CI run: it began in the last half minute and its worker ran
+# 20 s past the others). Not the light install's: its pip (35 s of CPU) beside the llama.cpp and gateway
+# runs of the middle of the suite cost three of their verdicts in one CI run; at the end it costs none
+LONG_FIRST = ("tests/survival/runs/test_survival_nginx.py",)
 
 
 class _QueueOrder:
