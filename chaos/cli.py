@@ -477,8 +477,8 @@ def _cmd_result_format(args: argparse.Namespace) -> int:
     end = next((b for b in records if b.get("type") == "end"), None)
     run_id = str(header.get("run_id", ""))
     out: Any
-    if args.as_ == "aiperf":  # halted, interrupted or never closed: AIPerf's was_cancelled
-        cancelled = end is None or end.get("status") in ("halted", "interrupted")
+    if args.as_ == "aiperf":  # did not end as planned (halted, interrupted, failed, never closed): was_cancelled
+        cancelled = end is None or end.get("status") != "completed"
         out = aiperf_export(obs, args.phase, run_id, cancelled=cancelled)
     else:
         load = load_experiment(run_dir / "experiment.yaml").load if (run_dir / "experiment.yaml").is_file() else None

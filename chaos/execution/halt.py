@@ -208,7 +208,8 @@ def top_errors(messages: Iterable[str | None], n: int = TOP) -> list[dict[str, A
 class HaltWatcher:
     """Run listener: keeps the finished streams, checks the conditions, halts the run once.
 
-    ``halt`` is ``Runner.halt``; ``emit`` records the ``halt`` note (reason, top errors) before it.
+    ``halt`` is ``Runner.halt``; ``emit`` records the ``halt`` note (reason, top errors) when the run took
+    it (not one already stopping: a signal's, or in teardown).
     A timer (every ``CHECK_EVERY_S`` on the run's loop, started by a stream) lets window conditions
     trip while nothing ends; it runs while one can (``_could_trip``) and stops when the run is
     halted or finished.
@@ -357,6 +358,6 @@ class HaltWatcher:
         self._disarm()
         kept = {id(e) for e in streams}  # the no-answer rule's streams too: older than the short windows
         errors = top_errors(e.message for e in [*streams, *(e for e in self._quiet if id(e) not in kept)] if e.failed)
-        self.emit(Note(topic="halt", t=now, data={"reason": why, "top_errors": errors}))
         shown = "; ".join(f"{x['count']}x {x['message']}" for x in errors[:3])
-        self.halt(why + (f" (top errors: {shown})" if shown else ""))
+        if self.halt(why + (f" (top errors: {shown})" if shown else "")) is not False:  # the run took it
+            self.emit(Note(topic="halt", t=now, data={"reason": why, "top_errors": errors}))

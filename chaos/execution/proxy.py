@@ -367,7 +367,7 @@ async def _watch(info: ProxyInfo, halt: Callable[[str], object], emit: Callable[
         if changed:
             why = (f"the run's Toxiproxy proxy {info.proxy_name!r} at {info.api_url} was changed by someone else: "
                    + "; ".join(changed) + " (whoever reaches a Toxiproxy API can redirect the run: see SECURITY.md)")
-            emit(Note(topic="halt", t=time.monotonic_ns(),
-                      data={"reason": why, "top_errors": [], "proxy_changes": changed}))
-            halt(why)
+            t = time.monotonic_ns()
+            if halt(why) is not False:  # the run took it (not one already stopping, or in teardown)
+                emit(Note(topic="halt", t=t, data={"reason": why, "top_errors": [], "proxy_changes": changed}))
             return

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chaos.execution.coverage import fault_times, shortfalls
 from chaos.execution.credentials import Credentials
@@ -64,6 +64,9 @@ FORCE_GRACE_S = 5.0  # after a forcing signal, teardown's steps still running ar
 FORCE_CUT_EVERY_S = 0.1  # past that grace, each step still to come is cut this soon after it begins
 FORCE_CUTS_MAX = 50  # ... this many times at most (a step that swallows cancellations is left)
 BASELINE_MIN_S = 0.5  # metrics scraped before the load starts
+
+if TYPE_CHECKING:
+    from chaos.fleet.stop_when import StopWhenWatch
 
 
 class ForcedExit(ChaosError):
@@ -133,6 +136,7 @@ class Runner:
         self._load_on_hard_stop: LoadDriver | None = None
         self.credentials = Credentials()
         self._withheld_noted = False
+        self._stop_when: StopWhenWatch | None = None  # safety.stop_when's reads (chaos.fleet.stop_when)
 
     # -- the run -----------------------------------------------------------------------------
     async def run(self) -> Result:
@@ -430,7 +434,8 @@ class Runner:
             f"{s.name} ({s.url})" for s in safety.stop_when))
         toks = tokens(safety.stop_when)
         already = await refuse_if_firing(safety.stop_when, toks, emit)
-        await resources.enter_async_context(watching_stop_when(safety.stop_when, toks, self.halt, emit, already))
+        self._stop_when = await resources.enter_async_context(
+            watching_stop_when(safety.stop_when, toks, self.halt, emit, already))
 
     def _raise_open_files(self) -> None:
         """The open-file limit the load needs, before the target, proxy and load processes start
@@ -660,6 +665,8 @@ class Runner:
             self._note("drain", {"cancelled_streams": cancelled})
         self._stage("cleanup", f"cleanup window {exp.safety.cleanup_window:g}s")
         await asyncio.sleep(exp.safety.cleanup_window)
+        if self._stop_when is not None:  # the fleet's last word on the run, before its teardown stops the target
+            await self._stop_when.finish(last_read=True)
 
     async def _timeline(self, ctx: RunContext, load: LoadDriver) -> None:
         """Phases in order, each ``async with`` its faults. Streams join a phase as it begins, before

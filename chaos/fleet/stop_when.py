@@ -41,6 +41,7 @@ from chaos.model.verdict import Status, Verdict
 __all__ = [
     "Firing",
     "Reading",
+    "StopWhenWatch",
     "read_source",
     "refuse_if_firing",
     "stop_when_verdicts",
@@ -192,30 +193,49 @@ async def _read_or_reject(source: StopSource, token: str | None) -> Reading:
         raise _rejected(source, exc) from None
 
 
+class StopWhenWatch:
+    """The sources' reads while the run runs (``watching_stop_when``); ``finish`` ends them."""
+
+    def __init__(self, watches: list[_Watch]) -> None:
+        self.watches = watches
+        self.tasks = [asyncio.create_task(w.run(), name=f"stop-when-{w.source.name}") for w in watches]
+        self.finished = False
+
+    async def finish(self, last_read: bool) -> None:
+        """Stop reading; with ``last_read`` (the run's phases, drain and cleanup window are over, and
+        nothing stopped it), read each source with ``error`` alerts once more first, noted but acting
+        on nothing: the run's last moments count for their verdicts, its teardown (the target stopped
+        by the run itself) never does. Once only."""
+        if self.finished:
+            return
+        self.finished = True
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if last_read:
+            await asyncio.gather(*(w.last_read() for w in self.watches if w.judges))
+
+
 @contextlib.asynccontextmanager
 async def watching_stop_when(sources: Sequence[StopSource], toks: Mapping[str, str | None],
                              halt: Callable[[str], bool | None], emit: Callable[[Any], None],
-                             already: Sequence[Reading] = ()) -> AsyncIterator[None]:
+                             already: Sequence[Reading] = ()) -> AsyncIterator[StopWhenWatch]:
     """While entered, each source is read every ``every`` seconds: a halting alert calls ``halt`` once
     and, when the run took it (``halt`` returned anything but False: not already stopping or in
     teardown), emits a ``halt`` note (source, what, value); alerts starting or stopping to fire are
     noted; ``unreachable_halt`` seconds without an answer halt too. ``already``: the readings before the
-    run (``refuse_if_firing``), which the watch starts from. On exit, a source with ``error`` alerts is
-    read once more (the run's last moments count for their verdict), then one ``stop_when_watch`` note
-    per source with its counts."""
+    run (``refuse_if_firing``), which the watch starts from. The runner calls ``finish(last_read=True)``
+    when its phases, drain and cleanup window are over; on exit (a halt, a signal, an error: no last
+    read), one ``stop_when_watch`` note per source with its counts."""
     before = {r.source.where: r for r in already}
-    watches = [_Watch(s, toks.get(s.where), halt, emit, before.get(s.where)) for s in sources]
-    tasks = [asyncio.create_task(w.run(), name=f"stop-when-{w.source.name}") for w in watches]
+    watch = StopWhenWatch([_Watch(s, toks.get(s.where), halt, emit, before.get(s.where)) for s in sources])
     try:
-        yield
+        yield watch
     finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await asyncio.gather(*(w.last_read() for w in watches if w.judges))
-        for w in watches:
+        await watch.finish(last_read=False)
+        for w in watch.watches:
             emit(Note(topic="stop_when_watch", t=time.monotonic_ns(), data=w.counts()))
 
 
@@ -229,7 +249,8 @@ class _Watch:
         # by key: what fired in the last read, from the read before the run on
         self.firing: dict[str, Firing] = {_key(f): f for f in (before.firing if before is not None else ())}
         self.last_answer = time.monotonic()
-        self.halted = False
+        self.halted = False  # a halt was asked for: the reads stop
+        self.took = False  # ... and the run took it (it was not already stopping or in teardown)
         self.last_error: str | None = None
         self.slowest_read_s = 0.0
 
@@ -237,7 +258,7 @@ class _Watch:
         return {"source": self.source.name, "kind": self.source.source, "url": self.source.url,
                 "every_s": self.source.every, "reads": self.reads, "unanswered": self.unanswered,
                 "slowest_read_s": round(self.slowest_read_s, 4), "last_error": self.last_error,
-                "halted": self.halted}
+                "halted": self.took}
 
     @property
     def judges(self) -> bool:
@@ -245,13 +266,22 @@ class _Watch:
         return any(a.severity == FAILS for a in self.source.alerts)
 
     async def last_read(self) -> None:
-        """One more read as the watch ends, noted but acting on nothing: the run is over."""
-        with contextlib.suppress(Exception):  # noqa: BLE001 - a last look that cannot be had decides nothing
-            async with asyncio.timeout(self.source.timeout + 1.0):
+        """One more read as the run ends, noted but acting on nothing. Its limit: each alert's query in
+        turn, one ``timeout`` each; one that cannot be had is counted unanswered, with its error."""
+        limit = self.source.timeout * max(1, len(self.source.alerts)) + 1.0
+        try:
+            async with asyncio.timeout(limit):
                 reading = await read_source(self.source, self.token)
-            if reading.error is None:
-                self.reads += 1
-                self._note_changes(reading)
+        except Exception as exc:  # noqa: BLE001 - a rejected or timed-out last look decides nothing
+            self.unanswered += 1
+            self.last_error = f"the last read: {type(exc).__name__}: {exc}"[:500]
+            return
+        if reading.error is not None:
+            self.unanswered += 1
+            self.last_error = f"the last read: {reading.error}"[:500]
+            return
+        self.reads += 1
+        self._note_changes(reading)
 
     async def run(self) -> None:
         while not self.halted:
@@ -309,7 +339,8 @@ class _Watch:
             return
         self.halted = True
         t = time.monotonic_ns()
-        if self.halt(why) is not False:  # taken: the run stops for it (not one already stopping or in teardown)
+        self.took = self.halt(why) is not False  # not one already stopping or in teardown
+        if self.took:
             self.emit(Note(topic="halt", t=t, data={"reason": why, "top_errors": [], "stop_when": data}))
 
 

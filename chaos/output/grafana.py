@@ -134,9 +134,10 @@ def check_url(url: str) -> str:
     try:
         parts = urlsplit(url)
         port = parts.port  # ValueError out of 0-65535
-    except ValueError:
-        port = -1
-    if parts.scheme not in ("http", "https") or not parts.hostname or port in (-1, 0) \
+        scheme, host = parts.scheme, parts.hostname
+    except ValueError:  # an unclosed or bad [IPv6] host, a port out of range
+        scheme, host, port = "", None, -1
+    if scheme not in ("http", "https") or not host or port in (-1, 0) \
             or any(c.isspace() or ord(c) < 32 for c in url):
         raise UsageError(f"--grafana {url}: expected Grafana's root URL, http:// or https://, e.g. http://grafana:3000")
     return url
