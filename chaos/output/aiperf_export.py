@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from chaos.model.observations import NS, Observations
-from chaos.output.llmd_report import phase_figures
+from chaos.output.phase_figures import phase_figures
 
 __all__ = ["SCHEMA_VERSION", "aiperf_export"]
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from chaos.model.observations import NS, Observations
-from sla.definitions import e2e_ns, output_tokens, tpot_ns
+from chaos.model.observations import Observations
+from chaos.output.phase_figures import phase_figures
 
 __all__ = ["render_vllm_bench", "vllm_bench_figures"]
 
@@ -38,33 +38,22 @@ def _stats_ms(values_ns: Sequence[float]) -> dict[str, float]:
 
 def vllm_bench_figures(obs: Observations, phase: str | None = None) -> dict[str, Any]:
     """The run's (or one phase's) figures as vLLM ``bench serve`` names them."""
-    population = obs.population(phase)
-    # a token of any kind: vLLM bench times every chunk, reasoning and tool-call chunks included
-    ok = [st for st in population if obs.complete(st) and st.t_sent is not None and st.token_events]
-    hung_up = [st for st in population if st.hangup is not None]
-    failed = len(population) - len(ok) - len(hung_up)
-    starts = [st.t_sent for st in population if st.t_sent is not None]
-    ends = [st.t_tokens[-1] for st in ok]
-    duration_s = (max(ends) - min(starts)) / NS if starts and ends else 0.0
-    tokens = [output_tokens(st) for st in ok]
-    tpots = [t for t in (tpot_ns(st) for st in ok) if t is not None]
-    itls = [g for st in ok for g in st.gaps_ns]
-    ttfts = [st.ttft_ns for st in ok if st.ttft_ns is not None]
-    e2els = [e for e in (e2e_ns(st) for st in ok) if e is not None]
-    per_s = (lambda x: x / duration_s) if duration_s > 0 else (lambda x: 0.0)
+    f = phase_figures(obs, phase)
+    tokens = sum(f.output_tokens)
+    per_s = (lambda x: x / f.duration_s) if f.duration_s > 0 else (lambda x: 0.0)
     return {
         "phase": phase,
-        "successful_requests": len(ok),
-        "failed_requests": failed,
-        "hung_up_by_client_faults": len(hung_up),
-        "benchmark_duration_s": duration_s,
-        "total_generated_tokens": int(sum(tokens)),
-        "request_throughput": per_s(len(ok)),
-        "output_throughput": per_s(sum(tokens)),
-        "ttft_ms": _stats_ms(ttfts),
-        "tpot_ms": _stats_ms(tpots),
-        "itl_ms": _stats_ms(itls),
-        "e2el_ms": _stats_ms(e2els),
+        "successful_requests": len(f.ok),
+        "failed_requests": len(f.failed) + len(f.cut),
+        "hung_up_by_client_faults": len(f.hung_up),
+        "benchmark_duration_s": f.duration_s,
+        "total_generated_tokens": int(tokens),
+        "request_throughput": per_s(len(f.ok)),
+        "output_throughput": per_s(tokens),
+        "ttft_ms": _stats_ms(f.ttft),
+        "tpot_ms": _stats_ms(f.tpot),
+        "itl_ms": _stats_ms(f.gaps),
+        "e2el_ms": _stats_ms(f.e2e),
     }
 
 

@@ -18,7 +18,8 @@ import pytest
 import chaos
 from chaos.model.observations import Observations
 from chaos.output.aiperf_export import aiperf_export
-from chaos.output.llmd_report import llmd_reports, phase_figures
+from chaos.output.llmd_report import llmd_reports
+from chaos.output.phase_figures import phase_figures
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]  # one whole run, read in each format
 
